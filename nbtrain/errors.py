@@ -1,0 +1,91 @@
+"""Exceptions that cross the kernel/rank boundary. All of them survive pickling."""
+
+from __future__ import annotations
+
+import signal as _signal
+from typing import Any
+
+
+class RemoteTraceback(Exception):
+    """Carries a rank's traceback text so the cell shows it as the direct cause."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return "\n\n" + self.text.rstrip()
+
+
+class WorkerError(RuntimeError):
+    """A rank failed; every other rank was stopped.
+
+    ``rank`` is the root cause: the first rank that failed on its own account, never a rank that
+    merely lost its connection to a peer that had already died.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        *,
+        type_name: str | None = None,
+        message: str = "",
+        exitcode: int | None = None,
+        signal: str | None = None,
+        original: BaseException | None = None,
+        remote_traceback: str = "",
+        node: int = 0,
+        other_failures: dict[int, str] | None = None,
+    ) -> None:
+        self.rank = rank
+        self.type_name = type_name
+        self.message = message
+        self.exitcode = exitcode
+        self.signal = signal
+        self.original = original
+        self.remote_traceback = remote_traceback
+        self.node = node
+        self.other_failures = dict(other_failures or {})
+        super().__init__(self._summary())
+
+    def _summary(self) -> str:
+        where = f"rank {self.rank}" + (f" (node {self.node})" if self.node else "")
+        if self.type_name:
+            text = f"{where} failed with {self.type_name}: {self.message}".rstrip(": ")
+        elif self.signal:
+            text = f"{where} was killed by signal {self.signal}"
+        else:
+            text = f"{where} exited with code {self.exitcode} without returning a result"
+        if self.message and not self.type_name:
+            text += f" ({self.message})"
+        if self.other_failures:
+            others = ", ".join(f"rank {r}: {s}" for r, s in sorted(self.other_failures.items()))
+            text += f"\n  then, as a consequence: {others}"
+        return text
+
+    def __str__(self) -> str:
+        return self._summary()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        state = dict(self.__dict__)
+        return (_rebuild_worker_error, (state,))
+
+
+def _rebuild_worker_error(state: dict[str, Any]) -> WorkerError:
+    err = WorkerError.__new__(WorkerError)
+    RuntimeError.__init__(err, "")
+    err.__dict__.update(state)
+    err.args = (err._summary(),)
+    return err
+
+
+class LaunchError(RuntimeError):
+    """The ranks could not be started at all (not a failure inside user code)."""
+
+
+def signal_name(number: int) -> str:
+    """SIGKILL for 9, or 'signal 42' for numbers without a name."""
+    try:
+        return _signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

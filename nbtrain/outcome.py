@@ -1,0 +1,169 @@
+"""What a launch ended with: every rank's result, or the root-cause failure.
+
+Pure bookkeeping over events, so the root-cause rule is unit-testable with explicit ranks.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from .errors import WorkerError
+from .events import Event, Exited, Failed, Finished, Output
+from .serialization import unpack
+
+_STDERR_TAIL = 60  # lines kept per rank, to recover a faulthandler dump after a fatal signal
+
+
+@dataclass
+class RankRecord:
+    result: bytes | None = None
+    finished: bool = False
+    failure: Failed | None = None
+    exit: Exited | None = None
+    stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=_STDERR_TAIL))
+
+
+class Outcome:
+    def __init__(self, ranks: list[int]) -> None:
+        self.records = {rank: RankRecord() for rank in ranks}
+
+    def apply(self, event: Event) -> None:
+        record = self.records.get(event.rank)
+        if record is None:
+            return
+        if isinstance(event, Finished):
+            record.finished, record.result = True, event.result
+        elif isinstance(event, Failed):
+            record.failure = event
+        elif isinstance(event, Exited):
+            record.exit = event
+        elif isinstance(event, Output) and event.stream == "stderr":
+            record.stderr_tail.append(event.line)
+
+    @property
+    def all_exited(self) -> bool:
+        return all(record.exit is not None for record in self.records.values())
+
+    def failed_ranks(self) -> list[int]:
+        """Ranks that failed on their own (not ones the launcher stopped)."""
+        return [rank for rank, record in self.records.items() if _failed(record)]
+
+    def has_failure(self) -> bool:
+        return any(_failed(record) for record in self.records.values())
+
+    def root_cause(self) -> int | None:
+        """The first rank to fail on its own account.
+
+        Ranks that only lost a peer (collateral) lose to any other failure, whatever their
+        timestamps; within a class, the earliest wins.
+        """
+        candidates = [
+            (_is_collateral(record), _failure_time(record), rank)
+            for rank, record in self.records.items()
+            if _failed(record)
+        ]
+        return min(candidates)[2] if candidates else None
+
+    def error(self, node: int = 0) -> WorkerError:
+        rank = self.root_cause()
+        assert rank is not None, "error() called without a failure"
+        record = self.records[rank]
+        others = {
+            other: _one_line(rec)
+            for other, rec in self.records.items()
+            if other != rank and _failed(rec)
+        }
+        exit_event = record.exit
+        signal_name = exit_event.signal if exit_event else None
+        exitcode = exit_event.exitcode if exit_event else None
+        failure = record.failure
+        if failure is not None:
+            return WorkerError(
+                rank,
+                type_name=failure.type_name,
+                message=failure.message,
+                exitcode=exitcode if exitcode is not None else failure.exitcode,
+                signal=signal_name,
+                original=_try_unpack(failure.exception),
+                remote_traceback=failure.traceback,
+                node=node,
+                other_failures=others,
+            )
+        message = "" if signal_name else _exit_hint(exitcode)
+        return WorkerError(
+            rank,
+            exitcode=exitcode,
+            signal=signal_name,
+            message=message,
+            remote_traceback=_fatal_dump(record.stderr_tail) or _tail(record.stderr_tail),
+            node=node,
+            other_failures=others,
+        )
+
+    def results(self) -> dict[int, object]:
+        return {
+            rank: unpack(record.result)
+            for rank, record in self.records.items()
+            if record.result is not None
+        }
+
+
+def _failed(record: RankRecord) -> bool:
+    if record.failure is not None:
+        return not (record.exit is not None and record.exit.stopped_by_launcher
+                    and record.failure.collateral)
+    exit_event = record.exit
+    if exit_event is None or exit_event.stopped_by_launcher:
+        return False
+    return not (record.finished and exit_event.exitcode == 0)
+
+
+def _is_collateral(record: RankRecord) -> bool:
+    return record.failure is not None and record.failure.collateral
+
+
+def _failure_time(record: RankRecord) -> float:
+    if record.failure is not None:
+        return record.failure.time
+    assert record.exit is not None
+    return record.exit.time
+
+
+def _one_line(record: RankRecord) -> str:
+    if record.failure is not None:
+        return f"{record.failure.type_name}: {record.failure.message}".strip()[:200]
+    if record.exit is not None and record.exit.signal:
+        return f"killed by {record.exit.signal}"
+    return f"exit code {record.exit.exitcode if record.exit else '?'}"
+
+
+def _exit_hint(exitcode: int | None) -> str:
+    if exitcode == 0:
+        return "the process ended before the function returned, e.g. os._exit(0)"
+    return "the process ended without raising a Python exception, e.g. os._exit() or a crash in C code"
+
+
+def _fatal_dump(lines: deque[str]) -> str:
+    """The faulthandler block ('Fatal Python error: ...' and the stack) from stderr, if any."""
+    text = list(lines)
+    for index in range(len(text) - 1, -1, -1):
+        if text[index].startswith("Fatal Python error"):
+            return "\n".join(text[index:])
+    return ""
+
+
+def _tail(lines: deque[str], count: int = 25) -> str:
+    """Without a Python exception, the last stderr lines are the best account of what happened."""
+    text = list(lines)[-count:]
+    return ("(last lines the rank wrote to stderr)\n" + "\n".join(text)) if text else ""
+
+
+def _try_unpack(data: bytes | None) -> BaseException | None:
+    if data is None:
+        return None
+    try:
+        value = unpack(data)
+    except Exception:  # the class may not exist in the kernel: text and traceback still arrive
+        return None
+    return value if isinstance(value, BaseException) else None

@@ -1,0 +1,231 @@
+"""Rank processes: start them under fork / forkserver / spawn, watch them, stop them for good.
+
+Each rank is a non-daemonic child (so it may start DataLoader workers) that makes itself the
+leader of its own process group; stopping a rank signals the whole group, so its DataLoader
+workers go with it. Stopping is bounded: SIGTERM, a grace period, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import torch.multiprocessing as torch_mp
+
+from .config import StartMethod
+
+# Modules the forkserver imports once, so each rank it forks starts with them loaded.
+FORKSERVER_PRELOAD = ["torch", "torch.distributed", "cloudpickle", "nbtrain.worker"]
+
+
+@dataclass
+class RankPipes:
+    """The kernel's read ends and the rank's write ends of one rank's three pipes."""
+
+    stdout_r: Connection
+    stdout_w: Connection
+    stderr_r: Connection
+    stderr_w: Connection
+    events_r: Connection
+    events_w: Connection
+
+    @classmethod
+    def create(cls, ctx: Any) -> RankPipes:
+        pairs = [ctx.Pipe(duplex=False) for _ in range(3)]
+        (out_r, out_w), (err_r, err_w), (evt_r, evt_w) = pairs
+        return cls(out_r, out_w, err_r, err_w, evt_r, evt_w)
+
+    def reader_fds(self) -> tuple[int, int, int]:
+        return self.stdout_r.fileno(), self.stderr_r.fileno(), self.events_r.fileno()
+
+    def writer_fds(self) -> tuple[int, int, int]:
+        return self.stdout_w.fileno(), self.stderr_w.fileno(), self.events_w.fileno()
+
+    def close_writers(self) -> None:
+        for conn in (self.stdout_w, self.stderr_w, self.events_w):
+            conn.close()
+
+    def close_readers(self) -> None:
+        for conn in (self.stdout_r, self.stderr_r, self.events_r):
+            if not conn.closed:
+                conn.close()
+
+
+@dataclass
+class RankProcess:
+    rank: int
+    process: BaseProcess
+    pipes: RankPipes
+    stop_requested_at: float | None = None
+    reaped: bool = False
+    exitcode: int | None = field(default=None)
+
+    @property
+    def pid(self) -> int:
+        pid = self.process.pid
+        assert pid is not None
+        return pid
+
+    @property
+    def sentinel(self) -> int:
+        return self.process.sentinel
+
+
+def context(method: StartMethod) -> Any:
+    ctx = torch_mp.get_context(method.value)
+    if method is StartMethod.FORKSERVER:
+        # Takes effect when the forkserver first starts (then later launches reuse it warm).
+        ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
+    return ctx
+
+
+def start_ranks(
+    method: StartMethod,
+    ranks: Sequence[int],
+    target: Callable[..., None],
+    make_args: Callable[[int, RankPipes, tuple[int, ...]], tuple],
+) -> list[RankProcess]:
+    """Start one process per rank; ``make_args(rank, pipes, fds_to_close)`` builds its args.
+
+    Under fork, each child inherits every pipe of every rank; it is told which fds to close.
+    Under forkserver / spawn only the pipes passed as arguments reach the child.
+    """
+    ctx = context(method)
+    all_pipes = {rank: RankPipes.create(ctx) for rank in ranks}
+    started: list[RankProcess] = []
+    try:
+        for rank in ranks:
+            pipes = all_pipes[rank]
+            foreign = _foreign_fds(all_pipes, rank) if method is StartMethod.FORK else ()
+            process = ctx.Process(
+                target=target,
+                args=make_args(rank, pipes, foreign),
+                name=f"nbtrain-rank-{rank}",
+                daemon=False,
+            )
+            with _main_module_not_inherited(method):
+                process.start()
+            _claim_group(process, method)
+            started.append(RankProcess(rank, process, pipes))
+    except BaseException:
+        stop(started, grace=0.0)
+        for pipes in all_pipes.values():
+            pipes.close_writers()
+            pipes.close_readers()
+        raise
+    for pipes in all_pipes.values():
+        pipes.close_writers()
+    for rank_process in started:
+        for fd in rank_process.pipes.reader_fds():
+            os.set_blocking(fd, False)
+    return started
+
+
+@contextlib.contextmanager
+def _main_module_not_inherited(method: StartMethod) -> Iterator[None]:
+    """Spawned ranks must not re-run the user's script.
+
+    multiprocessing makes spawn/forkserver children import the parent's ``__main__`` (a script
+    without an ``if __name__ == "__main__"`` guard then launches again, recursively). nbtrain's
+    payload travels by cloudpickle, which carries ``__main__`` functions by value, so the child
+    needs nothing from ``__main__``: hide its path while the child's start data is prepared.
+    """
+    main = sys.modules.get("__main__")
+    if method is StartMethod.FORK or main is None:
+        yield
+        return
+    saved = {name: main.__dict__[name] for name in ("__file__", "__spec__") if name in main.__dict__}
+    for name in saved:
+        setattr(main, name, None) if name == "__spec__" else delattr(main, name)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(main, name, value)
+
+
+def _foreign_fds(all_pipes: dict[int, RankPipes], own: int) -> tuple[int, ...]:
+    fds: list[int] = []
+    for rank, pipes in all_pipes.items():
+        fds.extend(pipes.reader_fds())
+        if rank != own:
+            fds.extend(pipes.writer_fds())
+    return tuple(fds)
+
+
+def _claim_group(process: BaseProcess, method: StartMethod) -> None:
+    # The child also calls setpgid itself; doing it here too closes the window in which a fork
+    # child has not yet run that line. Other start methods exec or use another parent: the
+    # child's own call is the one that counts there.
+    if method is StartMethod.FORK and process.pid is not None:
+        with contextlib.suppress(OSError):
+            os.setpgid(process.pid, process.pid)
+
+
+def signal_rank(rank_process: RankProcess, signum: int) -> None:
+    """Signal the rank's process group (its DataLoader workers) and the rank itself."""
+    pid = rank_process.process.pid
+    if pid is None or rank_process.reaped:
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signum)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signum)
+
+
+def request_stop(rank_process: RankProcess) -> None:
+    if rank_process.stop_requested_at is None and not rank_process.reaped:
+        rank_process.stop_requested_at = time.monotonic()
+        signal_rank(rank_process, signal.SIGTERM)
+
+
+def kill_overdue(ranks: Iterable[RankProcess], grace: float) -> None:
+    now = time.monotonic()
+    for rank_process in ranks:
+        asked = rank_process.stop_requested_at
+        if asked is not None and not rank_process.reaped and now - asked >= grace:
+            signal_rank(rank_process, signal.SIGKILL)
+
+
+def reap(rank_process: RankProcess) -> int | None:
+    """Collect an exited rank. Stray descendants still in its group are killed first, while
+    the rank's zombie still holds its pid (so the group id cannot have been reused)."""
+    if rank_process.reaped:
+        return rank_process.exitcode
+    pid = rank_process.process.pid
+    if pid is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+    rank_process.process.join()
+    rank_process.exitcode = rank_process.process.exitcode
+    rank_process.reaped = True
+    return rank_process.exitcode
+
+
+def stop(ranks: Sequence[RankProcess], grace: float) -> None:
+    """Terminate, wait up to ``grace`` seconds, kill, and reap every rank. Always returns."""
+    for rank_process in ranks:
+        request_stop(rank_process)
+    deadline = time.monotonic() + grace
+    for rank_process in ranks:
+        if not rank_process.reaped:
+            rank_process.process.join(max(0.0, deadline - time.monotonic()))
+    for rank_process in ranks:
+        if not rank_process.reaped:
+            signal_rank(rank_process, signal.SIGKILL)
+            reap(rank_process)
+
+
+def close(ranks: Sequence[RankProcess]) -> None:
+    for rank_process in ranks:
+        rank_process.pipes.close_readers()
+        with contextlib.suppress(ValueError):
+            rank_process.process.close()

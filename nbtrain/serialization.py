@@ -1,0 +1,128 @@
+"""Packing the user's function and arguments for the ranks, and results for the kernel.
+
+cloudpickle pickles notebook-defined functions, lambdas, closures and classes by value, so the
+same payload works under fork, forkserver and spawn.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from collections.abc import Callable
+from typing import Any
+
+import cloudpickle
+
+
+class PayloadError(TypeError):
+    """The function or its arguments cannot be sent to the ranks."""
+
+
+def _describe(obj: object) -> str:
+    text = repr(obj)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _find_unpicklable(obj: object, path: str, depth: int = 0) -> str | None:
+    """Walk containers, attributes and closure cells to name the innermost culprit."""
+    try:
+        cloudpickle.dumps(obj)
+        return None
+    except Exception:
+        pass
+    if depth < 6:
+        for child_path, child in _children(obj, path):
+            found = _find_unpicklable(child, child_path, depth + 1)
+            if found:
+                return found
+    return f"{path} = {_describe(obj)} ({type(obj).__qualname__})"
+
+
+def _children(obj: object, path: str) -> list[tuple[str, object]]:
+    if isinstance(obj, dict):
+        return [(f"{path}[{key!r}]", value) for key, value in obj.items()]
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [(f"{path}[{i}]", value) for i, value in enumerate(obj)]
+    closure = getattr(obj, "__closure__", None)
+    if closure:
+        names = obj.__code__.co_freevars  # type: ignore[attr-defined]
+        return [(f"{path} (closure variable '{n}')", c.cell_contents) for n, c in zip(names, closure)]
+    code = getattr(obj, "__code__", None)
+    func_globals = getattr(obj, "__globals__", None)
+    if code is not None and func_globals is not None:
+        used = [name for name in code.co_names if name in func_globals]
+        return [(f"{path} (global '{n}')", func_globals[n]) for n in used]
+    state = getattr(obj, "__dict__", None)
+    if isinstance(state, dict):
+        return [(f"{path}.{key}", value) for key, value in state.items()]
+    return []
+
+
+def pack_call(function: Callable[..., Any], args: tuple, kwargs: dict) -> bytes:
+    """cloudpickle (function, args, kwargs); the error names the object that cannot travel."""
+    try:
+        return cloudpickle.dumps((function, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        culprit = (
+            _find_unpicklable(function, "function")
+            or _find_unpicklable(args, "args")
+            or _find_unpicklable(kwargs, "kwargs")
+            or "(could not narrow it down)"
+        )
+        raise PayloadError(
+            f"Cannot send the function and its arguments to the ranks: {culprit} cannot be "
+            f"pickled ({type(exc).__name__}: {exc}). Create such objects (open files, locks, "
+            "generators, database or CUDA handles) inside the function instead of passing them "
+            "or capturing them from the notebook."
+        ) from None
+
+
+def unpack_call(payload: bytes) -> tuple[Callable[..., Any], tuple, dict]:
+    function, args, kwargs = pickle.loads(payload)
+    return function, args, kwargs
+
+
+class _ResultPickler(cloudpickle.Pickler):
+    """Moves tensors to the CPU on the way out, so the kernel needs no GPU or XLA runtime."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        torch = _torch()
+        if torch is not None and isinstance(obj, torch.Tensor):
+            needs_cpu = obj.device.type != "cpu"
+            needs_detach = obj.requires_grad and obj.grad_fn is not None
+            if needs_cpu or needs_detach:
+                moved = obj.detach().cpu()
+                if obj.requires_grad and not needs_detach:
+                    moved.requires_grad_(True)
+                return _identity, (moved,)
+        return super().reducer_override(obj)
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+def _torch() -> Any:
+    import sys
+
+    return sys.modules.get("torch")
+
+
+def pack_result(value: Any) -> bytes:
+    buffer = io.BytesIO()
+    _ResultPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    return buffer.getvalue()
+
+
+def unpack(data: bytes) -> Any:
+    return pickle.loads(data)
+
+
+def pack_exception(exc: BaseException) -> bytes | None:
+    """The exception object if it survives a round trip, else None (text still travels)."""
+    try:
+        data = cloudpickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL)
+        pickle.loads(data)
+        return data
+    except Exception:
+        return None

@@ -1,0 +1,186 @@
+"""Rank entry point: set up the rank's process, run the user's function, report the outcome.
+
+Runs in the child process under every start method. Imports nothing from the display side.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import io
+import os
+import re
+import signal
+import socket
+import sys
+import traceback
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+from . import runtime
+from .events import EventSink, Failed, Finished, PipeWriter, Started
+from .runtime import RankInfo, Runtime
+from .serialization import pack_exception, pack_result, unpack_call
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """Everything one rank needs to know, decided in the kernel."""
+
+    info: RankInfo
+    env: dict[str, str]
+    mixed_precision: str | None = None
+    send_result: bool = True
+    torch_threads: int | None = None
+    device: str = "cpu"
+    close_fds: tuple[int, ...] = field(default=())
+
+
+# Messages of errors a rank raises only because a *peer* vanished: such a rank is never the
+# root cause (Accelerate blames these ranks today).
+_PEER_LOSS = re.compile(
+    r"connection (closed|reset) by peer|broken pipe|econnreset|epipe|socket (is )?closed|"
+    r"communicator was aborted|connection refused|read error|recv(?:ing)? .* failed|"
+    r"connection closed|timed out",
+    re.IGNORECASE,
+)
+_DIST_ERRORS = {"DistBackendError", "DistNetworkError", "DistStoreError", "DistError"}
+
+
+def is_collateral(exc: BaseException) -> bool:
+    if type(exc).__name__ in _DIST_ERRORS:
+        return True
+    return isinstance(exc, (RuntimeError, OSError)) and bool(_PEER_LOSS.search(str(exc)))
+
+
+def failure_event(rank: int, exc: BaseException, exitcode: int) -> Failed:
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return Failed(
+        rank=rank,
+        type_name=type(exc).__qualname__,
+        message=str(exc),
+        traceback=text,
+        exception=pack_exception(exc),
+        exitcode=exitcode,
+        collateral=is_collateral(exc),
+    )
+
+
+def exit_code_of(exc: SystemExit) -> int:
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    return 1  # sys.exit("message") exits with 1 after printing the message
+
+
+def call_and_report(rank: int, payload: bytes, sink: EventSink, send_result: bool) -> int:
+    """Run the function; send Finished or Failed. Returns the exit code for the process."""
+    try:
+        function, args, kwargs = unpack_call(payload)
+        value = function(*args, **kwargs)
+        data = pack_result(value) if send_result else None
+    except SystemExit as exc:
+        code = exit_code_of(exc)
+        if code == 0:  # a deliberate clean exit: success without a value
+            sink.send(Finished(rank, pack_result(None) if send_result else None))
+            return 0
+        sink.send(failure_event(rank, exc, code))
+        return code
+    except BaseException as exc:  # KeyboardInterrupt too: an interrupted rank never looks done
+        sink.send(failure_event(rank, exc, 1))
+        return 1
+    sink.send(Finished(rank, data))
+    return 0
+
+
+def _become_group_leader() -> None:
+    # A rank and its DataLoader workers form one process group: the kernel can stop the whole
+    # subtree with one killpg, and Jupyter's SIGINT to the kernel's group does not reach ranks
+    # (the kernel decides how an interrupt ends the run).
+    if hasattr(os, "setpgid"):
+        os.setpgid(0, 0)
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel (or forkserver) dying takes the rank with it: no orphans."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_pdeathsig = 1
+    libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+
+
+def _redirect_output(stdout_fd: int, stderr_fd: int) -> None:
+    """Point fds 1 and 2 (C code too) at the kernel's pipes; Python streams flush per line."""
+    sys.stdout.flush() if sys.stdout else None
+    sys.stderr.flush() if sys.stderr else None
+    os.dup2(stdout_fd, 1)
+    os.dup2(stderr_fd, 2)
+    sys.stdout = sys.__stdout__ = _line_stream(1)
+    sys.stderr = sys.__stderr__ = _line_stream(2)
+
+
+def _line_stream(fd: int) -> io.TextIOWrapper:
+    raw = io.FileIO(fd, "w", closefd=False)
+    return io.TextIOWrapper(raw, encoding="utf-8", errors="backslashreplace", line_buffering=True)
+
+
+def _close_fds(fds: tuple[int, ...]) -> None:
+    # Under fork a rank inherits the pipe ends of every other rank; holding them would keep
+    # those pipes open after their owner died.
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _set_threads(count: int | None) -> None:
+    if count is None:
+        return
+    import torch
+
+    torch.set_num_threads(count)
+
+
+def rank_main(
+    spec: RankSpec, payload: bytes, stdout: Connection, stderr: Connection, events: Connection
+) -> None:
+    """Process target for every start method."""
+    _become_group_leader()
+    _die_with_parent()
+    _close_fds(spec.close_fds)
+    _redirect_output(stdout.fileno(), stderr.fileno())
+    stdout.close()
+    stderr.close()
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.environ.update(spec.env)
+    _set_threads(spec.torch_threads)
+    sink = PipeWriter(events.fileno())
+    info = spec.info
+    sink.send(Started(info.rank, os.getpid(), spec.device, socket.gethostname(), info.local_rank))
+    with runtime.activate(Runtime(info, sink, spec.mixed_precision)):
+        code = call_and_report(info.rank, payload, sink, spec.send_result)
+    _flush_streams()
+    sys.exit(code)
+
+
+def _flush_streams() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+
+
+def preload() -> Any:
+    """Imported by the forkserver so that ranks start with torch already loaded."""
+    import torch
+    import torch.distributed
+
+    return torch

@@ -1,0 +1,89 @@
+"""Shared fixtures. Autouse guards fail any test that leaks child processes, threads or
+environment variables: the launcher promises to leave nothing behind."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import psutil
+import pytest
+
+# Threads that libraries start once per process and keep (not per launch).
+_LONG_LIVED_THREADS = ("pydevd", "IPythonHistorySavingThread", "ThreadPoolExecutor")
+
+
+def _children() -> set[int]:
+    me = psutil.Process()
+    alive = set()
+    for child in me.children(recursive=True):
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE and not _is_forkserver(child):
+                alive.add(child.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def _is_forkserver(process: psutil.Process) -> bool:
+    # multiprocessing's forkserver is started once per process and kept on purpose (warm
+    # starts); it is not a rank.
+    try:
+        return "forkserver" in " ".join(process.cmdline())
+    except psutil.Error:
+        return False
+
+
+def _threads() -> set[int]:
+    return {
+        t.ident for t in threading.enumerate()
+        if t.ident is not None and not t.name.startswith(_LONG_LIVED_THREADS)
+    }
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(request: pytest.FixtureRequest):
+    if request.node.get_closest_marker("allow_leaks"):
+        yield
+        return
+    env_before = dict(os.environ)
+    children_before = _children()
+    threads_before = _threads()
+    yield
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        leaked_children = _children() - children_before
+        leaked_threads = _threads() - threads_before
+        if not leaked_children and not leaked_threads:
+            break
+        time.sleep(0.1)
+    env_after = dict(os.environ)
+    changed = {
+        k for k in set(env_before) | set(env_after) if env_before.get(k) != env_after.get(k)
+    }
+    problems = []
+    if leaked_children:
+        described = []
+        for pid in leaked_children:
+            try:
+                described.append(f"{pid}: {' '.join(psutil.Process(pid).cmdline())[:120]}")
+            except psutil.Error:
+                described.append(str(pid))
+            try:
+                psutil.Process(pid).kill()  # do not poison the tests that follow
+            except psutil.Error:
+                pass
+        problems.append(f"leaked child processes: {described}")
+    if leaked_threads:
+        names = [t.name for t in threading.enumerate() if t.ident in leaked_threads]
+        problems.append(f"leaked threads: {names}")
+    if changed:
+        problems.append(f"changed environment variables: {sorted(changed)}")
+    if problems:
+        pytest.fail("; ".join(problems))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "allow_leaks: skip the leak guard for this test")
+    config.addinivalue_line("markers", "slow: takes more than a few seconds")
