@@ -79,11 +79,14 @@ class Outcome:
         exitcode = exit_event.exitcode if exit_event else None
         failure = record.failure
         if failure is not None:
+            if exit_event is not None and exit_event.stopped_by_launcher:
+                # Killed by us after it had reported: its own exit code is the truthful one.
+                exitcode, signal_name = failure.exitcode, None
             return WorkerError(
                 rank,
                 type_name=failure.type_name,
                 message=failure.message,
-                exitcode=exitcode if exitcode is not None else failure.exitcode,
+                exitcode=failure.exitcode if exitcode is None else exitcode,
                 signal=signal_name,
                 original=_try_unpack(failure.exception),
                 remote_traceback=failure.traceback,

@@ -181,10 +181,13 @@ def signal_rank(rank_process: RankProcess, signum: int) -> None:
         os.kill(pid, signum)
 
 
-def request_stop(rank_process: RankProcess) -> None:
+def request_stop(rank_process: RankProcess, *, terminate: bool = True) -> None:
+    """Start the bounded stop: SIGTERM now (unless ``terminate`` is False), SIGKILL after the
+    grace period (see kill_overdue)."""
     if rank_process.stop_requested_at is None and not rank_process.reaped:
         rank_process.stop_requested_at = time.monotonic()
-        signal_rank(rank_process, signal.SIGTERM)
+        if terminate:
+            signal_rank(rank_process, signal.SIGTERM)
 
 
 def kill_overdue(ranks: Iterable[RankProcess], grace: float) -> None:

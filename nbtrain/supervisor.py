@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
 from .errors import signal_name
-from .events import Event, Exited, FrameDecoder, Output
+from .events import Event, Exited, Failed, Finished, FrameDecoder, Output
 from .processes import RankProcess, kill_overdue, reap, request_stop
 
 TICK = 0.05  # seconds: the loop wakes at least this often to refresh the view and check limits
@@ -72,6 +72,7 @@ class Supervisor:
                 self._streams[fd] = _Stream(rank_process.rank, kind, fd)
         self.timed_out = False
         self.stopping = False
+        self._reported: set[int] = set()  # ranks that sent Finished/Failed: already on their way out
 
     def run(self, deadline: float | None, tick: Callable[[], None]) -> None:
         """Return when every rank has exited and been reaped."""
@@ -97,9 +98,16 @@ class Supervisor:
         kill_overdue(self.ranks, self._grace)
 
     def stop_all(self) -> None:
+        """SIGTERM the ranks still working; ranks that already reported get the grace period to
+        exit by themselves (their own exit code is the truthful one) before SIGKILL."""
         self.stopping = True
         for rank_process in self.ranks:
-            request_stop(rank_process)
+            request_stop(rank_process, terminate=rank_process.rank not in self._reported)
+
+    def _emit_event(self, event: Event) -> None:
+        if isinstance(event, (Finished, Failed)):
+            self._reported.add(event.rank)
+        self._emit(event)
 
     def _wait_time(self, deadline: float | None) -> float:
         if deadline is None:
@@ -147,7 +155,7 @@ class Supervisor:
                 return
             if stream.kind == "events":
                 for event in stream.decoder.feed(chunk):
-                    self._emit(event)
+                    self._emit_event(event)
             else:
                 for line in stream.splitter.feed(chunk):
                     self._emit(Output(stream.rank, stream.kind, line))

@@ -27,12 +27,13 @@ def _children() -> set[int]:
 
 
 def _is_forkserver(process: psutil.Process) -> bool:
-    # multiprocessing's forkserver is started once per process and kept on purpose (warm
-    # starts); it is not a rank.
+    # multiprocessing's forkserver and resource tracker are started once per process and kept
+    # on purpose (warm starts); they are not ranks.
     try:
-        return "forkserver" in " ".join(process.cmdline())
+        command = " ".join(process.cmdline())
     except psutil.Error:
         return False
+    return "forkserver" in command or "resource_tracker" in command
 
 
 def _threads() -> set[int]:
@@ -42,12 +43,16 @@ def _threads() -> set[int]:
     }
 
 
+def _environment() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+
+
 @pytest.fixture(autouse=True)
 def no_leaks(request: pytest.FixtureRequest):
     if request.node.get_closest_marker("allow_leaks"):
         yield
         return
-    env_before = dict(os.environ)
+    env_before = _environment()
     children_before = _children()
     threads_before = _threads()
     yield
@@ -58,7 +63,7 @@ def no_leaks(request: pytest.FixtureRequest):
         if not leaked_children and not leaked_threads:
             break
         time.sleep(0.1)
-    env_after = dict(os.environ)
+    env_after = _environment()
     changed = {
         k for k in set(env_before) | set(env_after) if env_before.get(k) != env_after.get(k)
     }

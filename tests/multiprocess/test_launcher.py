@@ -1,0 +1,355 @@
+"""notebook_launcher with real ranks (gloo on CPU) under every start method."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+import torch
+import torch.distributed as dist
+
+from nbtrain import WorkerError, debug_launcher, notebook_launcher
+
+pytestmark = pytest.mark.timeout(180)
+
+QUIET = {"progress": "off", "output": "none"}
+
+
+def all_reduce_sum(scale):
+    dist.init_process_group("gloo")
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return t * scale
+
+
+def test_results_from_rank_zero_and_from_all(method):
+    assert torch.equal(notebook_launcher(all_reduce_sum, (2.0,), num_processes=2,
+                                         start_method=method, **QUIET), torch.tensor([6.0]))
+    values = notebook_launcher(all_reduce_sum, (1.0,), num_processes=3, start_method=method,
+                               return_all=True, **QUIET)
+    assert [v.item() for v in values] == [6.0, 6.0, 6.0]
+
+
+def test_notebook_style_objects_travel(method):
+    """Lambdas, closures and locally defined classes: what a notebook cell defines."""
+    offset = 10
+
+    class Box:
+        def __init__(self, value):
+            self.value = value
+
+    def make(rank_scale):
+        return Box(int(os.environ["RANK"]) * rank_scale + offset)
+
+    boxes = notebook_launcher(make, (100,), num_processes=2, start_method=method,
+                              return_all=True, **QUIET)
+    assert [b.value for b in boxes] == [10, 110]
+    assert type(boxes[0]).__name__ == "Box"
+    doubled = notebook_launcher(lambda x: x * 2, ("ab",), num_processes=2, start_method=method,
+                                **QUIET)
+    assert doubled == "abab"
+
+
+def read_env():
+    keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"]
+    import multiprocessing
+
+    return {k: os.environ[k] for k in keys}, multiprocessing.current_process().daemon
+
+
+def test_rank_environment_and_fresh_port_per_launch(method):
+    first = notebook_launcher(read_env, num_processes=2, start_method=method, return_all=True,
+                              **QUIET)
+    second = notebook_launcher(read_env, num_processes=2, start_method=method, **QUIET)
+    envs = [env for env, _ in first]
+    assert [e["RANK"] for e in envs] == ["0", "1"]
+    assert [e["LOCAL_RANK"] for e in envs] == ["0", "1"]
+    assert {e["WORLD_SIZE"] for e in envs} == {"2"}
+    assert {e["LOCAL_WORLD_SIZE"] for e in envs} == {"2"}
+    assert {e["MASTER_ADDR"] for e in envs} == {"127.0.0.1"}
+    assert envs[0]["MASTER_PORT"] != "29500"
+    assert second[0]["MASTER_PORT"] != envs[0]["MASTER_PORT"]
+    assert not any(daemon for _, daemon in first), "ranks must not be daemonic"
+
+
+def loader_with_workers():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    data = TensorDataset(torch.arange(32.0))
+    loader = DataLoader(data, batch_size=4, num_workers=2)
+    return sum(batch[0].sum().item() for batch in loader)
+
+
+def test_dataloader_workers_inside_a_rank(method):
+    assert notebook_launcher(loader_with_workers, num_processes=2, start_method=method,
+                             **QUIET) == sum(range(32))
+
+
+def raise_on_rank_one_while_peer_waits():
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        time.sleep(0.2)  # rank 0 is already blocked in all_reduce
+        raise ValueError("boom on rank 1")
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return t
+
+
+def test_root_cause_is_the_rank_that_raised_not_the_waiting_peer(method, capsys):
+    t0 = time.monotonic()
+    with pytest.raises(WorkerError) as info:
+        notebook_launcher(raise_on_rank_one_while_peer_waits, num_processes=2,
+                          start_method=method, progress="text")
+    err = info.value
+    assert err.rank == 1
+    assert isinstance(err.original, ValueError) and str(err.original) == "boom on rank 1"
+    assert "rank 1" in str(err) and "ValueError" in str(err) and "boom on rank 1" in str(err)
+    assert "raise ValueError" in err.remote_traceback
+    assert err.exitcode == 1 and err.signal is None
+    assert isinstance(err.__cause__, Exception) and "boom on rank 1" in str(err.__cause__)
+    assert time.monotonic() - t0 < 60
+
+
+class Unreachable(Exception):
+    """Its constructor signature breaks unpickling: the kernel cannot rebuild it."""
+
+    def __init__(self, code, detail):
+        super().__init__(f"code {code}: {detail}")
+
+
+def raise_unpicklable():
+    raise Unreachable(7, "cannot come back")
+
+
+def test_exception_that_cannot_be_unpickled_still_reports_text(method):
+    with pytest.raises(WorkerError) as info:
+        notebook_launcher(raise_unpicklable, num_processes=2, start_method=method, **QUIET)
+    err = info.value
+    assert err.original is None
+    assert err.type_name == "Unreachable"
+    assert "code 7: cannot come back" in str(err)
+    assert "raise Unreachable" in err.remote_traceback
+
+
+def exit_on_last_rank(how):
+    dist.init_process_group("gloo")
+    if dist.get_rank() == dist.get_world_size() - 1:
+        print("about to exit", flush=False)
+        if how == "sys.exit":
+            sys.exit(3)
+        if how == "os._exit":
+            sys.stdout.flush()
+            os._exit(3)
+        if how == "SIGSEGV":
+            import ctypes
+
+            ctypes.string_at(0)
+        os.kill(os.getpid(), getattr(signal, how))
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return t
+
+
+@pytest.mark.parametrize(
+    ("how", "exitcode", "signal_name"),
+    [("sys.exit", 3, None), ("os._exit", 3, None), ("SIGSEGV", -11, "SIGSEGV"),
+     ("SIGKILL", -9, "SIGKILL")],
+)
+def test_hard_exits_and_signals_name_the_right_rank(method, how, exitcode, signal_name, capsys):
+    with pytest.raises(WorkerError) as info:
+        notebook_launcher(exit_on_last_rank, (how,), num_processes=3, start_method=method,
+                          progress="off")
+    err = info.value
+    assert err.rank == 2, str(err)
+    assert err.exitcode == exitcode
+    assert err.signal == signal_name
+    if signal_name:
+        assert signal_name in str(err)
+    if how == "SIGSEGV":
+        assert "Segmentation fault" in err.remote_traceback
+        assert "exit_on_last_rank" in err.remote_traceback
+    out = capsys.readouterr().out
+    assert "[rank 2] about to exit" in out, "a line printed just before the crash was lost"
+
+
+def test_rank_zero_failure_is_root_cause_too(method):
+    def fail_rank_zero():
+        dist.init_process_group("gloo")
+        if dist.get_rank() == 0:
+            raise KeyError("rank zero broke")
+        dist.barrier()
+
+    with pytest.raises(WorkerError) as info:
+        notebook_launcher(fail_rank_zero, num_processes=2, start_method=method, **QUIET)
+    assert info.value.rank == 0 and info.value.type_name == "KeyError"
+
+
+def test_timeout_stops_every_rank(method):
+    def hang():
+        time.sleep(600)
+
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="timeout=1.5"):
+        notebook_launcher(hang, num_processes=2, start_method=method, timeout=1.5, **QUIET)
+    assert time.monotonic() - t0 < 30
+
+
+def chatty(lines):
+    import ctypes
+
+    rank = int(os.environ["RANK"])
+    for i in range(lines):
+        print(f"r{rank}-line{i:04d}-" + "x" * 200)
+        if i % 50 == 0:
+            sys.stderr.write(f"r{rank}-err{i}\n")
+    os.write(1, f"r{rank}-raw-fd-write\n".encode())
+    libc = ctypes.CDLL(None)
+    libc.printf(f"r{rank}-from-c-printf\n".encode())
+    libc.fflush(None)
+    return rank
+
+
+def test_output_arrives_in_whole_prefixed_lines(method, capsys):
+    notebook_launcher(chatty, (300,), num_processes=2, start_method=method, progress="off")
+    captured = capsys.readouterr()
+    out_lines = captured.out.splitlines()
+    for rank in (0, 1):
+        mine = [line for line in out_lines if line.startswith(f"[rank {rank}] r{rank}-line")]
+        assert len(mine) == 300
+        assert all(line.endswith("x" * 200) for line in mine), "a line was cut or interleaved"
+        assert mine == sorted(mine), "lines of one rank arrived out of order"
+        assert f"[rank {rank}] r{rank}-raw-fd-write" in out_lines
+        assert f"[rank {rank}] r{rank}-from-c-printf" in out_lines
+        assert f"[rank {rank}] r{rank}-err0" in captured.err.splitlines()
+    stray = [line for line in out_lines if not line.startswith("[rank ")]
+    assert stray == []
+
+
+def test_output_modes(capsys):
+    notebook_launcher(chatty, (3,), num_processes=2, output="main", progress="off")
+    out = capsys.readouterr().out
+    assert "[rank 0] r0-line0000" in out and "[rank 1]" not in out
+    notebook_launcher(chatty, (3,), num_processes=2, output="none", progress="off")
+    assert "r0-line" not in capsys.readouterr().out
+
+
+def live_ranks(me):
+    """Child processes other than the long-lived forkserver and resource tracker."""
+    helpers = ("forkserver", "resource_tracker")
+    return [c for c in me.children(recursive=True)
+            if not any(h in " ".join(c.cmdline()) for h in helpers)]
+
+
+def _own_state():
+    me = psutil.Process()
+    return len(live_ranks(me)), me.num_fds(), threading.active_count()
+
+
+def test_relaunch_after_success_failure_and_timeout_leaks_nothing():
+    def maybe_fail(kind):
+        if kind == "fail" and os.environ["RANK"] == "1":
+            raise RuntimeError("planned")
+        if kind == "hang":
+            time.sleep(600)
+        return kind
+
+    notebook_launcher(maybe_fail, ("ok",), num_processes=2, **QUIET)  # warm up imports
+    before = _own_state()
+    for _ in range(4):
+        assert notebook_launcher(maybe_fail, ("ok",), num_processes=2, **QUIET) == "ok"
+        with pytest.raises(WorkerError):
+            notebook_launcher(maybe_fail, ("fail",), num_processes=2, **QUIET)
+        with pytest.raises(TimeoutError):
+            notebook_launcher(maybe_fail, ("hang",), num_processes=2, timeout=0.5, **QUIET)
+    after = _own_state()
+    assert after == before, f"(children, fds, threads) grew from {before} to {after}"
+
+
+def test_keyboard_interrupt_stops_every_rank():
+    started = threading.Event()
+
+    def hang():
+        time.sleep(600)
+
+    def interrupt_soon():
+        started.wait(10)
+        time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    me = psutil.Process()
+    thread = threading.Thread(target=interrupt_soon)
+    thread.start()
+    started.set()
+    with pytest.raises(KeyboardInterrupt):
+        notebook_launcher(hang, num_processes=2, **QUIET)
+    thread.join()
+    assert live_ranks(me) == []
+    assert notebook_launcher(lambda: "again", num_processes=2, **QUIET) == "again"
+
+
+def test_rank_killed_by_sigint_is_not_a_success():
+    """Jupyter may SIGINT the whole process group: an interrupted rank must never look done."""
+
+    def interrupted():
+        if os.environ["RANK"] == "1":
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+        return "done"
+
+    with pytest.raises(WorkerError) as info:
+        notebook_launcher(interrupted, num_processes=2, **QUIET)
+    assert info.value.rank == 1 and info.value.type_name == "KeyboardInterrupt"
+
+
+def test_single_process_runs_in_this_process_and_restores_env():
+    before = dict(os.environ)
+
+    def where():
+        return os.getpid(), os.environ["RANK"], os.environ["WORLD_SIZE"]
+
+    assert notebook_launcher(where, num_processes=1, **QUIET) == (os.getpid(), "0", "1")
+    assert {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"} == {
+        k: v for k, v in before.items() if k != "PYTEST_CURRENT_TEST"}
+
+
+def test_single_process_failure_keeps_the_users_frames():
+    def broken():
+        raise ZeroDivisionError("in user code")
+
+    with pytest.raises(WorkerError) as info:
+        notebook_launcher(broken, num_processes=1, **QUIET)
+    frames = []
+    tb = info.value.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    assert frames[-1] == "broken", "post-mortem debugging must land in the user's function"
+    assert isinstance(info.value.original, ZeroDivisionError)
+
+
+def test_single_process_group_is_cleaned_for_the_next_launch():
+    def init_only():
+        dist.init_process_group("gloo")
+        return dist.get_world_size()
+
+    assert notebook_launcher(init_only, num_processes=1, **QUIET) == 1
+    assert not dist.is_initialized()
+    assert notebook_launcher(init_only, num_processes=1, **QUIET) == 1
+
+
+def test_single_process_timeout():
+    with pytest.raises(TimeoutError):
+        notebook_launcher(lambda: time.sleep(30), num_processes=1, timeout=0.5, **QUIET)
+
+
+def test_debug_launcher_runs_cpu_ranks(capsys):
+    def who():
+        return os.environ["WORLD_SIZE"], os.environ.get("CUDA_VISIBLE_DEVICES")
+
+    assert debug_launcher(who) == ("2", "")

@@ -1,0 +1,65 @@
+"""The root-cause rule with explicit ranks and times."""
+
+from __future__ import annotations
+
+from nbtrain.events import Exited, Failed, Finished, Output
+from nbtrain.outcome import Outcome
+from nbtrain.serialization import pack_exception, pack_result
+
+
+def failed(rank, t, *, collateral=False, type_name="ValueError", message="boom"):
+    return Failed(rank, type_name, message, "Traceback...", None, 1, collateral, time=t)
+
+
+def test_first_failure_in_time_wins():
+    outcome = Outcome([0, 1, 2])
+    outcome.apply(failed(2, 10.5))
+    outcome.apply(failed(1, 10.0))
+    assert outcome.root_cause() == 1
+
+
+def test_peer_loss_never_beats_a_real_failure_even_if_earlier():
+    outcome = Outcome([0, 1])
+    outcome.apply(failed(0, 9.0, collateral=True, type_name="DistBackendError",
+                         message="Connection closed by peer"))
+    outcome.apply(Exited(1, -9, "SIGKILL", stopped_by_launcher=False, time=9.5))
+    assert outcome.root_cause() == 1
+    error = outcome.error()
+    assert error.signal == "SIGKILL" and error.rank == 1
+    assert "rank 0" in str(error) and "Connection closed" in str(error)
+
+
+def test_ranks_stopped_by_the_launcher_are_not_failures():
+    outcome = Outcome([0, 1])
+    outcome.apply(failed(1, 1.0))
+    outcome.apply(Exited(1, 1, None, stopped_by_launcher=False))
+    outcome.apply(Exited(0, -15, "SIGTERM", stopped_by_launcher=True))
+    assert outcome.failed_ranks() == [1]
+
+
+def test_exit_zero_without_result_is_a_failure():
+    outcome = Outcome([0])
+    outcome.apply(Exited(0, 0, None, stopped_by_launcher=False))
+    assert outcome.has_failure()
+    assert "os._exit(0)" in str(outcome.error())
+
+
+def test_fatal_signal_gets_the_faulthandler_dump_as_traceback():
+    outcome = Outcome([0])
+    for line in ["noise", "Fatal Python error: Segmentation fault", "", "  File \"x.py\", line 3"]:
+        outcome.apply(Output(0, "stderr", line))
+    outcome.apply(Exited(0, -11, "SIGSEGV", stopped_by_launcher=False))
+    error = outcome.error()
+    assert error.remote_traceback.startswith("Fatal Python error: Segmentation fault")
+    assert "x.py" in error.remote_traceback
+
+
+def test_results_and_original_exception_round_trip():
+    outcome = Outcome([0, 1])
+    outcome.apply(Finished(0, pack_result({"w": [1, 2]})))
+    assert outcome.results() == {0: {"w": [1, 2]}}
+    err = ValueError("bad")
+    outcome.apply(Failed(1, "ValueError", "bad", "tb", pack_exception(err), 1, False))
+    outcome.apply(Exited(1, 1, None, stopped_by_launcher=False))
+    original = outcome.error().original
+    assert isinstance(original, ValueError) and str(original) == "bad"

@@ -1,0 +1,75 @@
+"""Frames and lines survive arbitrary chunking."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+from nbtrain.errors import WorkerError
+from nbtrain.events import FrameDecoder, Log, PipeWriter, Progress, encode
+from nbtrain.supervisor import LineSplitter
+
+
+def test_frames_decode_from_any_chunking():
+    events = [Progress(0, i, 100, "train") for i in range(50)] + [Log(1, {"loss": 0.5}, 3)]
+    data = b"".join(encode(e) for e in events)
+    for size in (1, 3, 7, 64, len(data)):
+        decoder = FrameDecoder()
+        out = []
+        for start in range(0, len(data), size):
+            out.extend(decoder.feed(data[start : start + size]))
+        assert out == events
+        assert decoder.pending == 0
+
+
+def test_pipe_writer_writes_large_frames_whole():
+    read_fd, write_fd = os.pipe()
+    big = Log(0, {f"m{i}": float(i) for i in range(20000)})
+    pid = os.fork()
+    if pid == 0:
+        PipeWriter(write_fd).send(big)
+        os._exit(0)
+    os.close(write_fd)
+    decoder, events = FrameDecoder(), []
+    while chunk := os.read(read_fd, 4096):
+        events.extend(decoder.feed(chunk))
+    os.close(read_fd)
+    os.waitpid(pid, 0)
+    assert events == [big]
+
+
+def test_pipe_writer_is_silent_in_forked_grandchildren():
+    read_fd, write_fd = os.pipe()
+    writer = PipeWriter(write_fd)
+    pid = os.fork()
+    if pid == 0:
+        writer.send(Log(0, {"x": 1.0}))  # a DataLoader worker inherited the writer
+        os._exit(0)
+    os.waitpid(pid, 0)
+    os.close(write_fd)
+    assert os.read(read_fd, 100) == b""
+    os.close(read_fd)
+
+
+def test_lines_split_whole_across_chunks_and_utf8_boundaries():
+    splitter = LineSplitter()
+    data = "héllo wörld\nsecond 🚀 line\npartial".encode()
+    lines = []
+    for byte in data:
+        lines.extend(splitter.feed(bytes([byte])))
+    assert lines == ["héllo wörld", "second 🚀 line"]
+    assert splitter.flush() == ["partial"]
+
+
+def test_carriage_returns_keep_what_a_terminal_shows():
+    splitter = LineSplitter()
+    assert splitter.feed(b"10%\r50%\r100%\ndone\n") == ["100%", "done"]
+
+
+def test_worker_error_pickles():
+    err = WorkerError(1, type_name="ValueError", message="boom", exitcode=1,
+                      remote_traceback="tb", other_failures={0: "peer lost"})
+    back = pickle.loads(pickle.dumps(err))
+    assert (back.rank, back.type_name, back.exitcode, back.remote_traceback) == (
+        1, "ValueError", 1, "tb")
+    assert str(back) == str(err)
