@@ -1,0 +1,115 @@
+"""Drive a real Jupyter kernel (jupyter_client) running this venv's Python."""
+
+from __future__ import annotations
+
+import json
+import queue
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+from jupyter_client import KernelManager
+from jupyter_client.kernelspec import KernelSpecManager
+
+KERNEL_NAME = "nbtrain-test"
+
+
+def write_kernelspec(directory: Path) -> KernelSpecManager:
+    """A kernelspec for exactly this interpreter, so a stale user-level spec cannot hijack it."""
+    spec_dir = directory / KERNEL_NAME
+    spec_dir.mkdir(parents=True, exist_ok=True)
+    spec = {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "nbtrain test kernel",
+        "language": "python",
+    }
+    (spec_dir / "kernel.json").write_text(json.dumps(spec))
+    return KernelSpecManager(kernel_dirs=[str(directory)])
+
+
+@dataclass
+class Result:
+    stdout: str = ""
+    stderr: str = ""
+    error: dict | None = None
+    displays: list[dict] = field(default_factory=list)
+
+    @property
+    def traceback_text(self) -> str:
+        return "\n".join(self.error["traceback"]) if self.error else ""
+
+
+class Kernel:
+    def __init__(self, spec_dir: Path) -> None:
+        self.manager = KernelManager(
+            kernel_name=KERNEL_NAME, kernel_spec_manager=write_kernelspec(spec_dir)
+        )
+        self.manager.start_kernel()
+        self.client = self.manager.client()
+        self.client.start_channels()
+        self.client.wait_for_ready(timeout=60)
+
+    @property
+    def pid(self) -> int:
+        return self.manager.provisioner.process.pid  # type: ignore[union-attr]
+
+    def run(self, code: str, timeout: float = 120) -> Result:
+        msg_id = self.client.execute(code)
+        return self.collect(msg_id, timeout)
+
+    def start(self, code: str) -> str:
+        return self.client.execute(code)
+
+    def collect(self, msg_id: str, timeout: float = 120, until: str | None = None) -> Result:
+        """Gather output of one execution until the kernel is idle (or ``until`` is printed)."""
+        result = Result()
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"kernel still busy after {timeout}s; output so far: {result}")
+            try:
+                msg = self.client.get_iopub_msg(timeout=min(remaining, 1.0))
+            except queue.Empty:
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                if content["name"] == "stdout":
+                    result.stdout += content["text"]
+                else:
+                    result.stderr += content["text"]
+                if until and until in result.stdout:
+                    return result
+            elif kind == "error":
+                result.error = content
+            elif kind in ("display_data", "update_display_data", "execute_result"):
+                result.displays.append(content)
+            elif kind == "status" and content["execution_state"] == "idle":
+                return result
+
+    def value(self, expression: str) -> object:
+        out = self.run(f"print(repr({expression}))")
+        assert out.error is None, out.traceback_text
+        return eval(out.stdout.strip())  # noqa: S307 - our own repr of plain values
+
+    def live_children(self) -> list[psutil.Process]:
+        helpers = ("forkserver", "resource_tracker")
+        kids = psutil.Process(self.pid).children(recursive=True)
+        alive = []
+        for child in kids:
+            try:
+                if child.status() != psutil.STATUS_ZOMBIE and not any(
+                    h in " ".join(child.cmdline()) for h in helpers
+                ):
+                    alive.append(child)
+            except psutil.NoSuchProcess:
+                pass
+        return alive
+
+    def shutdown(self) -> None:
+        self.client.stop_channels()
+        self.manager.shutdown_kernel(now=True)

@@ -1,0 +1,176 @@
+"""The launcher inside a real Jupyter kernel: where the product lives."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from kernelutil import Kernel
+
+pytestmark = pytest.mark.timeout(300)
+
+SETUP = """
+import os, sys, signal, time, torch
+import torch.distributed as dist
+from nbtrain import notebook_launcher, WorkerError
+"""
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory):
+    k = Kernel(tmp_path_factory.mktemp("kernelspec"))
+    out = k.run(SETUP)
+    assert out.error is None, out.traceback_text
+    yield k
+    k.shutdown()
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
+def test_notebook_defined_code_returns_results(kernel, method):
+    out = kernel.run(f"""
+class Scaler:
+    def __init__(self, k): self.k = k
+    def __call__(self, t): return t * self.k
+
+def train(scaler):
+    dist.init_process_group("gloo")
+    t = torch.tensor([dist.get_rank() + 1.0])
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return scaler(t)
+
+result = notebook_launcher(train, args=(Scaler(10),), num_processes=2, start_method="{method}",
+                           return_all=True, progress="text")
+""")
+    assert out.error is None, out.traceback_text
+    assert kernel.value("[float(t) for t in result]") == [30.0, 30.0]
+
+
+def test_root_cause_while_the_peer_waits_in_all_reduce(kernel):
+    out = kernel.run("""
+def train():
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        time.sleep(0.3)
+        raise ValueError("boom on rank 1")
+    t = torch.ones(1)
+    dist.all_reduce(t)
+
+notebook_launcher(train, num_processes=2, progress="text")
+""")
+    assert out.error is not None
+    assert out.error["ename"] == "WorkerError"
+    assert "rank 1" in out.error["evalue"] and "boom on rank 1" in out.error["evalue"]
+    assert "rank 0 failed" not in out.error["evalue"]
+    # The rank's own traceback is shown in the cell, pointing at the user's line.
+    assert 'raise ValueError("boom on rank 1")' in out.traceback_text
+    assert kernel.live_children() == []
+
+
+@pytest.mark.parametrize(
+    ("statement", "expected"),
+    [("os._exit(3)", "exited with code 3"), ("os.kill(os.getpid(), signal.SIGKILL)", "SIGKILL"),
+     ("import ctypes; ctypes.string_at(0)", "SIGSEGV")],
+)
+def test_hard_exits_and_signals(kernel, statement, expected):
+    out = kernel.run(f"""
+def train():
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        {statement}
+    dist.barrier()
+
+try:
+    notebook_launcher(train, num_processes=2, progress="off")
+except WorkerError as e:
+    caught = (e.rank, e.exitcode, e.signal, str(e))
+""")
+    assert out.error is None, out.traceback_text
+    rank, exitcode, signal_name, text = kernel.value("caught")
+    assert rank == 1 and expected in text
+    assert kernel.live_children() == []
+
+
+def test_interrupt_stops_every_rank_and_relaunch_works(kernel):
+    msg_id = kernel.start("""
+def train():
+    print("rank started", flush=True)
+    time.sleep(600)
+
+notebook_launcher(train, num_processes=2, progress="text")
+""")
+    kernel.collect(msg_id, timeout=60, until="rank started")
+    assert len(kernel.live_children()) >= 2
+    time.sleep(0.5)
+    kernel.manager.interrupt_kernel()
+    out = kernel.collect(msg_id, timeout=60)
+    assert out.error is not None and out.error["ename"] == "KeyboardInterrupt"
+    deadline = time.monotonic() + 10
+    while kernel.live_children() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert kernel.live_children() == []
+    again = kernel.run('print(notebook_launcher(lambda: "again", num_processes=2, progress="off"))')
+    assert again.error is None and "again" in again.stdout
+
+
+def test_whole_prefixed_lines_without_interleaving(kernel):
+    out = kernel.run("""
+def chatter():
+    r = int(os.environ["RANK"])
+    for i in range(200):
+        print(f"r{r}-{i:03d}-" + "y" * 100)
+    return r
+
+notebook_launcher(chatter, num_processes=2, progress="off")
+""")
+    assert out.error is None, out.traceback_text
+    lines = out.stdout.splitlines()
+    for rank in (0, 1):
+        mine = [line for line in lines if line.startswith(f"[rank {rank}] r{rank}-")]
+        assert len(mine) == 200
+        assert all(line.endswith("y" * 100) for line in mine)
+    assert all(line.startswith("[rank ") or line.startswith("Done") for line in lines if line)
+
+
+def test_relaunch_loop_does_not_grow_the_kernel(kernel):
+    out = kernel.run("""
+import psutil, threading
+me = psutil.Process()
+
+def work(kind):
+    if kind == "fail" and os.environ["RANK"] == "1":
+        raise RuntimeError("planned")
+    if kind == "hang":
+        time.sleep(600)
+    return kind
+
+def snapshot():
+    kids = [c for c in me.children(recursive=True)
+            if "forkserver" not in " ".join(c.cmdline()) and "resource_tracker" not in " ".join(c.cmdline())]
+    return len(kids), me.num_fds(), threading.active_count()
+
+notebook_launcher(work, ("ok",), num_processes=2, progress="off")
+before = snapshot()
+for i in range(5):
+    assert notebook_launcher(work, ("ok",), num_processes=2, progress="off") == "ok"
+    try:
+        notebook_launcher(work, ("fail",), num_processes=2, progress="off")
+    except WorkerError:
+        pass
+    try:
+        notebook_launcher(work, ("hang",), num_processes=2, progress="off", timeout=0.5)
+    except TimeoutError:
+        pass
+after = snapshot()
+""", timeout=240)
+    assert out.error is None, out.traceback_text
+    before, after = kernel.value("before"), kernel.value("after")
+    assert before == after, f"(children, fds, threads) grew from {before} to {after}"
+
+
+def test_single_process_runs_inside_the_kernel(kernel):
+    out = kernel.run("""
+pid_inside = notebook_launcher(lambda: os.getpid(), num_processes=1, progress="off")
+""")
+    assert out.error is None, out.traceback_text
+    assert kernel.value("pid_inside == os.getpid()") is True
