@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 import numbers
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -73,13 +73,15 @@ class LaunchConfig:
 
 
 def _choice(name: str, value: object, enum: type[Enum]) -> Any:
-    allowed = ", ".join(repr(member.value) for member in enum)  # type: ignore[var-annotated]
+    allowed = ", ".join(repr(member.value) for member in enum)
     if not isinstance(value, str):
         raise TypeError(f"{name}={value!r} must be a string, one of {allowed}.")
     try:
         return enum(value.lower())
     except ValueError:
-        raise ValueError(f"{name}={value!r} is not a valid choice: pass one of {allowed}.") from None
+        raise ValueError(
+            f"{name}={value!r} is not a valid choice: pass one of {allowed}."
+        ) from None
 
 
 def _whole(name: str, value: object, minimum: int, hint: str = "") -> int:
@@ -143,7 +145,9 @@ def _check_gpu_ids(gpu_ids: object) -> tuple[int, ...] | None:
                 f"gpu_ids={gpu_ids!r} must list GPU indices, e.g. gpu_ids=[0, 2]."
             ) from None
     if not isinstance(gpu_ids, Sequence) or not gpu_ids:
-        raise TypeError(f"gpu_ids={gpu_ids!r} must be a non-empty list of GPU indices, e.g. [0, 2].")
+        raise TypeError(
+            f"gpu_ids={gpu_ids!r} must be a non-empty list of GPU indices, e.g. [0, 2]."
+        )
     ids = tuple(_whole("gpu_ids entry", value, 0) for value in gpu_ids)
     if len(set(ids)) != len(ids):
         raise ValueError(f"gpu_ids={list(ids)!r} names a GPU twice: list each GPU once.")
@@ -178,9 +182,10 @@ def _check_timeout(timeout: object) -> float | None:
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
         raise TypeError(f"timeout={timeout!r} must be a number of seconds or None.")
-    if not timeout > 0:
+    seconds = float(timeout)
+    if not seconds > 0:
         raise ValueError(f"timeout={timeout!r} must be > 0 seconds, or None for no limit.")
-    return float(timeout)
+    return seconds
 
 
 def default_num_processes(gpu_ids: tuple[int, ...] | None) -> int:
@@ -253,8 +258,10 @@ def build_config(
 ) -> LaunchConfig:
     output_mode = _choice("output", output, OutputMode)
     progress_mode = _choice("progress", progress, ProgressMode)
-    precision = None if mixed_precision is None else _choice(
-        "mixed_precision", mixed_precision, MixedPrecision
+    precision = (
+        None
+        if mixed_precision is None
+        else _choice("mixed_precision", mixed_precision, MixedPrecision)
     )
     if not isinstance(return_all, bool):
         raise TypeError(f"return_all={return_all!r} must be True or False.")
@@ -262,7 +269,8 @@ def build_config(
     rank_of_node = _whole("node_rank", node_rank, 0)
     if rank_of_node >= nodes:
         raise ValueError(
-            f"node_rank={rank_of_node} must be below num_nodes={nodes}: number nodes 0..{nodes - 1}."
+            f"node_rank={rank_of_node} must be below num_nodes={nodes}: "
+            f"number the nodes 0..{nodes - 1}."
         )
     endpoint = None
     if nodes > 1 or rdzv_endpoint is not None:
@@ -300,4 +308,3 @@ def build_config(
         progress=progress_mode,
         return_all=return_all,
     )
-

@@ -9,7 +9,6 @@ import multiprocessing
 import os
 import platform
 import sys
-from dataclasses import dataclass
 from enum import Enum
 from functools import cache
 
@@ -24,7 +23,7 @@ def frontend() -> Frontend:
     ipython_module = sys.modules.get("IPython")
     if ipython_module is None:
         return Frontend.PLAIN
-    shell = ipython_module.get_ipython()  # type: ignore[attr-defined]
+    shell = ipython_module.get_ipython()
     if shell is None:
         return Frontend.PLAIN
     # A kernel shell has a `kernel` attribute; checking it beats matching str(get_ipython()).

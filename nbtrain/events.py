@@ -165,5 +165,3 @@ class CallbackSink:
 
     def send(self, event: Event) -> None:
         self._callback(event)
-
-

@@ -56,9 +56,13 @@ def run_in_process(
     sink = CallbackSink(emit)
     emit(Started(0, os.getpid(), _device(), socket.gethostname()))
     try:
-        with _rank_environment(), _alarm(config.timeout), _fresh_process_group():
-            with runtime.activate(Runtime(info, sink, precision, in_kernel=True)):
-                value = function(*args, **kwargs)
+        with (
+            _rank_environment(),
+            _alarm(config.timeout),
+            _fresh_process_group(),
+            runtime.activate(Runtime(info, sink, precision, in_kernel=True)),
+        ):
+            value = function(*args, **kwargs)
     except _Expired:
         emit(Exited(0, None, None, stopped_by_launcher=True))
         state.finish(f"Timed out after {config.timeout:g}s")
@@ -118,8 +122,12 @@ def _rank_environment() -> Iterator[None]:
     """RANK & co. for the duration of the call, restored afterwards (the kernel stays clean)."""
     rendezvous = open_local(1)
     values = {
-        "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-        "GROUP_RANK": "0", **rendezvous.env(),
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_WORLD_SIZE": "1",
+        "GROUP_RANK": "0",
+        **rendezvous.env(),
     }
     saved = {name: os.environ.get(name) for name in values}
     os.environ.update(values)

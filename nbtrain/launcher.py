@@ -75,15 +75,22 @@ def notebook_launcher(
     return run_ranks(config, pack_call(function, args, kwargs))
 
 
-def debug_launcher(
-    function: Callable[..., Any], args: tuple = (), num_processes: int = 2
-) -> Any:
+def debug_launcher(function: Callable[..., Any], args: tuple = (), num_processes: int = 2) -> Any:
     """CPU-only launch for debugging distributed code on a laptop (as in Accelerate)."""
     args, kwargs = check_function(function, args, None)
     config = build_config(
-        num_processes=num_processes, start_method="auto", mixed_precision=None, gpu_ids=None,
-        num_nodes=1, node_rank=0, rdzv_endpoint=None, max_restarts=0, timeout=None,
-        output="all", progress="auto", return_all=False,
+        num_processes=num_processes,
+        start_method="auto",
+        mixed_precision=None,
+        gpu_ids=None,
+        num_nodes=1,
+        node_rank=0,
+        rdzv_endpoint=None,
+        max_restarts=0,
+        timeout=None,
+        output="all",
+        progress="auto",
+        return_all=False,
     )
     with _hide_gpus():
         if config.num_processes == 1:
@@ -132,8 +139,9 @@ def rank_specs(config: LaunchConfig, rendezvous: LocalRendezvous) -> dict[int, R
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in config.gpu_ids)
         if precision:
             env["ACCELERATE_MIXED_PRECISION"] = precision  # honoured by HF Accelerate too
-        info = RankInfo(rank, local_rank, config.world_size, local, config.node_rank,
-                        config.num_nodes)
+        info = RankInfo(
+            rank, local_rank, config.world_size, local, config.node_rank, config.num_nodes
+        )
         specs[rank] = RankSpec(
             info=info,
             env=env,

@@ -114,8 +114,11 @@ class Outcome:
 
 def _failed(record: RankRecord) -> bool:
     if record.failure is not None:
-        return not (record.exit is not None and record.exit.stopped_by_launcher
-                    and record.failure.collateral)
+        return not (
+            record.exit is not None
+            and record.exit.stopped_by_launcher
+            and record.failure.collateral
+        )
     exit_event = record.exit
     if exit_event is None or exit_event.stopped_by_launcher:
         return False
@@ -144,7 +147,9 @@ def _one_line(record: RankRecord) -> str:
 def _exit_hint(exitcode: int | None) -> str:
     if exitcode == 0:
         return "the process ended before the function returned, e.g. os._exit(0)"
-    return "the process ended without raising a Python exception, e.g. os._exit() or a crash in C code"
+    return (
+        "the process ended without raising a Python exception, e.g. os._exit() or a crash in C code"
+    )
 
 
 def _fatal_dump(lines: deque[str]) -> str:

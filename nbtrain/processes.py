@@ -142,7 +142,9 @@ def _main_module_not_inherited(method: StartMethod) -> Iterator[None]:
     if method is StartMethod.FORK or main is None:
         yield
         return
-    saved = {name: main.__dict__[name] for name in ("__file__", "__spec__") if name in main.__dict__}
+    saved = {
+        name: main.__dict__[name] for name in ("__file__", "__spec__") if name in main.__dict__
+    }
     for name in saved:
         setattr(main, name, None) if name == "__spec__" else delattr(main, name)
     try:

@@ -46,7 +46,8 @@ def _children(obj: object, path: str) -> list[tuple[str, object]]:
     closure = getattr(obj, "__closure__", None)
     if closure:
         names = obj.__code__.co_freevars  # type: ignore[attr-defined]
-        return [(f"{path} (closure variable '{n}')", c.cell_contents) for n, c in zip(names, closure)]
+        cells = zip(names, closure, strict=True)
+        return [(f"{path} (closure variable '{n}')", c.cell_contents) for n, c in cells]
     code = getattr(obj, "__code__", None)
     func_globals = getattr(obj, "__globals__", None)
     if code is not None and func_globals is not None:

@@ -72,7 +72,9 @@ class Supervisor:
                 self._streams[fd] = _Stream(rank_process.rank, kind, fd)
         self.timed_out = False
         self.stopping = False
-        self._reported: set[int] = set()  # ranks that sent Finished/Failed: already on their way out
+        self._reported: set[int] = (
+            set()
+        )  # ranks that sent Finished/Failed: already on their way out
 
     def run(self, deadline: float | None, tick: Callable[[], None]) -> None:
         """Return when every rank has exited and been reaped."""

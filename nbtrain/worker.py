@@ -5,6 +5,7 @@ Runs in the child process under every start method. Imports nothing from the dis
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import io
 import os
@@ -116,12 +117,15 @@ def _die_with_parent() -> None:
 
 def _redirect_output(stdout_fd: int, stderr_fd: int) -> None:
     """Point fds 1 and 2 (C code too) at the kernel's pipes; Python streams flush per line."""
-    sys.stdout.flush() if sys.stdout else None
-    sys.stderr.flush() if sys.stderr else None
+    # No flush of the inherited streams: under fork they are the kernel's, and whatever they
+    # still buffer belongs to the kernel (flushing here would print it twice).
     os.dup2(stdout_fd, 1)
     os.dup2(stderr_fd, 2)
-    sys.stdout = sys.__stdout__ = _line_stream(1)
-    sys.stderr = sys.__stderr__ = _line_stream(2)
+    sys.stdout = _line_stream(1)
+    sys.stderr = _line_stream(2)
+    # Code that bypasses sys.stdout (faulthandler, print(file=sys.__stderr__)) must land here too.
+    setattr(sys, "__stdout__", sys.stdout)  # noqa: B010 - typeshed marks these Final
+    setattr(sys, "__stderr__", sys.stderr)  # noqa: B010
 
 
 def _line_stream(fd: int) -> io.TextIOWrapper:
@@ -133,10 +137,8 @@ def _close_fds(fds: tuple[int, ...]) -> None:
     # Under fork a rank inherits the pipe ends of every other rank; holding them would keep
     # those pipes open after their owner died.
     for fd in fds:
-        try:
+        with contextlib.suppress(OSError):
             os.close(fd)
-        except OSError:
-            pass
 
 
 def _set_threads(count: int | None) -> None:
@@ -172,10 +174,8 @@ def rank_main(
 
 def _flush_streams() -> None:
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(Exception):
             stream.flush()
-        except Exception:
-            pass
 
 
 def preload() -> Any:

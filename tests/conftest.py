@@ -3,6 +3,7 @@ environment variables: the launcher promises to leave nothing behind."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -38,7 +39,8 @@ def _is_forkserver(process: psutil.Process) -> bool:
 
 def _threads() -> set[int]:
     return {
-        t.ident for t in threading.enumerate()
+        t.ident
+        for t in threading.enumerate()
         if t.ident is not None and not t.name.startswith(_LONG_LIVED_THREADS)
     }
 
@@ -64,9 +66,7 @@ def no_leaks(request: pytest.FixtureRequest):
             break
         time.sleep(0.1)
     env_after = _environment()
-    changed = {
-        k for k in set(env_before) | set(env_after) if env_before.get(k) != env_after.get(k)
-    }
+    changed = {k for k in set(env_before) | set(env_after) if env_before.get(k) != env_after.get(k)}
     problems = []
     if leaked_children:
         described = []
@@ -75,10 +75,8 @@ def no_leaks(request: pytest.FixtureRequest):
                 described.append(f"{pid}: {' '.join(psutil.Process(pid).cmdline())[:120]}")
             except psutil.Error:
                 described.append(str(pid))
-            try:
+            with contextlib.suppress(psutil.Error):
                 psutil.Process(pid).kill()  # do not poison the tests that follow
-            except psutil.Error:
-                pass
         problems.append(f"leaked child processes: {described}")
     if leaked_threads:
         names = [t.name for t in threading.enumerate() if t.ident in leaked_threads]

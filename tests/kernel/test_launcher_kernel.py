@@ -69,8 +69,11 @@ notebook_launcher(train, num_processes=2, progress="text")
 
 @pytest.mark.parametrize(
     ("statement", "expected"),
-    [("os._exit(3)", "exited with code 3"), ("os.kill(os.getpid(), signal.SIGKILL)", "SIGKILL"),
-     ("import ctypes; ctypes.string_at(0)", "SIGSEGV")],
+    [
+        ("os._exit(3)", "exited with code 3"),
+        ("os.kill(os.getpid(), signal.SIGKILL)", "SIGKILL"),
+        ("import ctypes; ctypes.string_at(0)", "SIGSEGV"),
+    ],
 )
 def test_hard_exits_and_signals(kernel, statement, expected):
     out = kernel.run(f"""
@@ -86,7 +89,7 @@ except WorkerError as e:
     caught = (e.rank, e.exitcode, e.signal, str(e))
 """)
     assert out.error is None, out.traceback_text
-    rank, exitcode, signal_name, text = kernel.value("caught")
+    rank, _exitcode, _signal_name, text = kernel.value("caught")
     assert rank == 1 and expected in text
     assert kernel.live_children() == []
 
@@ -133,7 +136,8 @@ notebook_launcher(chatter, num_processes=2, progress="off")
 
 
 def test_relaunch_loop_does_not_grow_the_kernel(kernel):
-    out = kernel.run("""
+    out = kernel.run(
+        """
 import psutil, threading
 me = psutil.Process()
 
@@ -145,8 +149,9 @@ def work(kind):
     return kind
 
 def snapshot():
+    helpers = ("forkserver", "resource_tracker")
     kids = [c for c in me.children(recursive=True)
-            if "forkserver" not in " ".join(c.cmdline()) and "resource_tracker" not in " ".join(c.cmdline())]
+            if not any(h in " ".join(c.cmdline()) for h in helpers)]
     return len(kids), me.num_fds(), threading.active_count()
 
 notebook_launcher(work, ("ok",), num_processes=2, progress="off")
@@ -162,7 +167,9 @@ for i in range(5):
     except TimeoutError:
         pass
 after = snapshot()
-""", timeout=240)
+""",
+        timeout=240,
+    )
     assert out.error is None, out.traceback_text
     before, after = kernel.value("before"), kernel.value("after")
     assert before == after, f"(children, fds, threads) grew from {before} to {after}"

@@ -33,56 +33,132 @@ def no_process_starts(monkeypatch: pytest.MonkeyPatch):
 @pytest.mark.parametrize(
     ("call", "error", "fragments"),
     [
-        (lambda: notebook_launcher(train(1.0), args=(1,)), TypeError,
-         ["function=1.0", "not callable", "train()"]),
+        (
+            lambda: notebook_launcher(train(1.0), args=(1,)),
+            TypeError,
+            ["function=1.0", "not callable", "train()"],
+        ),
         (lambda: notebook_launcher(None), TypeError, ["function=None", "not callable"]),
-        (lambda: notebook_launcher(train, args=0.1), TypeError, ["args=0.1", "tuple", "args=(0.1,)"]),
-        (lambda: notebook_launcher(train, args=(1,), kwargs=[1]), TypeError, ["kwargs=[1]", "dict"]),
+        (
+            lambda: notebook_launcher(train, args=0.1),
+            TypeError,
+            ["args=0.1", "tuple", "args=(0.1,)"],
+        ),
+        (
+            lambda: notebook_launcher(train, args=(1,), kwargs=[1]),
+            TypeError,
+            ["kwargs=[1]", "dict"],
+        ),
         (lambda: notebook_launcher(train), TypeError, ["do not fit train(lr, epochs=1)", "lr"]),
         (lambda: notebook_launcher(train, args=(1, 2, 3)), TypeError, ["do not fit", "too many"]),
-        (lambda: notebook_launcher(train, args=(1,), kwargs={"epoch": 2}), TypeError,
-         ["do not fit", "epoch"]),
-        (lambda: notebook_launcher(train_with_rank, args=(0.1,)), TypeError,
-         ["does not pass the rank", "Accelerator().process_index"]),
-        (lambda: notebook_launcher(train, args=(1,), num_processes=0), ValueError,
-         ["num_processes=0", ">= 1"]),
-        (lambda: notebook_launcher(train, args=(1,), num_processes=-2), ValueError,
-         ["num_processes=-2"]),
-        (lambda: notebook_launcher(train, args=(1,), num_processes=2.5), TypeError,
-         ["num_processes=2.5", "whole number"]),
-        (lambda: notebook_launcher(train, args=(1,), num_processes="2"), TypeError,
-         ["num_processes='2'"]),
-        (lambda: notebook_launcher(train, args=(1,), num_processes=True), TypeError,
-         ["num_processes=True"]),
-        (lambda: notebook_launcher(train, args=(1,), num_processes=2, start_method="thread"),
-         ValueError, ["start_method='thread'", "'fork'", "'spawn'"]),
-        (lambda: notebook_launcher(train, args=(1,), num_processes=2, start_method=None),
-         TypeError, ["start_method=None"]),
-        (lambda: notebook_launcher(train, args=(1,), num_processes=2, output="rank0"),
-         ValueError, ["output='rank0'", "'main'"]),
-        (lambda: notebook_launcher(train, args=(1,), num_processes=2, progress="tqdm"),
-         ValueError, ["progress='tqdm'", "'widgets'", "'text'"]),
-        (lambda: notebook_launcher(train, args=(1,), num_processes=2, mixed_precision="fp8"),
-         ValueError, ["mixed_precision='fp8'", "'bf16'"]),
-        (lambda: notebook_launcher(train, args=(1,), num_processes=2, timeout=0), ValueError,
-         ["timeout=0", "> 0"]),
-        (lambda: notebook_launcher(train, args=(1,), num_processes=2, timeout="60"), TypeError,
-         ["timeout='60'"]),
-        (lambda: notebook_launcher(train, args=(1,), num_processes=2, return_all=1), TypeError,
-         ["return_all=1"]),
-        (lambda: notebook_launcher(train, args=(1,), num_processes=2, gpu_ids=[0, 1]),
-         ValueError, ["gpu_ids=[0, 1]", "no CUDA GPU"]),
-        (lambda: notebook_launcher(train, args=(1,), num_processes=2, gpu_ids=[0, 0]),
-         ValueError, ["gpu_ids=[0, 0]", "twice"]),
+        (
+            lambda: notebook_launcher(train, args=(1,), kwargs={"epoch": 2}),
+            TypeError,
+            ["do not fit", "epoch"],
+        ),
+        (
+            lambda: notebook_launcher(train_with_rank, args=(0.1,)),
+            TypeError,
+            ["does not pass the rank", "Accelerator().process_index"],
+        ),
+        (
+            lambda: notebook_launcher(train, args=(1,), num_processes=0),
+            ValueError,
+            ["num_processes=0", ">= 1"],
+        ),
+        (
+            lambda: notebook_launcher(train, args=(1,), num_processes=-2),
+            ValueError,
+            ["num_processes=-2"],
+        ),
+        (
+            lambda: notebook_launcher(train, args=(1,), num_processes=2.5),
+            TypeError,
+            ["num_processes=2.5", "whole number"],
+        ),
+        (
+            lambda: notebook_launcher(train, args=(1,), num_processes="2"),
+            TypeError,
+            ["num_processes='2'"],
+        ),
+        (
+            lambda: notebook_launcher(train, args=(1,), num_processes=True),
+            TypeError,
+            ["num_processes=True"],
+        ),
+        (
+            lambda: notebook_launcher(train, args=(1,), num_processes=2, start_method="thread"),
+            ValueError,
+            ["start_method='thread'", "'fork'", "'spawn'"],
+        ),
+        (
+            lambda: notebook_launcher(train, args=(1,), num_processes=2, start_method=None),
+            TypeError,
+            ["start_method=None"],
+        ),
+        (
+            lambda: notebook_launcher(train, args=(1,), num_processes=2, output="rank0"),
+            ValueError,
+            ["output='rank0'", "'main'"],
+        ),
+        (
+            lambda: notebook_launcher(train, args=(1,), num_processes=2, progress="tqdm"),
+            ValueError,
+            ["progress='tqdm'", "'widgets'", "'text'"],
+        ),
+        (
+            lambda: notebook_launcher(train, args=(1,), num_processes=2, mixed_precision="fp8"),
+            ValueError,
+            ["mixed_precision='fp8'", "'bf16'"],
+        ),
+        (
+            lambda: notebook_launcher(train, args=(1,), num_processes=2, timeout=0),
+            ValueError,
+            ["timeout=0", "> 0"],
+        ),
+        (
+            lambda: notebook_launcher(train, args=(1,), num_processes=2, timeout="60"),
+            TypeError,
+            ["timeout='60'"],
+        ),
+        (
+            lambda: notebook_launcher(train, args=(1,), num_processes=2, return_all=1),
+            TypeError,
+            ["return_all=1"],
+        ),
+        (
+            lambda: notebook_launcher(train, args=(1,), num_processes=2, gpu_ids=[0, 1]),
+            ValueError,
+            ["gpu_ids=[0, 1]", "no CUDA GPU"],
+        ),
+        (
+            lambda: notebook_launcher(train, args=(1,), num_processes=2, gpu_ids=[0, 0]),
+            ValueError,
+            ["gpu_ids=[0, 0]", "twice"],
+        ),
         (lambda: notebook_launcher(train, args=(1,), num_nodes=0), ValueError, ["num_nodes=0"]),
-        (lambda: notebook_launcher(train, args=(1,), num_nodes=2), ValueError,
-         ["num_nodes=2", "rdzv_endpoint"]),
-        (lambda: notebook_launcher(train, args=(1,), num_nodes=2, node_rank=2,
-                                   rdzv_endpoint="h:1"), ValueError, ["node_rank=2", "below"]),
-        (lambda: notebook_launcher(train, args=(1,), num_nodes=2, rdzv_endpoint="nohost"),
-         ValueError, ["rdzv_endpoint='nohost'", "HOST:PORT"]),
-        (lambda: notebook_launcher(train, args=(1,), max_restarts=-1), ValueError,
-         ["max_restarts=-1"]),
+        (
+            lambda: notebook_launcher(train, args=(1,), num_nodes=2),
+            ValueError,
+            ["num_nodes=2", "rdzv_endpoint"],
+        ),
+        (
+            lambda: notebook_launcher(
+                train, args=(1,), num_nodes=2, node_rank=2, rdzv_endpoint="h:1"
+            ),
+            ValueError,
+            ["node_rank=2", "below"],
+        ),
+        (
+            lambda: notebook_launcher(train, args=(1,), num_nodes=2, rdzv_endpoint="nohost"),
+            ValueError,
+            ["rdzv_endpoint='nohost'", "HOST:PORT"],
+        ),
+        (
+            lambda: notebook_launcher(train, args=(1,), max_restarts=-1),
+            ValueError,
+            ["max_restarts=-1"],
+        ),
     ],
 )
 def test_bad_argument_is_named_with_a_fix(call, error, fragments):
@@ -108,6 +184,7 @@ def test_unpicklable_closure_variable_is_named():
 
     handle = socket.socket()  # a live connection cannot travel to another process
     try:
+
         def uses_socket():
             return handle.fileno()
 

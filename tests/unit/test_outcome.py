@@ -20,8 +20,15 @@ def test_first_failure_in_time_wins():
 
 def test_peer_loss_never_beats_a_real_failure_even_if_earlier():
     outcome = Outcome([0, 1])
-    outcome.apply(failed(0, 9.0, collateral=True, type_name="DistBackendError",
-                         message="Connection closed by peer"))
+    outcome.apply(
+        failed(
+            0,
+            9.0,
+            collateral=True,
+            type_name="DistBackendError",
+            message="Connection closed by peer",
+        )
+    )
     outcome.apply(Exited(1, -9, "SIGKILL", stopped_by_launcher=False, time=9.5))
     assert outcome.root_cause() == 1
     error = outcome.error()
@@ -46,7 +53,7 @@ def test_exit_zero_without_result_is_a_failure():
 
 def test_fatal_signal_gets_the_faulthandler_dump_as_traceback():
     outcome = Outcome([0])
-    for line in ["noise", "Fatal Python error: Segmentation fault", "", "  File \"x.py\", line 3"]:
+    for line in ["noise", "Fatal Python error: Segmentation fault", "", '  File "x.py", line 3']:
         outcome.apply(Output(0, "stderr", line))
     outcome.apply(Exited(0, -11, "SIGSEGV", stopped_by_launcher=False))
     error = outcome.error()

@@ -67,9 +67,19 @@ def test_carriage_returns_keep_what_a_terminal_shows():
 
 
 def test_worker_error_pickles():
-    err = WorkerError(1, type_name="ValueError", message="boom", exitcode=1,
-                      remote_traceback="tb", other_failures={0: "peer lost"})
+    err = WorkerError(
+        1,
+        type_name="ValueError",
+        message="boom",
+        exitcode=1,
+        remote_traceback="tb",
+        other_failures={0: "peer lost"},
+    )
     back = pickle.loads(pickle.dumps(err))
     assert (back.rank, back.type_name, back.exitcode, back.remote_traceback) == (
-        1, "ValueError", 1, "tb")
+        1,
+        "ValueError",
+        1,
+        "tb",
+    )
     assert str(back) == str(err)
