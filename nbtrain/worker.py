@@ -115,6 +115,15 @@ def _die_with_parent() -> None:
     libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
 
 
+def _reset_signals() -> None:
+    """Forked ranks inherit the kernel's Python signal handlers (torch elastic, for one, installs
+    a SIGTERM handler in the launching process). A Python handler only runs between bytecodes, so
+    a rank blocked in a C++ collective would ignore the launcher's SIGTERM until SIGKILL: restore
+    the default action, and the usual KeyboardInterrupt for SIGINT."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def _redirect_output(stdout_fd: int, stderr_fd: int) -> None:
     """Point fds 1 and 2 (C code too) at the kernel's pipes; Python streams flush per line."""
     # No flush of the inherited streams: under fork they are the kernel's, and whatever they
@@ -160,7 +169,7 @@ def rank_main(
     stdout.close()
     stderr.close()
     faulthandler.enable(file=sys.stderr, all_threads=True)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    _reset_signals()
     os.environ.update(spec.env)
     _set_threads(spec.torch_threads)
     sink = PipeWriter(events.fileno())

@@ -373,3 +373,28 @@ def test_debug_launcher_runs_cpu_ranks(capsys):
         return os.environ["WORLD_SIZE"], os.environ.get("CUDA_VISIBLE_DEVICES")
 
     assert debug_launcher(who) == ("2", "")
+
+
+def test_ranks_stop_promptly_even_if_the_kernel_has_a_python_sigterm_handler(monkeypatch):
+    """torch elastic (e.g. inside Accelerate's launcher) leaves a Python SIGTERM handler in the
+    launching process; forked ranks must not inherit it, or a rank blocked in C++ ignores the
+    launcher's SIGTERM until the SIGKILL grace runs out."""
+
+    def fail_while_peer_blocks_in_cpp():
+        if os.environ["RANK"] == "1":
+            raise ValueError("early")
+        dist.init_process_group("gloo")  # blocks in C++ waiting for rank 1, forever
+
+    import nbtrain.launcher
+
+    monkeypatch.setattr(nbtrain.launcher, "GRACE", 60.0)  # only SIGTERM can end it sooner
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    try:
+        start = time.monotonic()
+        with pytest.raises(WorkerError):
+            notebook_launcher(fail_while_peer_blocks_in_cpp, num_processes=2, **QUIET)
+        elapsed = time.monotonic() - start
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    # Not a speed test: with a 60 s SIGKILL grace, finishing well before it proves SIGTERM worked.
+    assert elapsed < 30, f"rank 0 ignored SIGTERM and waited for SIGKILL ({elapsed:.2f}s)"

@@ -1,0 +1,37 @@
+"""Small helpers shared by the benchmark scripts: alternation, medians, a table."""
+
+from __future__ import annotations
+
+import socket
+import statistics
+import time
+from collections.abc import Callable
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def alternate(
+    cases: dict[str, Callable[[], object]], rounds: int
+) -> dict[str, list[float]]:
+    """Wall time of every case, once per round in turn, so drift on a shared machine hits all
+    cases alike."""
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(rounds):
+        for name, case in cases.items():
+            start = time.perf_counter()
+            case()
+            samples[name].append(time.perf_counter() - start)
+    return samples
+
+
+def table(samples: dict[str, list[float]], baseline: str, unit: str = "s") -> str:
+    base = statistics.median(samples[baseline])
+    rows = [f"| case | median ({unit}) | min ({unit}) | vs {baseline} |", "|---|---|---|---|"]
+    for name, values in samples.items():
+        median = statistics.median(values)
+        rows.append(f"| {name} | {median:.3f} | {min(values):.3f} | {median / base:.2f}x |")
+    return "\n".join(rows)
