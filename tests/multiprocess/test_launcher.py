@@ -398,3 +398,39 @@ def test_ranks_stop_promptly_even_if_the_kernel_has_a_python_sigterm_handler(mon
         signal.signal(signal.SIGTERM, previous)
     # Not a speed test: with a 60 s SIGKILL grace, finishing well before it proves SIGTERM worked.
     assert elapsed < 30, f"rank 0 ignored SIGTERM and waited for SIGKILL ({elapsed:.2f}s)"
+
+
+def test_fork_from_a_busy_threaded_parent():
+    """Pain point (PL #18130): forking while the parent's OpenMP pool is busy in another thread
+    and DataLoader workers are alive must still give healthy ranks."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    matrix = torch.randn(256, 256)
+    loader = DataLoader(TensorDataset(torch.randn(32, 3)), batch_size=8, num_workers=2,
+                        persistent_workers=True)
+    for _ in loader:
+        pass
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            matrix @ matrix
+
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+
+    def train():
+        x = torch.randn(128, 128)
+        for _ in range(20):
+            x = torch.tanh(x @ x)
+        inner = DataLoader(TensorDataset(torch.ones(16, 2)), batch_size=4, num_workers=2)
+        return sum(batch[0].shape[0] for batch in inner)
+
+    try:
+        results = [notebook_launcher(train, num_processes=2, start_method="fork", **QUIET)
+                   for _ in range(3)]
+    finally:
+        stop.set()
+        spinner.join()
+        del loader  # stop the persistent workers before the leak guard looks
+    assert results == [16, 16, 16]
