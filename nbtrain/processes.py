@@ -22,6 +22,8 @@ import torch.multiprocessing as torch_mp
 
 from .config import StartMethod
 
+_SIGKILL = getattr(signal, "SIGKILL", signal.SIGTERM)
+
 # Modules the forkserver imports once, so each rank it forks starts with them loaded.
 FORKSERVER_PRELOAD = ["torch", "torch.distributed", "cloudpickle", "nbtrain.worker"]
 
@@ -177,6 +179,12 @@ def signal_rank(rank_process: RankProcess, signum: int) -> None:
     pid = rank_process.process.pid
     if pid is None or rank_process.reaped:
         return
+    if not hasattr(os, "killpg"):  # Windows: no process groups or POSIX signals
+        if signum == _SIGKILL:
+            rank_process.process.kill()
+        else:
+            rank_process.process.terminate()
+        return
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signum)
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -197,7 +205,7 @@ def kill_overdue(ranks: Iterable[RankProcess], grace: float) -> None:
     for rank_process in ranks:
         asked = rank_process.stop_requested_at
         if asked is not None and not rank_process.reaped and now - asked >= grace:
-            signal_rank(rank_process, signal.SIGKILL)
+            signal_rank(rank_process, _SIGKILL)
 
 
 def reap(rank_process: RankProcess) -> int | None:
@@ -206,9 +214,9 @@ def reap(rank_process: RankProcess) -> int | None:
     if rank_process.reaped:
         return rank_process.exitcode
     pid = rank_process.process.pid
-    if pid is not None:
+    if pid is not None and hasattr(os, "killpg"):
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
+            os.killpg(pid, _SIGKILL)
     rank_process.process.join()
     rank_process.exitcode = rank_process.process.exitcode
     rank_process.reaped = True
@@ -225,7 +233,7 @@ def stop(ranks: Sequence[RankProcess], grace: float) -> None:
             rank_process.process.join(max(0.0, deadline - time.monotonic()))
     for rank_process in ranks:
         if not rank_process.reaped:
-            signal_rank(rank_process, signal.SIGKILL)
+            signal_rank(rank_process, _SIGKILL)
             reap(rank_process)
 
 

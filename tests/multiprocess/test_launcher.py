@@ -434,3 +434,25 @@ def test_fork_from_a_busy_threaded_parent():
         spinner.join()
         del loader  # stop the persistent workers before the leak guard looks
     assert results == [16, 16, 16]
+
+
+def test_autograd_results_come_back_detached_from_the_rank_graph():
+    def forward():
+        model = torch.nn.Linear(3, 1)
+        return model(torch.ones(2, 3)), model.weight
+
+    output, weight = notebook_launcher(forward, num_processes=2, **QUIET)
+    assert output.shape == (2, 1) and output.grad_fn is None
+    assert weight.requires_grad  # a leaf parameter keeps requires_grad
+
+
+def test_start_method_missing_on_this_platform_is_refused(monkeypatch):
+    """Platform facts are what we fake here (we have only Linux), not the check under test."""
+    import nbtrain.environment as environment
+
+    monkeypatch.setattr(environment, "available_start_methods", lambda: ("spawn",))
+    with pytest.raises(ValueError, match="not available on this platform"):
+        notebook_launcher(lambda: 1, num_processes=2, start_method="fork")
+    from nbtrain.config import StartMethod, choose_start_method
+
+    assert choose_start_method("auto", uses_cuda=False).method is StartMethod.SPAWN
