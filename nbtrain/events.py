@@ -1,14 +1,20 @@
 """Event records sent from the ranks to the kernel, and their framing on a pipe.
 
-Transport only: small frozen records, a length-prefixed frame format, a writer for the rank side
-and an incremental decoder for the kernel side. The kernel only ever reads these from pipes it
-created for its own child processes, so unpickling them is safe.
+Transport only: small frozen records, a packet format, a writer for the rank side and an
+incremental decoder for the kernel side. The kernel only ever reads these from pipes it created
+for its own child processes, so unpickling them is safe.
+
+Framing: each pickled event is cut into packets of at most PIPE_BUF bytes, each tagged with the
+writing process's id. POSIX makes a write of at most PIPE_BUF bytes to a pipe atomic, so several
+processes may share one pipe (torch_xla's per-chip processes, DataLoader workers calling
+``nbtrain.log``) without ever interleaving inside a packet; the decoder reassembles per writer.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import select
 import struct
 import threading
 import time
@@ -16,7 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-_HEADER = struct.Struct("!Q")
+_PACKET = struct.Struct("!IIB")  # writer id (pid), payload length, 1 on a frame's last packet
+_PIPE_BUF = getattr(select, "PIPE_BUF", 512)
+_CHUNK = _PIPE_BUF - _PACKET.size
 
 
 def now() -> float:
@@ -107,31 +115,26 @@ class EventSink(Protocol):
     def send(self, event: Event) -> None: ...
 
 
-def encode(event: Event) -> bytes:
+def encode(event: Event, writer: int = 0) -> list[bytes]:
+    """The packets of one event, each small enough to be written atomically."""
     payload = pickle.dumps(event, protocol=pickle.HIGHEST_PROTOCOL)
-    return _HEADER.pack(len(payload)) + payload
+    pieces = [payload[i : i + _CHUNK] for i in range(0, len(payload), _CHUNK)] or [b""]
+    last = len(pieces) - 1
+    return [_PACKET.pack(writer, len(p), i == last) + p for i, p in enumerate(pieces)]
 
 
 class PipeWriter:
-    """Rank side: writes whole frames to the kernel's pipe.
-
-    Thread-safe (XLA replicas may be threads of one process). A forked grandchild (DataLoader
-    worker) inherits the fd but must not write to it, or frames from two processes could interleave.
-    """
+    """Rank side: writes events to the kernel's pipe, safely from any thread or process."""
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
-        self._pid = os.getpid()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # keeps one thread's packets of a frame together
 
     def send(self, event: Event) -> None:
-        if os.getpid() != self._pid:
-            return
-        view = memoryview(encode(event))
+        packets = encode(event, os.getpid())
         with self._lock:
-            while view:
-                written = os.write(self._fd, view)
-                view = view[written:]
+            for packet in packets:
+                os.write(self._fd, packet)  # blocking pipe, <= PIPE_BUF: all or nothing
 
 
 class FrameDecoder:
@@ -139,22 +142,28 @@ class FrameDecoder:
 
     def __init__(self) -> None:
         self._buffer = bytearray()
+        self._frames: dict[int, bytearray] = {}  # writer id -> frame so far
 
     def feed(self, chunk: bytes) -> list[Event]:
         self._buffer += chunk
         events: list[Event] = []
-        while len(self._buffer) >= _HEADER.size:
-            (length,) = _HEADER.unpack_from(self._buffer)
-            end = _HEADER.size + length
+        offset = 0
+        while len(self._buffer) - offset >= _PACKET.size:
+            writer, length, final = _PACKET.unpack_from(self._buffer, offset)
+            end = offset + _PACKET.size + length
             if len(self._buffer) < end:
                 break
-            events.append(pickle.loads(bytes(self._buffer[_HEADER.size : end])))
-            del self._buffer[:end]
+            frame = self._frames.setdefault(writer, bytearray())
+            frame += self._buffer[offset + _PACKET.size : end]
+            offset = end
+            if final:
+                events.append(pickle.loads(bytes(self._frames.pop(writer))))
+        del self._buffer[:offset]
         return events
 
     @property
     def pending(self) -> int:
-        return len(self._buffer)
+        return len(self._buffer) + sum(len(frame) for frame in self._frames.values())
 
 
 class CallbackSink:

@@ -12,7 +12,7 @@ from nbtrain.supervisor import LineSplitter
 
 def test_frames_decode_from_any_chunking():
     events = [Progress(0, i, 100, "train") for i in range(50)] + [Log(1, {"loss": 0.5}, 3)]
-    data = b"".join(encode(e) for e in events)
+    data = b"".join(b"".join(encode(e)) for e in events)
     for size in (1, 3, 7, 64, len(data)):
         decoder = FrameDecoder()
         out = []
@@ -38,17 +38,28 @@ def test_pipe_writer_writes_large_frames_whole():
     assert events == [big]
 
 
-def test_pipe_writer_is_silent_in_forked_grandchildren():
+def test_processes_sharing_one_pipe_never_interleave_large_frames():
+    """torch_xla's per-chip processes or DataLoader workers may share a rank's pipe."""
     read_fd, write_fd = os.pipe()
     writer = PipeWriter(write_fd)
-    pid = os.fork()
-    if pid == 0:
-        writer.send(Log(0, {"x": 1.0}))  # a DataLoader worker inherited the writer
-        os._exit(0)
-    os.waitpid(pid, 0)
+    frames = {w: Log(w, {f"v{i}": float(w * 100000 + i) for i in range(3000)}) for w in range(4)}
+    pids = []
+    for w in range(4):
+        pid = os.fork()
+        if pid == 0:
+            for _ in range(5):
+                writer.send(frames[w])
+            os._exit(0)
+        pids.append(pid)
     os.close(write_fd)
-    assert os.read(read_fd, 100) == b""
+    decoder, events = FrameDecoder(), []
+    while chunk := os.read(read_fd, 65536):
+        events.extend(decoder.feed(chunk))
     os.close(read_fd)
+    for pid in pids:
+        os.waitpid(pid, 0)
+    assert sorted(events, key=lambda e: e.rank) == [frames[w] for w in range(4) for _ in range(5)]
+    assert decoder.pending == 0
 
 
 def test_lines_split_whole_across_chunks_and_utf8_boundaries():
