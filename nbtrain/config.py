@@ -62,6 +62,7 @@ class LaunchConfig:
     output: OutputMode
     progress: ProgressMode
     return_all: bool
+    rdzv_timeout: float = 900.0  # seconds each node waits for the others at a rendezvous
 
     @property
     def world_size(self) -> int:
@@ -99,13 +100,23 @@ def check_function(function: object, args: object, kwargs: object) -> tuple[tupl
             f"function={function!r} is not callable. Pass the function itself, e.g. "
             "notebook_launcher(train, args=(...)), not the result of calling it (train())."
         )
-    if not isinstance(args, (tuple, list)):
+    if inspect.iscoroutinefunction(function):
         raise TypeError(
-            f"args={args!r} must be a tuple of positional arguments, e.g. args=({args!r},) "
-            "for a single argument."
+            f"function={function!r} is an async function (async def): each rank calls it "
+            "without an event loop, so it would only create a coroutine. Define it with def."
         )
+    if not isinstance(args, (tuple, list)):
+        raise TypeError(_args_message(args))
     if kwargs is not None and not isinstance(kwargs, dict):
-        raise TypeError(f"kwargs={kwargs!r} must be a dict of keyword arguments or None.")
+        hint = ""
+        if isinstance(kwargs, numbers.Integral) and not isinstance(kwargs, bool):
+            # Accelerate's notebook_launcher(function, args, num_processes): here the third
+            # positional parameter is kwargs.
+            hint = (
+                f" The third positional parameter of notebook_launcher is kwargs (in "
+                f"Accelerate it is num_processes): pass num_processes={kwargs!r} by name."
+            )
+        raise TypeError(f"kwargs={kwargs!r} must be a dict of keyword arguments or None.{hint}")
     args, kwargs = tuple(args), dict(kwargs or {})
     try:
         signature = inspect.signature(function)
@@ -120,6 +131,23 @@ def check_function(function: object, args: object, kwargs: object) -> tuple[tupl
             + _rank_parameter_hint(signature)
         ) from None
     return args, kwargs
+
+
+def _args_message(args: object) -> str:
+    if isinstance(args, dict):
+        return (
+            f"args={args!r} is a dict: pass keyword arguments as kwargs={args!r} (args= takes "
+            "a tuple of positional arguments)."
+        )
+    if isinstance(args, str):
+        return (
+            f"args={args!r} is a string, not a tuple: a one-element tuple needs a trailing "
+            f"comma, args=({args!r},)."
+        )
+    return (
+        f"args={args!r} must be a tuple of positional arguments, e.g. args=({args!r},) "
+        "for a single argument."
+    )
 
 
 def _rank_parameter_hint(signature: inspect.Signature) -> str:
@@ -185,6 +213,20 @@ def _check_timeout(timeout: object) -> float | None:
     seconds = float(timeout)
     if not seconds > 0:
         raise ValueError(f"timeout={timeout!r} must be > 0 seconds, or None for no limit.")
+    return seconds
+
+
+def _check_rdzv_timeout(rdzv_timeout: object) -> float:
+    if isinstance(rdzv_timeout, bool) or not isinstance(rdzv_timeout, numbers.Real):
+        raise TypeError(
+            f"rdzv_timeout={rdzv_timeout!r} must be a number of seconds, e.g. rdzv_timeout=900."
+        )
+    seconds = float(rdzv_timeout)
+    if not seconds > 0 or seconds == float("inf"):
+        raise ValueError(
+            f"rdzv_timeout={rdzv_timeout!r} must be a finite number of seconds > 0: how long a "
+            "node waits for the other nodes to join, e.g. rdzv_timeout=900."
+        )
     return seconds
 
 
@@ -255,6 +297,7 @@ def build_config(
     output: object,
     progress: object,
     return_all: object,
+    rdzv_timeout: object = 900.0,
 ) -> LaunchConfig:
     output_mode = _choice("output", output, OutputMode)
     progress_mode = _choice("progress", progress, ProgressMode)
@@ -307,4 +350,5 @@ def build_config(
         output=output_mode,
         progress=progress_mode,
         return_all=return_all,
+        rdzv_timeout=_check_rdzv_timeout(rdzv_timeout),
     )

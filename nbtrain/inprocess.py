@@ -90,7 +90,7 @@ def run_in_process(
             raise error.with_traceback(exc.__traceback__) from None
     emit(Finished(0, None))
     emit(Exited(0, 0, None, stopped_by_launcher=False))
-    state.finish(f"Done in {state.elapsed:.1f}s")
+    state.finish(state.done_summary())
     view.close(state)
     value = _to_cpu(value)
     return [value] if config.return_all else value

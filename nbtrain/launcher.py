@@ -45,6 +45,7 @@ def notebook_launcher(
     output: str = "all",
     progress: str = "auto",
     return_all: bool = False,
+    rdzv_timeout: float = 900.0,
 ) -> Any:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` ranks and return rank 0's value.
 
@@ -64,12 +65,12 @@ def notebook_launcher(
         output=output,
         progress=progress,
         return_all=return_all,
+        rdzv_timeout=rdzv_timeout,
     )
     if config.multi_node or config.max_restarts:
-        raise NotImplementedError(
-            "Multi-node launches and max_restarts are not available yet in this version of "
-            "nbtrain; use num_nodes=1 and max_restarts=0."
-        )
+        from .attempts import run_elastic  # torch elastic rendezvous; restarts (attempts.py)
+
+        return run_elastic(config, pack_call(function, args, kwargs))
     if config.num_processes == 1:
         return run_in_process(config, function, args, kwargs, _view(config))
     return run_ranks(config, pack_call(function, args, kwargs))
@@ -207,9 +208,7 @@ def _finish(
         _close_view(view, state)
         raise TimeoutError(_timeout_message(config, state))
     results = outcome.results()
-    steps = sum(rank.step for rank in state.ranks.values())
-    rate = f", {steps / state.elapsed:.1f} steps/s" if steps and state.elapsed > 0 else ""
-    state.finish(f"Done in {state.elapsed:.1f}s{rate}")
+    state.finish(state.done_summary())
     _close_view(view, state)
     if config.return_all:
         return [results.get(rank) for rank in sorted(state.ranks)]

@@ -113,12 +113,11 @@ class Outcome:
 
 
 def _failed(record: RankRecord) -> bool:
+    # Any reported exception is a failure, even a mere lost connection: if every rank only lost
+    # a peer (gloo could not connect at all, say), the launch failed all the same. Collateral
+    # failures just lose to real ones when the root cause is chosen.
     if record.failure is not None:
-        return not (
-            record.exit is not None
-            and record.exit.stopped_by_launcher
-            and record.failure.collateral
-        )
+        return True
     exit_event = record.exit
     if exit_event is None or exit_event.stopped_by_launcher:
         return False

@@ -6,8 +6,10 @@ same payload works under fork, forkserver and spawn.
 
 from __future__ import annotations
 
+import inspect
 import io
 import pickle
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +25,10 @@ def _describe(obj: object) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _find_unpicklable(obj: object, path: str, depth: int = 0) -> str | None:
+Chain = list[tuple[str, object]]  # (path, object) from the argument down to the culprit
+
+
+def _find_unpicklable(obj: object, path: str, depth: int = 0) -> Chain | None:
     """Walk containers, attributes and closure cells to name the innermost culprit."""
     try:
         cloudpickle.dumps(obj)
@@ -34,8 +39,8 @@ def _find_unpicklable(obj: object, path: str, depth: int = 0) -> str | None:
         for child_path, child in _children(obj, path):
             found = _find_unpicklable(child, child_path, depth + 1)
             if found:
-                return found
-    return f"{path} = {_describe(obj)} ({type(obj).__qualname__})"
+                return [(path, obj), *found]
+    return [(path, obj)]
 
 
 def _children(obj: object, path: str) -> list[tuple[str, object]]:
@@ -43,6 +48,8 @@ def _children(obj: object, path: str) -> list[tuple[str, object]]:
         return [(f"{path}[{key!r}]", value) for key, value in obj.items()]
     if isinstance(obj, (list, tuple, set, frozenset)):
         return [(f"{path}[{i}]", value) for i, value in enumerate(obj)]
+    if inspect.ismethod(obj):  # notebook_launcher(trainer.fit): the trainer travels too
+        return [(f"{path}.__self__", obj.__self__), (path, obj.__func__)]
     closure = getattr(obj, "__closure__", None)
     if closure:
         names = obj.__code__.co_freevars  # type: ignore[attr-defined]
@@ -64,18 +71,48 @@ def pack_call(function: Callable[..., Any], args: tuple, kwargs: dict) -> bytes:
     try:
         return cloudpickle.dumps((function, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as exc:
-        culprit = (
+        chain = (
             _find_unpicklable(function, "function")
             or _find_unpicklable(args, "args")
             or _find_unpicklable(kwargs, "kwargs")
-            or "(could not narrow it down)"
+            or []
         )
+        culprit = "(could not narrow it down)"
+        if chain:
+            path, obj = chain[-1]
+            culprit = f"{path} = {_describe(obj)} ({type(obj).__qualname__})"
         raise PayloadError(
             f"Cannot send the function and its arguments to the ranks: {culprit} cannot be "
-            f"pickled ({type(exc).__name__}: {exc}). Create such objects (open files, locks, "
-            "generators, database or CUDA handles) inside the function instead of passing them "
-            "or capturing them from the notebook."
+            f"pickled ({type(exc).__name__}: {exc}). {_advice([o for _, o in chain], exc)}"
         ) from None
+
+
+def _advice(objects: list[object], exc: Exception) -> str:
+    """What to do instead, for the objects users most often try to send."""
+    kinds = [(type(o).__module__, type(o).__name__) for o in objects]
+    if any(m.startswith("torch.utils.data") and n.endswith("DataLoaderIter") for m, n in kinds):
+        return (
+            "Pass the DataLoader itself (or its dataset), not iter(loader), and iterate inside "
+            "the function: an iterator over a DataLoader holds live worker processes."
+        )
+    channel = {"Queue", "SimpleQueue", "JoinableQueue", "Connection", "AutoProxy"}
+    if "through inheritance" in str(exc) or any(
+        m.startswith("multiprocessing") and (n in channel or n.endswith("Proxy")) for m, n in kinds
+    ):
+        return (
+            "Queues, pipes and managers cannot be passed to the ranks. To get values back, "
+            "return them from the function: notebook_launcher returns rank 0's value "
+            "(return_all=True: every rank's)."
+        )
+    if any(isinstance(o, types.GeneratorType) for o in objects):
+        return (
+            "Pass a list (or whatever the generator reads from) and create the generator "
+            "inside the function."
+        )
+    return (
+        "Create such objects (open files, locks, generators, database or CUDA handles) inside "
+        "the function instead of passing them or capturing them from the notebook."
+    )
 
 
 def unpack_call(payload: bytes) -> tuple[Callable[..., Any], tuple, dict]:

@@ -1,7 +1,13 @@
-"""Views of a RunState: widgets in a Jupyter kernel, text everywhere else."""
+"""Views of a RunState: widgets in a Jupyter kernel, text everywhere else.
+
+A view has ``draw(state)`` (called by the launcher about 10 times a second while ranks run) and
+``close(state)`` (once, after ``state.finish``). Only the kernel process draws; views read the
+RunState and nothing else.
+"""
 
 from __future__ import annotations
 
+import warnings
 from typing import Protocol
 
 from ..config import OutputMode, ProgressMode
@@ -19,14 +25,20 @@ def make_view(progress: ProgressMode, output: OutputMode, world_size: int) -> Vi
     """'auto': widgets inside a Jupyter kernel with ipywidgets, text otherwise."""
     from .text import TextView
 
-    wants_widgets = progress is ProgressMode.WIDGETS or (
-        progress is ProgressMode.AUTO and frontend() is Frontend.JUPYTER
-    )
-    if wants_widgets:
-        try:
-            from .widgets import WidgetView
-        except ImportError:
-            pass
-        else:
-            return WidgetView(output=output, world_size=world_size)
+    in_kernel = frontend() is Frontend.JUPYTER
+    if progress is ProgressMode.WIDGETS or (progress is ProgressMode.AUTO and in_kernel):
+        reason = None if in_kernel else "this is not a Jupyter kernel"
+        if reason is None:
+            try:
+                from .widgets import WidgetView
+            except ImportError as exc:
+                reason = f"ipywidgets cannot be imported ({exc})"
+            else:
+                return WidgetView(output=output, world_size=world_size)
+        if progress is ProgressMode.WIDGETS:
+            warnings.warn(
+                f"progress='widgets' needs a Jupyter kernel with ipywidgets, but {reason}; "
+                "showing text progress instead (pass progress='text' to silence this).",
+                stacklevel=3,
+            )
     return TextView(output=output, show_progress=progress is not ProgressMode.OFF)

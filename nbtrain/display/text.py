@@ -1,77 +1,174 @@
-"""Text view: rank-prefixed output lines and compact periodic progress lines."""
+"""Text view: rank-prefixed output lines, compact progress lines per rank, a final summary.
+
+For terminals, CI logs, ``nbtrain launch`` and frontends without widgets. Progress is printed as
+whole lines (``[rank 1] train 40/100 12.3 it/s loss 0.52``) at most every ``every`` seconds per
+rank; only on an interactive terminal does one status line redraw in place, and it is erased
+before anything else is printed, so no carriage returns reach logs or files.
+"""
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
+from typing import TextIO
 
 from ..config import OutputMode
 from ..monitor import OutputLine, RankStatus, RankView, RunState
+from .formatting import format_metrics, format_status, format_steps, has_progress
 
 PROGRESS_EVERY = 2.0  # seconds between progress lines per rank: readable in CI logs
 
 
 class TextView:
-    def __init__(self, *, output: OutputMode, show_progress: bool) -> None:
+    def __init__(
+        self,
+        *,
+        output: OutputMode,
+        show_progress: bool,
+        every: float = PROGRESS_EVERY,
+        live: bool | None = None,
+        stdout: TextIO | None = None,
+        stderr: TextIO | None = None,
+    ) -> None:
         self.output = output
         self.show_progress = show_progress
+        self.every = every
+        self._stdout = stdout
+        self._stderr = stderr
+        self.live = _is_terminal(self.stdout) if live is None else live
         self._next_line = 0
-        self._last_report: dict[int, tuple[float, int]] = {}
+        self._reported: dict[int, tuple[float, tuple[object, ...]]] = {}
+        self._status = ""  # the live status line now on screen
+
+    @property
+    def stdout(self) -> TextIO:
+        return self._stdout if self._stdout is not None else sys.stdout
+
+    @property
+    def stderr(self) -> TextIO:
+        return self._stderr if self._stderr is not None else sys.stderr
 
     def draw(self, state: RunState) -> None:
-        self._print_output(state)
-        if self.show_progress:
+        lines = state.lines_since(self._next_line)
+        if lines:
+            self._erase_status()
+            self._print_output(lines)
+        if not self.show_progress:
+            return
+        if self.live:
+            self._print_finished(state)
+            self._draw_status(state)
+        else:
             self._print_progress(state, final=False)
 
     def close(self, state: RunState) -> None:
-        self._print_output(state)
+        self._erase_status()
+        self._print_output(state.lines_since(self._next_line))
         if self.show_progress:
             self._print_progress(state, final=True)
             if state.summary:
-                print(state.summary, file=sys.stdout, flush=True)
+                self.stdout.write(state.summary + "\n")
+                self.stdout.flush()
 
-    def _print_output(self, state: RunState) -> None:
-        lines = state.lines_since(self._next_line)
+    # -- output lines -------------------------------------------------------------------------
+
+    def _print_output(self, lines: list[OutputLine]) -> None:
         if not lines:
             return
         dropped = lines[0].index - self._next_line
         if dropped > 0:
-            print(f"[nbtrain] {dropped} output lines dropped", file=sys.stderr)
+            self.stderr.write(f"[nbtrain] {dropped} output lines dropped (too many to keep)\n")
         for line in lines:
             if self._shows(line):
-                stream = sys.stderr if line.stream == "stderr" else sys.stdout
+                stream = self.stderr if line.stream == "stderr" else self.stdout
                 stream.write(f"[rank {line.rank}] {line.text}\n")
         self._next_line = lines[-1].index + 1
-        sys.stdout.flush()
-        sys.stderr.flush()
+        self.stdout.flush()
+        self.stderr.flush()
 
     def _shows(self, line: OutputLine) -> bool:
         if self.output is OutputMode.NONE:
             return False
         return self.output is OutputMode.ALL or line.rank == 0
 
+    # -- progress lines -----------------------------------------------------------------------
+
     def _print_progress(self, state: RunState, *, final: bool) -> None:
+        """A line per rank when it changed and its interval passed; every change when final."""
         now = time.monotonic()
-        for rank, view in state.ranks.items():
-            if view.total is None and view.step == 0:
+        for rank, view in sorted(state.ranks.items()):
+            if not (has_progress(view) or view.metrics or view.finished):
                 continue
-            last_time, last_step = self._last_report.get(rank, (0.0, -1))
-            changed = view.step != last_step
-            due = now - last_time >= PROGRESS_EVERY
-            if changed and (due or (final and view.status is not RankStatus.RUNNING)):
-                print(format_rank(view), flush=True)
-                self._last_report[rank] = (now, view.step)
+            shown = _shown_state(view)
+            last_time, last_shown = self._reported.get(rank, (-float("inf"), None))
+            if shown == last_shown:
+                continue
+            ended = view.finished and (last_shown is None or last_shown[-1] != view.status)
+            if final or ended or now - last_time >= self.every:
+                self.stdout.write(format_rank(view) + "\n")
+                self._reported[rank] = (now, shown)
+        self.stdout.flush()
+
+    def _print_finished(self, state: RunState) -> None:
+        """Live mode: a rank that ended gets its final line above the status line at once."""
+        for rank, view in sorted(state.ranks.items()):
+            if view.finished and self._reported.get(rank, (0, None))[1] != _shown_state(view):
+                self._erase_status()
+                self.stdout.write(format_rank(view) + "\n")
+                self._reported[rank] = (time.monotonic(), _shown_state(view))
+
+    def _draw_status(self, state: RunState) -> None:
+        running = [v for _, v in sorted(state.ranks.items()) if not v.finished]
+        if not running:
+            self._erase_status()
+            return
+        text = " | ".join(_compact(view) for view in running)
+        width = max(20, shutil.get_terminal_size().columns - 1)
+        text = text[:width]
+        if text == self._status:
+            return
+        pad = " " * max(0, len(self._status) - len(text))
+        self.stdout.write("\r" + text + pad)
+        self.stdout.flush()
+        self._status = text
+
+    def _erase_status(self) -> None:
+        if self._status:
+            self.stdout.write("\r" + " " * len(self._status) + "\r")
+            self.stdout.flush()
+            self._status = ""
 
 
 def format_rank(view: RankView) -> str:
+    """'[rank 1] train 40/100 12.3 it/s loss 0.52' plus the status once it is not 'running'."""
     parts = [f"[rank {view.rank}]"]
-    if view.desc:
-        parts.append(view.desc)
-    parts.append(f"{view.step}/{view.total}" if view.total is not None else f"{view.step}")
-    if view.rate:
-        parts.append(f"{view.rate:.1f} it/s")
-    for name, value in list(view.metrics.items())[:4]:
-        parts.append(f"{name} {value:.4g}")
+    if has_progress(view):
+        parts.append(format_steps(view))
+    if view.metrics:
+        parts.append(format_metrics(view.metrics))
     if view.status is not RankStatus.RUNNING:
-        parts.append(view.status.value)
+        parts.append(format_status(view))
     return " ".join(parts)
+
+
+def _compact(view: RankView) -> str:
+    text = f"r{view.rank} "
+    if view.total is not None:
+        text += f"{view.step}/{view.total}"
+    else:
+        text += str(view.step) if view.step else view.status.value
+    if view.metrics:
+        text += " " + format_metrics(view.metrics, limit=1)
+    return text
+
+
+def _shown_state(view: RankView) -> tuple[object, ...]:
+    return (view.step, view.total, view.desc, tuple(view.metrics.items()), view.status)
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False

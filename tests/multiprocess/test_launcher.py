@@ -456,3 +456,14 @@ def test_start_method_missing_on_this_platform_is_refused(monkeypatch):
     from nbtrain.config import StartMethod, choose_start_method
 
     assert choose_start_method("auto", uses_cuda=False).method is StartMethod.SPAWN
+
+
+def test_launch_where_every_rank_only_lost_a_peer_is_a_failure():
+    def lost_peer():
+        time.sleep(0.1 * int(os.environ["RANK"]))
+        raise RuntimeError("Connection closed by peer [127.0.0.1]:1234")
+
+    for _ in range(3):
+        with pytest.raises(WorkerError) as info:
+            notebook_launcher(lost_peer, num_processes=2, **QUIET)
+        assert "Connection closed by peer" in str(info.value)

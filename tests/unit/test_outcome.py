@@ -70,3 +70,15 @@ def test_results_and_original_exception_round_trip():
     outcome.apply(Exited(1, 1, None, stopped_by_launcher=False))
     original = outcome.error().original
     assert isinstance(original, ValueError) and str(original) == "bad"
+
+
+def test_collateral_only_failures_still_fail_the_launch():
+    """Every rank reporting a lost connection (gloo never connected) is a failure, not success."""
+    outcome = Outcome([0, 1])
+    message = "Connection closed by peer"
+    outcome.apply(failed(0, 2.0, collateral=True, type_name="RuntimeError", message=message))
+    outcome.apply(failed(1, 1.0, collateral=True, type_name="RuntimeError", message=message))
+    outcome.apply(Exited(0, -15, "SIGTERM", stopped_by_launcher=True))
+    outcome.apply(Exited(1, -15, "SIGTERM", stopped_by_launcher=True))
+    assert outcome.has_failure()
+    assert outcome.root_cause() == 1

@@ -1,0 +1,255 @@
+"""Training throughput (steps/s), N=2 CPU ranks (gloo), the same small model and data:
+
+    nbtrain      nbtrain.Accelerator, ranks started by nbtrain.notebook_launcher (fork)
+    ddp          hand-written DistributedDataParallel + DistributedSampler, ranks started by
+                 torch.multiprocessing (fork)
+    accelerate   Hugging Face Accelerate's Accelerator(cpu=True), in ranks started like the ddp
+                 baseline (torch.multiprocessing, fork, RANK/WORLD_SIZE/MASTER_* set). Its own
+                 notebook_launcher discards return values and goes through torch elastic; starting
+                 its ranks like the baseline measures the Accelerator's training loop itself.
+
+Each case runs WARMUP steps, then times STEPS steps inside the ranks (launch and setup are not
+timed; rank 0 reports). The cases alternate within each round, so drift on a shared machine hits
+all alike; the table shows medians and ratios. Every rank uses one torch thread (two cores).
+
+A second table isolates the Accelerator's own cost from launch-to-launch noise: in ONE pair of
+ranks (nbtrain launch), an nbtrain-prepared model and a hand-wrapped DDP model train alternately.
+
+    python benchmarks/train.py [--rounds 9] [--steps 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from typing import Any
+
+import torch
+import torch._dynamo  # (DDP imports it; loading it before forking keeps setup fast)
+import torch.distributed as dist
+import torch.multiprocessing as torch_mp
+from common import free_port
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from nbtrain import notebook_launcher
+
+WARMUP = 30
+BATCH = 32  # per rank
+FEATURES, HIDDEN, CLASSES, SAMPLES = 64, 256, 10, 8192
+
+
+def model_and_data() -> tuple[torch.nn.Module, TensorDataset]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(FEATURES, HIDDEN),
+        torch.nn.ReLU(),
+        torch.nn.Linear(HIDDEN, HIDDEN),
+        torch.nn.ReLU(),
+        torch.nn.Linear(HIDDEN, CLASSES),
+    )
+    x = torch.randn(SAMPLES, FEATURES)
+    return model, TensorDataset(x, torch.randint(0, CLASSES, (SAMPLES,)))
+
+
+def batches(loader: Any, set_epoch: Any = None) -> Any:
+    epoch = 0
+    while True:
+        if set_epoch is not None:
+            set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+def timed(step: Any, stream: Any, steps: int) -> float:
+    for _ in range(WARMUP):
+        step(*next(stream))
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step(*next(stream))
+    dist.barrier()
+    return steps / (time.perf_counter() - start)
+
+
+# -- nbtrain ----------------------------------------------------------------------------------
+
+
+def nbtrain_rank(steps: int) -> float:
+    from nbtrain import Accelerator
+
+    acc = Accelerator()
+    model, data = model_and_data()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(data, batch_size=BATCH, shuffle=True)
+    model, optimizer, loader = acc.prepare(model, optimizer, loader)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        acc.backward(loss_fn(model(x), y))
+        optimizer.step()
+        optimizer.zero_grad()
+
+    return timed(step, batches(loader), steps)
+
+
+def run_nbtrain(steps: int) -> float:
+    return notebook_launcher(
+        nbtrain_rank,
+        (steps,),
+        num_processes=2,
+        start_method="fork",
+        progress="off",
+        output="none",
+    )
+
+
+# -- hand-written DDP and Accelerate, ranks started by torch.multiprocessing ---------------------
+
+
+def ddp_rank(steps: int) -> float:
+    dist.init_process_group("gloo")
+    model, data = model_and_data()
+    model = torch.nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    sampler: DistributedSampler = DistributedSampler(data, shuffle=True)
+    loader = DataLoader(data, batch_size=BATCH, sampler=sampler)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        loss_fn(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    return timed(step, batches(loader, sampler.set_epoch), steps)
+
+
+def accelerate_rank(steps: int) -> float:
+    from accelerate import Accelerator
+
+    # cpu=True: without it Accelerate treats CPU-only ranks as DistributedType.NO and trains
+    # each rank alone, with no gradient all-reduce (checked below).
+    acc = Accelerator(cpu=True)
+    assert acc.num_processes == 2, "Accelerate must run data parallel for a fair comparison"
+    model, data = model_and_data()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(data, batch_size=BATCH, shuffle=True)
+    model, optimizer, loader = acc.prepare(model, optimizer, loader)
+    assert isinstance(model, torch.nn.parallel.DistributedDataParallel)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        acc.backward(loss_fn(model(x), y))
+        optimizer.step()
+        optimizer.zero_grad()
+
+    return timed(step, batches(loader), steps)
+
+
+RANK_FUNCTIONS = {"ddp": ddp_rank, "accelerate": accelerate_rank}
+
+
+def mp_rank(rank: int, name: str, steps: int, port: int, results: Any) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE="2",
+        LOCAL_WORLD_SIZE="2",
+    )
+    torch.set_num_threads(1)  # as nbtrain's launcher does for 2 ranks on 2 cores
+    rate = RANK_FUNCTIONS[name](steps)
+    if rank == 0:
+        results.put(rate)
+    dist.destroy_process_group()
+
+
+def run_mp(name: str, steps: int) -> float:
+    ctx = torch_mp.get_context("fork")
+    results = ctx.SimpleQueue()
+    torch_mp.start_processes(
+        mp_rank, args=(name, steps, free_port(), results), nprocs=2, start_method="fork"
+    )
+    return results.get()
+
+
+def same_ranks(steps: int, rounds: int) -> tuple[list[float], list[float]]:
+    from nbtrain import Accelerator
+
+    acc = Accelerator()
+    model, data = model_and_data()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(data, batch_size=BATCH, shuffle=True)
+    model, optimizer, loader = acc.prepare(model, optimizer, loader)
+    raw_model = torch.nn.parallel.DistributedDataParallel(model_and_data()[0])
+    raw_optimizer = torch.optim.SGD(raw_model.parameters(), lr=0.01)
+    sampler: DistributedSampler = DistributedSampler(data, shuffle=True)
+    raw_loader = DataLoader(data, batch_size=BATCH, sampler=sampler)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def nbtrain_step(x: torch.Tensor, y: torch.Tensor) -> None:
+        acc.backward(loss_fn(model(x), y))
+        optimizer.step()
+        optimizer.zero_grad()
+
+    def ddp_step(x: torch.Tensor, y: torch.Tensor) -> None:
+        loss_fn(raw_model(x), y).backward()
+        raw_optimizer.step()
+        raw_optimizer.zero_grad()
+
+    ours, theirs = batches(loader), batches(raw_loader, sampler.set_epoch)
+    rates: tuple[list[float], list[float]] = ([], [])
+    for _ in range(rounds):
+        rates[0].append(timed(nbtrain_step, ours, steps))
+        rates[1].append(timed(ddp_step, theirs, steps))
+    return rates
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--steps", type=int, default=300)
+    options = parser.parse_args()
+    cases = {
+        "nbtrain": lambda: run_nbtrain(options.steps),
+        "ddp": lambda: run_mp("ddp", options.steps),
+        "accelerate": lambda: run_mp("accelerate", options.steps),
+    }
+    rates: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(options.rounds):
+        for name, case in cases.items():
+            rates[name].append(case())
+    medians = {name: statistics.median(values) for name, values in rates.items()}
+    print(
+        f"N=2 CPU ranks, {options.steps} timed steps x {options.rounds} rounds, "
+        f"batch {BATCH}/rank, MLP {FEATURES}-{HIDDEN}-{HIDDEN}-{CLASSES}"
+    )
+    print("| case | median steps/s | min | max | vs ddp | vs accelerate |")
+    print("|---|---|---|---|---|---|")
+    for name, values in rates.items():
+        print(
+            f"| {name} | {medians[name]:.1f} | {min(values):.1f} | {max(values):.1f} | "
+            f"{medians[name] / medians['ddp']:.3f}x | "
+            f"{medians[name] / medians['accelerate']:.3f}x |"
+        )
+    ours, theirs = notebook_launcher(
+        same_ranks,
+        (options.steps, options.rounds),
+        num_processes=2,
+        start_method="fork",
+        progress="off",
+        output="none",
+    )
+    print("\nSame ranks, alternating (Accelerator overhead only):")
+    print("| case | median steps/s | vs ddp |")
+    print("|---|---|---|")
+    ddp_median = statistics.median(theirs)
+    for name, values in (("nbtrain", ours), ("ddp", theirs)):
+        median = statistics.median(values)
+        print(f"| {name} | {median:.1f} | {median / ddp_median:.3f}x |")
+
+
+if __name__ == "__main__":
+    main()

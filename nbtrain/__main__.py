@@ -1,0 +1,8 @@
+"""``python -m nbtrain ...``: the same as the ``nbtrain`` command."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

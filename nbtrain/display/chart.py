@@ -1,0 +1,101 @@
+"""A metric chart as inline SVG: one polyline per rank, cheap enough to redraw 10 times a second.
+
+Pure string building (no plotting library): a few hundred points per line at most, so one chart
+is a few kilobytes of markup.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from html import escape
+
+COLORS = (
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+    "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
+)
+MAX_POINTS = 300  # per line: more would not show at this size anyway
+POINT_BUDGET = 1200  # per chart, so many ranks still make a few kilobytes of markup
+WIDTH, HEIGHT = 300, 130
+LEFT, RIGHT, TOP, BOTTOM = 48, 8, 18, 20  # margins inside the SVG for the axis labels
+
+Series = Sequence[tuple[int, float]]
+
+
+def rank_color(rank: int) -> str:
+    return COLORS[rank % len(COLORS)]
+
+
+def svg_chart(name: str, lines: Mapping[int, Series]) -> str:
+    """An SVG of ``name`` over steps, one line per rank (``lines``: rank -> [(step, value)])."""
+    limit = max(30, min(MAX_POINTS, POINT_BUDGET // max(1, len(lines))))
+    points = {rank: _finite(_thin(series, limit)) for rank, series in lines.items()}
+    points = {rank: series for rank, series in points.items() if series}
+    head = (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
+        f'viewBox="0 0 {WIDTH} {HEIGHT}" class="nbtrain-chart" data-metric="{escape(name)}" '
+        'style="font: 10px sans-serif; background: transparent">'
+    )
+    parts = [head, f'<text x="{LEFT}" y="11" font-weight="bold">{escape(name)}</text>']
+    if not points:
+        return "".join([*parts, "</svg>"])
+    xs = [step for series in points.values() for step, _ in series]
+    ys = [value for series in points.values() for _, value in series]
+    x0, x1 = _span(min(xs), max(xs))
+    y0, y1 = _span(min(ys), max(ys))
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+
+    def sx(x: float) -> float:
+        return LEFT + (x - x0) / (x1 - x0) * plot_w
+
+    def sy(y: float) -> float:
+        return TOP + (1 - (y - y0) / (y1 - y0)) * plot_h
+
+    parts.append(
+        f'<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="none" '
+        'stroke="#bbb" stroke-width="0.5"/>'
+    )
+    parts += _axis_labels(x0, x1, y0, y1)
+    for rank, series in sorted(points.items()):
+        coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in series)
+        parts.append(
+            f'<polyline data-rank="{rank}" points="{coords}" fill="none" '
+            f'stroke="{rank_color(rank)}" stroke-width="1.5"/>'
+        )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _axis_labels(x0: float, x1: float, y0: float, y1: float) -> list[str]:
+    bottom = HEIGHT - BOTTOM
+    return [
+        f'<text x="{LEFT - 4}" y="{TOP + 8}" text-anchor="end">{_axis(y1)}</text>',
+        f'<text x="{LEFT - 4}" y="{bottom}" text-anchor="end">{_axis(y0)}</text>',
+        f'<text x="{LEFT}" y="{HEIGHT - 6}">{x0:g}</text>',
+        f'<text x="{WIDTH - RIGHT}" y="{HEIGHT - 6}" text-anchor="end">step {x1:g}</text>',
+    ]
+
+
+def _axis(value: float) -> str:
+    return f"{value:.3g}"
+
+
+def _thin(series: Series, limit: int) -> Series:
+    if len(series) <= limit:
+        return series
+    stride = math.ceil(len(series) / limit)
+    thinned = list(series[::stride])
+    if thinned[-1] != series[-1]:
+        thinned.append(series[-1])  # the newest point always shows
+    return thinned
+
+
+def _finite(series: Series) -> list[tuple[int, float]]:
+    return [(x, y) for x, y in series if math.isfinite(y)]
+
+
+def _span(low: float, high: float) -> tuple[float, float]:
+    if high > low:
+        return low, high
+    pad = abs(low) * 0.1 or 1.0  # a flat line sits in the middle of the box
+    return low - pad, high + pad

@@ -1,0 +1,49 @@
+"""Short human-readable pieces shared by the text and widget views."""
+
+from __future__ import annotations
+
+import math
+
+from ..monitor import RankStatus, RankView
+
+MAX_METRICS = 4  # metrics shown per rank; more would not fit a row
+
+
+def format_duration(seconds: float) -> str:
+    whole = round(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def format_value(value: float) -> str:
+    return f"{value:.4g}" if math.isfinite(value) else str(value)
+
+
+def format_metrics(values: dict[str, float], limit: int = MAX_METRICS) -> str:
+    return " ".join(f"{name} {format_value(value)}" for name, value in list(values.items())[:limit])
+
+
+def format_steps(view: RankView) -> str:
+    """'train 40/100 12.3 it/s ETA 0:05' (the parts that are known)."""
+    parts = [view.desc] if view.desc else []
+    parts.append(f"{view.step}/{view.total}" if view.total is not None else str(view.step))
+    if view.rate:
+        parts.append(f"{view.rate:.1f} it/s")
+    eta = view.eta
+    if eta is not None and not view.finished and view.step < (view.total or 0):
+        parts.append(f"ETA {format_duration(eta)}")
+    return " ".join(parts)
+
+
+def format_status(view: RankView) -> str:
+    """'running', 'done', 'failed: ValueError: boom', or a phase note while running."""
+    if view.status is RankStatus.FAILED and view.failure:
+        return f"failed: {view.failure}"
+    if view.status in (RankStatus.STARTING, RankStatus.RUNNING) and view.note:
+        return view.note
+    return view.status.value
+
+
+def has_progress(view: RankView) -> bool:
+    return view.total is not None or view.step > 0

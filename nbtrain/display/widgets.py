@@ -1,0 +1,278 @@
+"""Widget view of a RunState: one dashboard per launch, drawn by the kernel process only.
+
+A row per rank (rank and device, bar, steps/rate/ETA, latest metrics, status), a live metric
+chart (inline SVG), the ranks' output (last lines, capped) and a summary line. Each draw
+compares versions kept in the RunState and touches only the widgets whose content changed;
+ipywidgets then sends a message only for traits whose value actually differs.
+"""
+
+from __future__ import annotations
+
+import time
+from html import escape
+from typing import Any, Protocol
+
+import ipywidgets as widgets
+
+from ..config import OutputMode
+from ..monitor import OutputLine, RankStatus, RankView, RunState
+from .chart import rank_color, svg_chart
+from .formatting import format_duration, format_metrics, format_status, format_steps
+from .text import format_rank
+
+MAX_OUTPUT_LINES = 200  # lines the browser holds; the kernel keeps more (monitor.OUTPUT_CAP)
+MAX_LINE_CHARS = 400
+MAX_CHARTS = 3  # metrics charted side by side (the first ones logged)
+CHART_EVERY = 0.5  # seconds between chart redraws: the chart is most of a draw's cost
+
+BAR_STYLES = {
+    RankStatus.STARTING: "",
+    RankStatus.RUNNING: "",
+    RankStatus.DONE: "success",
+    RankStatus.FAILED: "danger",
+    RankStatus.STOPPED: "warning",
+}
+STATUS_COLORS = {
+    RankStatus.DONE: "#2e7d32",
+    RankStatus.FAILED: "#c62828",
+    RankStatus.STOPPED: "#ef6c00",
+}
+
+
+class Display(Protocol):
+    """Where the dashboard goes: IPython's display machinery, or a recorder in tests."""
+
+    def show(self, bundle: dict[str, Any]) -> None: ...
+
+    def update(self, bundle: dict[str, Any]) -> None: ...
+
+
+class IPythonDisplay:
+    def __init__(self) -> None:
+        self._handle: Any = None
+
+    def show(self, bundle: dict[str, Any]) -> None:
+        from IPython.display import display
+
+        self._handle = display(bundle, raw=True, display_id=True)
+
+    def update(self, bundle: dict[str, Any]) -> None:
+        if self._handle is not None:
+            self._handle.update(bundle, raw=True)
+
+
+class RankRow:
+    """The widgets of one rank's row."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.label = widgets.HTML(layout=widgets.Layout(width="120px"))
+        self.bar = widgets.IntProgress(
+            value=0, min=0, max=1, layout=widgets.Layout(flex="1 1 auto", min_width="120px")
+        )
+        self.steps = widgets.HTML(layout=widgets.Layout(width="250px"))
+        self.metrics = widgets.HTML(layout=widgets.Layout(width="220px"))
+        self.status = widgets.HTML(layout=widgets.Layout(width="240px"))
+        self.box = widgets.HBox(
+            [self.label, self.bar, self.steps, self.metrics, self.status],
+            layout=widgets.Layout(align_items="center", width="100%"),
+        )
+        self.version = -1
+
+    def render(self, view: RankView) -> None:
+        if view.version == self.version:
+            return
+        self.version = view.version
+        device = f" · {escape(view.device)}" if view.device else ""
+        self.label.value = f"<b>rank {view.rank}</b>{device}"
+        value, maximum = _bar_position(view)
+        with self.bar.hold_sync():
+            self.bar.max = maximum
+            self.bar.value = value
+            self.bar.bar_style = BAR_STYLES[view.status]
+        self.steps.value = _one_line_html(format_steps(view)) if _has_steps(view) else ""
+        self.metrics.value = _one_line_html(format_metrics(view.metrics)) if view.metrics else ""
+        self.status.value = _status_html(view)
+
+
+class WidgetView:
+    def __init__(
+        self,
+        *,
+        output: OutputMode,
+        world_size: int,
+        display: Display | None = None,
+    ) -> None:
+        self.output = output
+        self.world_size = world_size
+        self._display = display if display is not None else IPythonDisplay()
+        self.rows: dict[int, RankRow] = {}
+        self.title = widgets.HTML()
+        self.charts = widgets.HTML(layout=widgets.Layout(display="none"))
+        self.log = widgets.HTML(layout=widgets.Layout(display="none"))
+        self.summary = widgets.HTML(layout=widgets.Layout(display="none"))
+        self.box: widgets.VBox | None = None
+        self._drawn = -1  # RunState.version last drawn
+        self._metrics_drawn = -1
+        self._chart_at = -CHART_EVERY  # monotonic time of the last chart redraw
+        self._output_drawn = 0
+        self._lines: list[OutputLine] = []  # the tail of the output the browser shows
+        self._hidden_lines = 0
+
+    def draw(self, state: RunState, *, final: bool = False) -> None:
+        if self.box is None:
+            self._build(state)
+        self._draw_title(state)  # the elapsed time moves even when nothing else does
+        if state.version != self._drawn:
+            self._drawn = state.version
+            for rank, row in self.rows.items():
+                row.render(state.ranks[rank])
+            if state.output_count != self._output_drawn:
+                self._draw_output(state)
+            self._draw_summary(state)
+        if state.metrics_version != self._metrics_drawn:
+            now = time.monotonic()
+            if final or now - self._chart_at >= CHART_EVERY:
+                self._metrics_drawn, self._chart_at = state.metrics_version, now
+                self._draw_charts(state)
+
+    def close(self, state: RunState) -> None:
+        self.draw(state, final=True)
+        assert self.box is not None
+        # Frontends without widget support (and saved notebooks) show this text instead.
+        self._display.update(self._bundle(final_text(state)))
+
+    # -- building -------------------------------------------------------------------------------
+
+    def _build(self, state: RunState) -> None:
+        self.rows = {rank: RankRow(rank) for rank in sorted(state.ranks)}
+        self.box = widgets.VBox(
+            [
+                self.title,
+                *(row.box for row in self.rows.values()),
+                self.charts,
+                self.log,
+                self.summary,
+            ],
+            layout=widgets.Layout(width="100%"),
+        )
+        self.box.add_class("nbtrain-dashboard")
+        self._display.show(self._bundle(f"nbtrain: {len(self.rows)} rank(s) running"))
+
+    def _bundle(self, text: str) -> dict[str, Any]:
+        assert self.box is not None
+        bundle = dict(self.box._repr_mimebundle_())
+        bundle["text/plain"] = text
+        return bundle
+
+    # -- parts ----------------------------------------------------------------------------------
+
+    def _draw_title(self, state: RunState) -> None:
+        title = escape(state.title) if state.title else f"{len(self.rows)} ranks"
+        self.title.value = f"<b>nbtrain</b> · {title} · {format_duration(state.elapsed)}"
+
+    def _draw_charts(self, state: RunState) -> None:
+        names = _metric_names(state)[:MAX_CHARTS]
+        if not names:
+            return
+        legend = " ".join(
+            f'<span style="color:{rank_color(rank)}">■</span> rank {rank}'
+            for rank in sorted(state.ranks)
+        )
+        charts = "".join(
+            svg_chart(name, {r: v.history.get(name, []) for r, v in state.ranks.items()})
+            for name in names
+        )
+        self.charts.value = (
+            f'<div style="font-size:11px">{legend}</div>'
+            f'<div style="display:flex;flex-wrap:wrap;gap:8px">{charts}</div>'
+        )
+        self.charts.layout.display = ""
+
+    def _draw_output(self, state: RunState) -> None:
+        new = state.lines_since(self._output_drawn)
+        self._hidden_lines += max(0, (new[0].index if new else 0) - self._output_drawn)
+        self._output_drawn = state.output_count
+        self._lines.extend(line for line in new if self._shows(line))
+        if len(self._lines) > MAX_OUTPUT_LINES:
+            self._hidden_lines += len(self._lines) - MAX_OUTPUT_LINES
+            del self._lines[:-MAX_OUTPUT_LINES]
+        if not self._lines:
+            return
+        self.log.value = _output_html(self._lines, self._hidden_lines)
+        self.log.layout.display = ""
+
+    def _shows(self, line: OutputLine) -> bool:
+        if self.output is OutputMode.NONE:
+            return False
+        return self.output is OutputMode.ALL or line.rank == 0
+
+    def _draw_summary(self, state: RunState) -> None:
+        if not state.summary:
+            return
+        failed = any(v.status is RankStatus.FAILED for v in state.ranks.values())
+        color = STATUS_COLORS[RankStatus.FAILED if failed else RankStatus.DONE]
+        self.summary.value = f'<b style="color:{color}">{escape(state.summary)}</b>'
+        self.summary.layout.display = ""
+
+
+def final_text(state: RunState) -> str:
+    """The dashboard as plain text: one line per rank and the summary."""
+    lines = [format_rank(view) for _, view in sorted(state.ranks.items())]
+    if state.summary:
+        lines.append(state.summary)
+    return "\n".join(lines)
+
+
+def _bar_position(view: RankView) -> tuple[int, int]:
+    """(value, max) of the bar; a rank that reported no total fills its bar when done."""
+    if view.total:
+        return min(view.step, view.total), view.total
+    done = view.status is RankStatus.DONE
+    return (1 if done else 0), 1
+
+
+def _has_steps(view: RankView) -> bool:
+    return view.total is not None or view.step > 0
+
+
+_ONE_LINE = "white-space:nowrap;overflow:hidden;text-overflow:ellipsis;display:block"
+
+
+def _one_line_html(text: str, style: str = "") -> str:
+    """A cell that never wraps (rows keep their height); the full text shows on hover."""
+    shown = escape(text)
+    return f'<span title="{shown}" style="{_ONE_LINE}{style}">{shown}</span>'
+
+
+def _status_html(view: RankView) -> str:
+    color = STATUS_COLORS.get(view.status)
+    return _one_line_html(format_status(view), f";color:{color};font-weight:bold" if color else "")
+
+
+def _metric_names(state: RunState) -> list[str]:
+    names: dict[str, None] = {}
+    for _, view in sorted(state.ranks.items()):
+        names.update(dict.fromkeys(view.history))
+    return list(names)
+
+
+def _output_html(lines: list[OutputLine], hidden: int) -> str:
+    # column-reverse keeps the scroll position at the newest line as lines arrive.
+    rows = []
+    if hidden:
+        rows.append(f'<div style="color:#888">… {hidden} earlier lines not shown</div>')
+    for line in lines:
+        text = line.text if len(line.text) <= MAX_LINE_CHARS else line.text[:MAX_LINE_CHARS] + "…"
+        color = ";color:#c62828" if line.stream == "stderr" else ""
+        rows.append(
+            f'<div style="white-space:pre-wrap{color}">'
+            f'<span style="color:{rank_color(line.rank)}">[rank {line.rank}]</span> '
+            f"{escape(text)}</div>"
+        )
+    return (
+        '<div class="nbtrain-output" style="max-height:220px;overflow-y:auto;display:flex;'
+        "flex-direction:column-reverse;font-family:monospace;font-size:12px;line-height:1.35;"
+        'border:1px solid #ddd;padding:2px 4px">'
+        f"<div>{''.join(rows)}</div></div>"
+    )

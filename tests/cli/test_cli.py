@@ -1,0 +1,237 @@
+"""The nbtrain command, end to end: real processes, real ranks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.timeout(180)
+
+SCRIPTS = Path(__file__).parent / "scripts"
+NBTRAIN = [sys.executable, "-m", "nbtrain"]
+CONSOLE = Path(sys.executable).parent / "nbtrain"  # the console script pyproject declares
+
+
+def run(
+    *args: str, timeout: float = 120, command: list[str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*(command or NBTRAIN), *args], capture_output=True, text=True, timeout=timeout, cwd=cwd
+    )
+
+
+def test_launch_runs_the_script_as_main_on_every_rank(tmp_path: Path):
+    # Run from elsewhere: the script's own directory must still be importable (sibling module).
+    done = run(
+        "launch",
+        "--num-processes",
+        "2",
+        str(SCRIPTS / "hello.py"),
+        "--flag",
+        "x",
+        command=[str(CONSOLE)],
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    for rank in (0, 1):
+        line = f"[rank {rank}] hello from rank {rank} of 2 argv=['--flag', 'x'] main=True sum=3"
+        assert line in done.stdout.splitlines(), done.stdout
+
+
+def test_python_m_nbtrain_launch_works_the_same():
+    done = run("launch", "--nproc-per-node", "3", str(SCRIPTS / "hello.py"))
+    assert done.returncode == 0, done.stderr
+    assert sorted(line for line in done.stdout.splitlines() if "hello" in line) == [
+        f"[rank {r}] hello from rank {r} of 3 argv=[] main=True sum=6" for r in range(3)
+    ]
+
+
+def test_a_failing_rank_is_reported_with_its_traceback_and_exit_code():
+    done = run("launch", "--num-processes", "2", str(SCRIPTS / "fail.py"), "raise")
+    assert done.returncode == 1
+    assert "Traceback (most recent call last)" in done.stderr
+    # As `python fail.py` would show it: the user's frame first, no launcher or runpy frames.
+    assert (
+        f'Traceback (most recent call last):\n  File "{SCRIPTS / "fail.py"}", line 12'
+        in done.stderr
+    )
+    assert "runpy" not in done.stderr
+    assert "ValueError: bad value on rank 1" in done.stderr
+    assert "nbtrain: rank 1 failed with ValueError: bad value on rank 1" in done.stderr
+    assert "rank 0 failed" not in done.stderr  # the survivor is not blamed
+
+    exited = run("launch", "--num-processes", "2", str(SCRIPTS / "fail.py"), "3")
+    assert exited.returncode == 3, exited.stderr
+    assert "rank 1" in exited.stderr
+
+
+def test_ctrl_c_stops_every_rank_and_exits_130(tmp_path: Path):
+    command = subprocess.Popen(
+        [*NBTRAIN, "launch", "--num-processes", "2", str(SCRIPTS / "sleep.py"), str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        pid_files = [tmp_path / "rank0.pid", tmp_path / "rank1.pid"]
+        deadline = time.monotonic() + 60
+        while not all(f.exists() and f.read_text() for f in pid_files):
+            assert time.monotonic() < deadline and command.poll() is None, "ranks never started"
+            time.sleep(0.1)
+        ranks = [int(f.read_text()) for f in pid_files]
+        command.send_signal(signal.SIGINT)
+        _, err = command.communicate(timeout=30)
+    finally:
+        if command.poll() is None:
+            command.kill()
+            command.wait()
+    assert command.returncode == 130, err
+    assert "interrupted; every rank was stopped" in err
+    for pid in ranks:
+        assert not _alive(pid), f"rank process {pid} survived Ctrl-C"
+
+
+def test_sigterm_stops_every_rank_and_exits_143(tmp_path: Path):
+    command = subprocess.Popen(
+        [*NBTRAIN, "launch", "--num-processes", "2", str(SCRIPTS / "sleep.py"), str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "rank1.pid").exists() or not (tmp_path / "rank0.pid").exists():
+            assert time.monotonic() < deadline and command.poll() is None, "ranks never started"
+            time.sleep(0.1)
+        time.sleep(0.2)
+        ranks = [int((tmp_path / f"rank{r}.pid").read_text()) for r in (0, 1)]
+        command.terminate()
+        command.communicate(timeout=30)
+    finally:
+        if command.poll() is None:
+            command.kill()
+            command.wait()
+    assert command.returncode == 143
+    assert not any(_alive(pid) for pid in ranks)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_bad_options_exit_2_with_the_reason():
+    zero = run("launch", "--num-processes", "0", str(SCRIPTS / "hello.py"))
+    assert zero.returncode == 2
+    assert "num_processes=0 must be >= 1" in zero.stderr
+    missing = run("launch", "nope.py")
+    assert missing.returncode == 2
+    assert "script 'nope.py' not found" in missing.stderr
+    no_endpoint = run("launch", "--num-nodes", "2", str(SCRIPTS / "hello.py"))
+    assert no_endpoint.returncode == 2
+    assert "rdzv_endpoint" in no_endpoint.stderr
+
+
+def test_timeout_stops_the_run_with_124(tmp_path: Path):
+    done = run(
+        "launch", "--num-processes", "2", "--timeout", "2", str(SCRIPTS / "sleep.py"), str(tmp_path)
+    )
+    assert done.returncode == 124, done.stderr
+    assert "timeout=2" in done.stderr
+
+
+def test_max_restarts_from_the_command_line(tmp_path: Path):
+    marker = tmp_path / "marker"
+    done = run(
+        "launch",
+        "--num-processes",
+        "2",
+        "--max-restarts",
+        "1",
+        str(SCRIPTS / "flaky.py"),
+        str(marker),
+    )
+    assert done.returncode == 0, done.stderr
+    assert "restarting every rank (restart 1 of 1)" in done.stderr
+    assert "RuntimeError: flaky first attempt" in done.stderr + done.stdout
+    assert "[rank 0] attempt 1 ok" in done.stdout and "[rank 1] attempt 1 ok" in done.stdout
+
+
+def test_two_nodes_from_the_command_line():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    nodes = [
+        subprocess.Popen(
+            [
+                *NBTRAIN,
+                "launch",
+                "--num-processes",
+                "2",
+                "--num-nodes",
+                "2",
+                "--node-rank",
+                str(node),
+                "--rdzv-endpoint",
+                f"127.0.0.1:{port}",
+                str(SCRIPTS / "hello.py"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for node in (0, 1)
+    ]
+    try:
+        outputs = [node.communicate(timeout=120) for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                node.kill()
+                node.wait()
+    assert [node.returncode for node in nodes] == [0, 0], outputs
+    lines = {line for out, _ in outputs for line in out.splitlines() if "hello" in line}
+    assert lines == {
+        f"[rank {r}] hello from rank {r} of 4 argv=[] main=True sum=10" for r in range(4)
+    }
+
+
+def test_env_reports_versions_devices_and_choices():
+    done = run("env")
+    assert done.returncode == 0, done.stderr
+    import torch
+
+    out = done.stdout
+    assert f"torch                   {torch.__version__}" in out
+    assert "cloudpickle" in out and "ipywidgets" in out and "torch_xla" in out
+    assert "CUDA GPUs               0 visible" in out  # this machine has no GPU
+    assert "start methods           " in out and "fork" in out
+    assert "start_method='auto'     fork:" in out  # the command never initialised CUDA
+    assert "c10d" in out and socket.gethostname() in out
+
+
+def test_demo_trains_and_reports(tmp_path: Path):
+    done = run("demo", timeout=150, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "[rank 0] epoch" in done.stdout and "[rank 1] epoch" in done.stdout
+    result = [line for line in done.stdout.splitlines() if line.startswith("Result:")]
+    assert result, done.stdout
+    assert "weights identical on every rank" in result[0]
+    accuracy = float(result[0].split("accuracy ")[1].split("%")[0])
+    assert accuracy > 90.0, result[0]
+
+
+def test_version_and_help():
+    assert run("--version").stdout.strip().startswith("nbtrain ")
+    assert "launch" in run("--help").stdout
+    assert os.path.exists(CONSOLE)

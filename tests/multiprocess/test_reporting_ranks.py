@@ -1,0 +1,167 @@
+"""progress() / log() / NbtrainCallback in real ranks started by notebook_launcher.
+
+The kernel side's RunState.apply is wrapped to record every event it folds, in arrival order:
+that is exactly what the ranks sent through their pipes (plus the kernel's Output/Exited).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from nbtrain import WorkerError, notebook_launcher
+from nbtrain.events import Event, Failed, Finished, Log, Progress
+from nbtrain.monitor import RunState
+from nbtrain.reporting import INTERVAL
+
+STEPS = 300
+
+
+@pytest.fixture
+def received(monkeypatch: pytest.MonkeyPatch) -> list[Event]:
+    events: list[Event] = []
+    original = RunState.apply
+
+    def apply(self: RunState, event: Event) -> None:
+        events.append(event)
+        original(self, event)
+
+    monkeypatch.setattr(RunState, "apply", apply)
+    return events
+
+
+def of(events: list[Event], kind: type, rank: int) -> list:
+    return [e for e in events if isinstance(e, kind) and e.rank == rank]
+
+
+def train_loop(steps: int, fail_rank: int | None = None) -> str:
+    import os
+
+    from nbtrain import log, progress
+
+    rank = int(os.environ["RANK"])
+    for i in progress(range(steps), desc="train"):
+        time.sleep(0.003)
+        log({"loss": float(i), "rank": float(rank)})
+        if rank == fail_rank and i == 17:
+            raise ValueError(f"boom on rank {rank}")
+    log({"val_acc": 0.5 + rank})
+    return f"rank {rank} ok"
+
+
+def check_rank_events(events: list[Event], rank: int, steps: int) -> None:
+    progress = of(events, Progress, rank)
+    assert (progress[0].step, progress[0].total, progress[0].desc) == (0, steps, "train")
+    assert (progress[-1].step, progress[-1].total) == (steps, steps)  # the final step
+    assert [e.step for e in progress] == sorted(e.step for e in progress)
+    duration = progress[-1].time - progress[0].time
+    assert len(progress) <= duration / INTERVAL + 3, "updates were not coalesced"
+    logs = of(events, Log, rank)
+    assert len(logs) <= duration / INTERVAL + 4
+    last: dict[str, float] = {}
+    for event in logs:
+        last.update(event.values)
+    assert last == {"loss": steps - 1.0, "rank": float(rank), "val_acc": 0.5 + rank}
+    finished = of(events, Finished, rank)
+    assert len(finished) == 1
+    assert events.index(progress[-1]) < events.index(finished[0])
+
+
+@pytest.mark.timeout(120)
+def test_ranks_send_coalesced_progress_and_their_last_metrics(received) -> None:
+    result = notebook_launcher(
+        train_loop,
+        (STEPS,),
+        num_processes=2,
+        start_method="fork",
+        progress="off",
+        return_all=True,
+    )
+    assert result == ["rank 0 ok", "rank 1 ok"]
+    for rank in (0, 1):
+        check_rank_events(received, rank, STEPS)
+
+
+@pytest.mark.timeout(120)
+def test_one_process_in_the_kernel_reports_the_same_way(received) -> None:
+    assert notebook_launcher(train_loop, (STEPS,), num_processes=1, progress="off") == "rank 0 ok"
+    check_rank_events(received, 0, STEPS)
+
+
+@pytest.mark.timeout(120)
+def test_a_failing_rank_reports_where_it_stopped(received) -> None:
+    with pytest.raises(WorkerError) as caught:
+        notebook_launcher(
+            train_loop, (STEPS, 1), num_processes=2, start_method="fork", progress="off"
+        )
+    assert caught.value.rank == 1
+    last = of(received, Progress, 1)[-1]
+    assert (last.step, last.total) == (17, STEPS)
+    assert of(received, Log, 1)[-1].values["loss"] == 17.0  # the metric logged just before
+    assert of(received, Failed, 1)[0].message == "boom on rank 1"
+
+
+def trainer_run(output_dir: str) -> dict:
+    import torch
+    from torch import nn
+    from transformers import Trainer, TrainingArguments
+
+    from nbtrain import NbtrainCallback
+
+    class Tiny(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(4, 1)
+
+        def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict:
+            loss = nn.functional.mse_loss(self.linear(x).squeeze(-1), labels)
+            return {"loss": loss}
+
+    generator = torch.Generator().manual_seed(0)
+    data = [
+        {"x": torch.randn(4, generator=generator), "labels": torch.randn((), generator=generator)}
+        for _ in range(64)
+    ]
+    args = TrainingArguments(
+        output_dir=output_dir,
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=8,
+        num_train_epochs=2,
+        logging_steps=2,
+        eval_strategy="epoch",
+        save_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+        use_cpu=True,
+        dataloader_num_workers=0,
+    )
+    trainer = Trainer(
+        model=Tiny(),
+        args=args,
+        train_dataset=data,
+        eval_dataset=data[:32],
+        callbacks=[NbtrainCallback()],
+    )
+    trainer.train()
+    trainer.evaluate()  # outside training: its own (outermost) bar, so its end surely arrives
+    return {"max_steps": trainer.state.max_steps, "world": args.world_size}
+
+
+@pytest.mark.timeout(300)
+def test_the_trainer_callback_reports_steps_and_logs_from_every_rank(received, tmp_path) -> None:
+    pytest.importorskip("transformers")
+    info = notebook_launcher(
+        trainer_run, (str(tmp_path),), num_processes=2, start_method="fork", progress="off"
+    )
+    assert info["world"] == 2
+    max_steps = info["max_steps"]  # 64 samples / (4 per device * 2 ranks) * 2 epochs
+    assert max_steps == 16
+    for rank in (0, 1):
+        train = [e for e in of(received, Progress, rank) if e.desc == "train"]
+        assert (train[-1].step, train[-1].total) == (max_steps, max_steps)
+        evaluation = of(received, Progress, rank)[-1]
+        assert (evaluation.desc, evaluation.step, evaluation.total) == ("eval", 2, 2)
+        names = set().union(*(e.values for e in of(received, Log, rank)))
+        assert {"loss", "eval_loss", "train_loss"} <= names
+        assert of(received, Log, rank)[-1].step == max_steps

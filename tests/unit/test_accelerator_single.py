@@ -1,0 +1,445 @@
+"""The Accelerator in one plain Python process (no launcher): DistributedType.NO, accumulation
+rules, precision, errors for misuse, checkpoints on disk."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+import torch._dynamo  # (torch optimizers import it, setting an env variable)
+from torch.nn.functional import mse_loss
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+
+from nbtrain import Accelerator, DistributedType, checkpoint, set_seed
+from nbtrain.accelerator import GradientAccumulationPlugin
+
+
+@pytest.fixture(autouse=True)
+def _no_launch_env(monkeypatch):
+    for name in (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "ACCELERATE_MIXED_PRECISION",
+        "ACCELERATE_USE_CPU",
+    ):
+        monkeypatch.delenv(name, raising=False)
+
+
+def loader(samples: int = 10, batch: int = 2, **options) -> DataLoader:
+    x = torch.arange(samples * 2, dtype=torch.float32).reshape(samples, 2)
+    return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=batch, **options)
+
+
+def test_single_process_without_a_launcher():
+    acc = Accelerator()
+    assert acc.distributed_type is DistributedType.NO
+    assert (acc.num_processes, acc.process_index, acc.local_process_index) == (1, 0, 0)
+    assert acc.is_main_process and acc.is_local_main_process and acc.is_last_process
+    assert acc.device == torch.device("cpu") and acc.mixed_precision == "no"
+    assert not acc.use_distributed and acc.sync_gradients and acc.gradient_accumulation_steps == 1
+    assert not torch.distributed.is_initialized()
+
+
+def test_precision_defaults_and_errors(monkeypatch):
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    assert Accelerator().mixed_precision == "bf16"
+    assert Accelerator(mixed_precision="no").mixed_precision == "no"
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp32")
+    with pytest.raises(ValueError, match="ACCELERATE_MIXED_PRECISION"):
+        Accelerator()
+    with pytest.raises(ValueError, match=r"mixed_precision='half'.*'no', 'fp16' or 'bf16'"):
+        Accelerator(mixed_precision="half")
+    with pytest.raises(ValueError, match="fp8 is not supported"):
+        Accelerator(mixed_precision="fp8")
+
+
+def test_bad_arguments_are_explained():
+    with pytest.raises(ValueError, match="gradient_accumulation_steps=0"):
+        Accelerator(gradient_accumulation_steps=0)
+    with pytest.raises(TypeError, match="cpu='yes'"):
+        Accelerator(cpu="yes")
+    with pytest.raises(TypeError, match="accepts DistributedDataParallelKwargs"):
+        Accelerator(kwargs_handlers=[object()])
+    with pytest.raises(ValueError, match="not both"):
+        Accelerator(
+            gradient_accumulation_steps=2,
+            gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=2),
+        )
+
+
+def test_prepare_keeps_order_and_refuses_what_it_cannot_prepare():
+    acc = Accelerator()
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    schedule = torch.optim.lr_scheduler.StepLR(optimizer, 1)
+    got = acc.prepare(schedule, loader(), optimizer, model, None)
+    assert [type(x).__name__ for x in got] == [
+        "PreparedScheduler",
+        "PreparedDataLoader",
+        "PreparedOptimizer",
+        "Linear",
+        "NoneType",
+    ]
+    assert acc.prepare(model) is model and acc.unwrap_model(model) is model
+    assert isinstance(got[2], torch.optim.Optimizer), "schedulers accept a prepared optimizer"
+    with pytest.raises(TypeError, match=r"object #1.*Wrap a Dataset in a DataLoader"):
+        acc.prepare(model, TensorDataset(torch.ones(2)))
+    with pytest.raises(TypeError, match=r"the class Linear.*Pass an instance"):
+        acc.prepare(torch.nn.Linear)
+    with pytest.raises(TypeError, match=r"a builtins\.str"):
+        acc.prepare("model")
+
+
+def test_backward_before_prepare_is_explained():
+    acc = Accelerator()
+    loss = torch.nn.Linear(2, 1)(torch.ones(1, 2)).sum()
+    with pytest.raises(RuntimeError, match=r"backward\(\) was called before accelerator.prepare"):
+        acc.backward(loss)
+
+
+def sync_pattern(acc: Accelerator, batches: int, epochs: int = 1) -> list[bool]:
+    model = torch.nn.Linear(2, 1)
+    model, data = acc.prepare(model, loader(samples=batches, batch=1))
+    pattern = []
+    for _ in range(epochs):
+        for _batch in data:
+            with acc.accumulate(model):
+                pattern.append(acc.sync_gradients)
+    return pattern
+
+
+def test_accumulation_syncs_every_n_and_at_the_end_of_the_dataloader():
+    assert (
+        sync_pattern(Accelerator(gradient_accumulation_steps=2), 5, 2)
+        == [False, True, False, True, True] * 2
+    )
+    plugin = GradientAccumulationPlugin(num_steps=2, sync_with_dataloader=False)
+    # Counting across epochs instead: no forced step on the last batch (acc #1847).
+    assert sync_pattern(Accelerator(gradient_accumulation_plugin=plugin), 5, 2) == [
+        False,
+        True,
+        False,
+        True,
+        False,
+        True,
+        False,
+        True,
+        False,
+        True,
+    ]
+
+
+def test_minibatches_of_the_last_batch_all_sync_as_documented():
+    """acc #1847: inside the dataloader's last batch every accumulate() block syncs."""
+    acc = Accelerator(gradient_accumulation_steps=4)
+    model, data = acc.prepare(torch.nn.Linear(2, 1), loader(samples=4, batch=2))
+    pattern = []
+    for x, _y in data:
+        for _row in x:
+            with acc.accumulate(model):
+                pattern.append(acc.sync_gradients)
+    assert pattern == [False, False, True, True]
+
+
+def test_optimizer_and_scheduler_act_only_on_synced_steps():
+    acc = Accelerator(gradient_accumulation_steps=3)
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5**step)
+    model, optimizer, schedule, data = acc.prepare(model, optimizer, schedule, loader(6, 1))
+    weights, lrs = [], []
+    for x, y in data:
+        with acc.accumulate(model):
+            acc.backward(mse_loss(model(x), y))
+            optimizer.step()
+            schedule.step()
+            optimizer.zero_grad()
+        weights.append(model.weight.detach().clone())
+        lrs.append(schedule.get_last_lr()[0])
+    changed = [not torch.equal(a, b) for a, b in itertools.pairwise(weights)]
+    assert changed == [False, True, False, False, True]
+    assert lrs == [1.0, 1.0, 0.5, 0.5, 0.5, 0.25]
+
+
+def test_clipping_waits_for_the_full_gradient():
+    acc = Accelerator(gradient_accumulation_steps=2)
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer, data = acc.prepare(model, optimizer, loader(4, 1))
+    norms = []
+    for x, y in data:
+        with acc.accumulate(model):
+            acc.backward(mse_loss(model(x), y) * 100)
+            before = model.weight.grad.clone()
+            norms.append(acc.clip_grad_norm_(model.parameters(), 0.01))
+            clipped = not torch.equal(before, model.weight.grad)
+            assert clipped == acc.sync_gradients, "partial gradients are left alone"
+            acc.clip_grad_value_(model.parameters(), 0.001)
+            optimizer.step()
+            optimizer.zero_grad()
+    assert all(float(n) > 0.01 for n in norms)
+
+
+def test_fp16_scaler_skips_steps_with_inf_gradients():
+    acc = Accelerator(mixed_precision="fp16")
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    schedule = torch.optim.lr_scheduler.StepLR(optimizer, 1, gamma=0.5)
+    model, optimizer, schedule = acc.prepare(model, optimizer, schedule)
+    weight = model.weight.detach().clone()
+    acc.backward(model(torch.ones(1, 2)).sum())
+    model.weight.grad[0, 0] = float("inf")
+    acc.clip_grad_norm_(model.parameters(), 1.0)  # unscales first; must not break the step
+    optimizer.step()
+    schedule.step()
+    assert acc.optimizer_step_was_skipped and torch.equal(model.weight, weight)
+    assert schedule.get_last_lr() == [0.1], "no scheduler step after a skipped optimizer step"
+    optimizer.zero_grad()
+    acc.backward(model(torch.ones(1, 2)).sum())
+    optimizer.step()
+    schedule.step()
+    assert not acc.optimizer_step_was_skipped and not torch.equal(model.weight, weight)
+
+
+def test_world_of_one_collectives_and_helpers(capsys):
+    acc = Accelerator()
+    t = torch.arange(3)
+    assert acc.gather(t) is t and torch.equal(acc.reduce(t, "mean"), t.float())
+    assert acc.pad_across_processes(t) is t and acc.broadcast(t) is t
+    with pytest.raises(TypeError, match="gather_for_metrics"):
+        acc.gather(["text"])
+    with pytest.raises(ValueError, match="reduction='avg'"):
+        acc.reduce(t, "avg")
+    with acc.split_between_processes({"a": [1, 2, 3]}) as mine:
+        assert mine == {"a": [1, 2, 3]}
+    acc.wait_for_everyone()
+    with acc.main_process_first():
+        pass
+    acc.print("hello")
+    assert capsys.readouterr().out == "hello\n"
+    assert acc.on_main_process(lambda: 5)() == 5
+    assert acc.on_process(process_index=1)(lambda: 5)() is None
+
+
+def test_prepared_loader_positions_epochs_and_skips():
+    acc = Accelerator()
+    data = acc.prepare(loader(7, 2, shuffle=True))
+    assert len(data) == 4 and data.batch_size == 2 and data.total_batch_size == 2
+    first = [x[:, 0].tolist() for x, _ in data]
+    second = [x[:, 0].tolist() for x, _ in data]
+    assert first != second and data.iteration == 2
+    data.set_epoch(0)
+    assert [x[:, 0].tolist() for x, _ in data] == first, "the same epoch, the same order"
+    acc.skip_first_batches(data, 3)
+    assert [x[:, 0].tolist() for x, _ in data] == second[3:]
+    plain = loader(7, 2)
+    assert len(acc.skip_first_batches(plain, 3)) == 1
+    assert [len(x) for x, _ in acc.skip_first_batches(plain, 2)] == [2, 1]
+
+
+class Countdown(IterableDataset):
+    def __iter__(self):
+        return iter(range(5, 0, -1))
+
+
+def test_iterable_datasets_are_prepared_too():
+    acc = Accelerator()
+    data = acc.prepare(DataLoader(Countdown(), batch_size=2))
+    got = [acc.gather_for_metrics(batch).tolist() for batch in data]
+    assert got == [[5, 4], [3, 2], [1]]
+    unbatched = acc.prepare(DataLoader(Countdown(), batch_size=None))
+    assert list(unbatched) == [5, 4, 3, 2, 1]
+
+
+def training_run(directory, save_after=None, load=False):
+    set_seed(0)
+    acc = Accelerator()
+    model = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.Dropout(0.5), torch.nn.Linear(4, 1))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    model, optimizer, data = acc.prepare(model, optimizer, loader(9, 2, shuffle=True))
+    if load:
+        acc.load_state(directory)
+    seen = []
+    for step, (x, y) in enumerate(data):
+        acc.backward(mse_loss(model(x), y + random.random() + float(np.random.rand())))
+        optimizer.step()
+        optimizer.zero_grad()
+        seen.append(x[:, 0].tolist())
+        if step + 1 == save_after:
+            acc.save_state(directory)
+    return seen, [p.detach().clone() for p in model.parameters()]
+
+
+def test_save_and_load_state_resume_the_epoch_exactly(tmp_path):
+    directory = str(tmp_path / "ck")
+    seen, params = training_run(directory, save_after=2)
+    resumed_seen, resumed_params = training_run(directory, load=True)
+    assert resumed_seen == seen[2:]
+    assert all(torch.equal(a, b) for a, b in zip(params, resumed_params, strict=True))
+    meta = json.loads((tmp_path / "ck" / checkpoint.MARKER).read_text())
+    assert meta["world_size"] == 1 and meta["models"] == 1 and meta["dataloaders"] == 1
+
+
+def test_checkpoint_directories_are_replaced_atomically(tmp_path):
+    acc = Accelerator()
+    model = acc.prepare(torch.nn.Linear(2, 1))
+    final = tmp_path / "ck"
+    slots = checkpoint.Slots.of(final)
+    acc.save_state(str(final))
+    assert sorted(os.listdir(tmp_path)) == ["ck"]
+    # A save killed while writing: a partial directory without the marker is never loaded.
+    slots.partial.mkdir()
+    (slots.partial / "model.safetensors").write_bytes(b"half")
+    assert checkpoint.resolve_complete(final) == final
+    # Killed between the two renames: the previous checkpoint is found at .old.
+    final.rename(slots.old)
+    assert acc.load_state(str(final)) == str(slots.old)
+    # The next save replaces everything and removes .old only once the new one is in place.
+    with torch.no_grad():
+        model.weight.fill_(3.0)
+    acc.save_state(str(final))
+    assert sorted(os.listdir(tmp_path)) == ["ck"]
+    with torch.no_grad():
+        model.weight.fill_(0.0)
+    acc.load_state(str(final))
+    assert (model.weight == 3.0).all()
+
+
+def test_checkpoint_misuse_is_explained(tmp_path):
+    acc = Accelerator()
+    acc.prepare(torch.nn.Linear(2, 1))
+    with pytest.raises(ValueError, match="needs output_dir"):
+        acc.save_state()
+    with pytest.raises(FileNotFoundError, match="no checkpoint at that path"):
+        acc.load_state(str(tmp_path / "nothing"))
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match=r"holds other files \(todo.txt\)"):
+        acc.save_state(str(tmp_path / "notes"))
+    with pytest.raises(FileNotFoundError, match="not a complete nbtrain checkpoint"):
+        acc.load_state(str(tmp_path / "notes"))
+    acc.save_state(str(tmp_path / "ck"))
+    other = Accelerator()
+    other.prepare(torch.nn.Linear(2, 1), torch.nn.Linear(2, 1))
+    with pytest.raises(ValueError, match="holds 1 models but this Accelerator has 2"):
+        other.load_state(str(tmp_path / "ck"))
+    with pytest.raises(TypeError, match="state_dict"):
+        acc.register_for_checkpointing(object())
+
+
+def test_save_model_with_and_without_safetensors(tmp_path, monkeypatch):
+    acc = Accelerator(mixed_precision="bf16")
+    model = acc.prepare(torch.nn.Linear(3, 2))
+    acc.save_model(model, str(tmp_path / "safe"))
+    from safetensors.torch import load_file
+
+    loaded = load_file(str(tmp_path / "safe" / "model.safetensors"))
+    assert torch.equal(loaded["weight"], model.weight)
+    monkeypatch.setattr(checkpoint, "safetensors_available", lambda: False)
+    acc.save_model(model, str(tmp_path / "plain"))
+    state = torch.load(tmp_path / "plain" / "pytorch_model.bin", weights_only=True)
+    assert torch.equal(state["bias"], model.bias)
+    plain = acc.unwrap_model(model, keep_fp32_wrapper=False)
+    assert "forward" not in vars(plain) and plain(torch.ones(1, 3)).dtype == torch.float32
+
+
+def test_set_seed_reproduces_every_generator():
+    def draws():
+        return torch.rand(2).tolist(), np.random.rand(2).tolist(), random.random()
+
+    set_seed(7)
+    first = draws()
+    set_seed(7)
+    assert draws() == first
+    set_seed(7, device_specific=True)  # rank 0: the same seed
+    assert draws() == first
+    with pytest.raises(TypeError, match="needs an int"):
+        set_seed("7")
+
+
+def test_progress_and_log_delegate_to_reporting(capsys):
+    acc = Accelerator()
+    assert list(acc.progress(range(3), desc="train")) == [0, 1, 2]
+    assert "train" in capsys.readouterr().err
+    acc.log({"loss": 0.5}, step=1)
+    assert "loss 0.5" in capsys.readouterr().out
+    with pytest.raises(TypeError):  # reporting's own argument checks come through
+        acc.log({"loss": 0.5}, step="one")
+
+
+class EvenOddBatches:
+    """A custom batch sampler: even indices first, then odd ones; records set_epoch calls."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+        self.epochs: list[int] = []
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epochs.append(epoch)
+
+    def __iter__(self):
+        order = list(range(0, self.length, 2)) + list(range(1, self.length, 2))
+        return iter([order[i : i + 2] for i in range(0, self.length, 2)])
+
+    def __len__(self) -> int:
+        return (self.length + 1) // 2
+
+
+def test_custom_batch_samplers_are_kept_and_told_the_epoch():
+    acc = Accelerator()
+    data = acc.prepare(DataLoader(TensorDataset(torch.arange(5)), batch_sampler=EvenOddBatches(5)))
+    assert [x.tolist() for (x,) in data] == [[0, 2], [4, 1], [3]]
+    assert [x.tolist() for (x,) in data] == [[0, 2], [4, 1], [3]]
+    kept = data.batch_sampler.batch_sampler
+    assert isinstance(kept, EvenOddBatches) and kept is not data.base_dataloader.batch_sampler
+    assert kept.epochs == [0, 1]
+
+
+def test_kwargs_handlers_from_nbtrain_and_from_accelerate():
+    from datetime import timedelta
+
+    import accelerate.utils
+
+    from nbtrain import handlers
+
+    options = handlers.collect(
+        [
+            accelerate.utils.DistributedDataParallelKwargs(find_unused_parameters=True),
+            handlers.InitProcessGroupKwargs(timeout=timedelta(seconds=5)),
+            handlers.AutocastKwargs(cache_enabled=False),
+        ]
+    )
+    assert options.ddp == {"find_unused_parameters": True}
+    assert options.timeout == 5.0 and options.autocast == {"cache_enabled": False}
+    acc = Accelerator(
+        mixed_precision="fp16", kwargs_handlers=[handlers.GradScalerKwargs(init_scale=1024.0)]
+    )
+    assert acc.scaler is not None and acc.scaler.get_scale() == 1024.0
+    with pytest.raises(ValueError, match="init_method"):
+        handlers.collect([handlers.InitProcessGroupKwargs(init_method="tcp://x:1")])
+
+
+def test_a_scheduler_made_from_the_prepared_optimizer_steps_with_it():
+    import warnings
+
+    acc = Accelerator(gradient_accumulation_steps=2)
+    model = torch.nn.Linear(2, 1)
+    model, optimizer, data = acc.prepare(
+        model, torch.optim.SGD(model.parameters(), lr=1.0), loader(4, 1)
+    )
+    schedule = acc.prepare(torch.optim.lr_scheduler.StepLR(optimizer, 1, gamma=0.5))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # e.g. "lr_scheduler.step() before optimizer.step()"
+        for x, y in data:
+            with acc.accumulate(model):
+                acc.backward(mse_loss(model(x), y))
+                optimizer.step()
+                schedule.step()
+                optimizer.zero_grad()
+    assert schedule.get_last_lr() == [0.25]

@@ -1,0 +1,227 @@
+"""RunState folds event sequences into a per-rank model (explicit times, no processes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from nbtrain import monitor
+from nbtrain.events import Exited, Failed, Finished, Log, Output, Progress, Started, Status
+from nbtrain.monitor import RankStatus, RunState
+
+
+def started(rank: int, t: float = 100.0) -> Started:
+    return Started(rank, pid=1000 + rank, device="cpu", host="h", local_rank=rank, time=t)
+
+
+def failed(rank: int, message: str = "boom", *, collateral: bool = False, t: float = 105.0):
+    return Failed(rank, "ValueError", message, "Traceback...", None, 1, collateral, time=t)
+
+
+def test_ranks_start_in_starting_and_run_after_started() -> None:
+    state = RunState([0, 1], title="2 ranks")
+    assert [v.status for v in state.ranks.values()] == [RankStatus.STARTING] * 2
+    state.apply(started(1))
+    assert state.ranks[1].status is RankStatus.RUNNING
+    assert (state.ranks[1].device, state.ranks[1].pid) == ("cpu", 1001)
+    assert state.ranks[0].status is RankStatus.STARTING
+
+
+def test_progress_sets_step_total_rate_and_eta() -> None:
+    state = RunState([0])
+    state.apply(started(0))
+    state.apply(Progress(0, 0, 100, "train", time=100.0))
+    assert state.ranks[0].rate is None  # one point gives no rate
+    state.apply(Progress(0, 10, 100, "train", time=101.0))
+    view = state.ranks[0]
+    assert (view.step, view.total, view.desc) == (10, 100, "train")
+    assert view.rate == pytest.approx(10.0)
+    assert view.eta == pytest.approx(9.0)
+    state.apply(Progress(0, 30, 100, "train", time=102.0))  # 20 it/s, smoothed toward it
+    assert 10.0 < view.rate < 20.0
+    assert view.iterations == 30
+
+
+def test_a_new_loop_restarts_the_rate_and_iterations_add_up_across_loops() -> None:
+    state = RunState([0])
+    for step, t in ((0, 0.0), (50, 1.0), (100, 2.0)):
+        state.apply(Progress(0, step, 100, "train", time=t))
+    assert state.ranks[0].rate == pytest.approx(50.0)
+    state.apply(Progress(0, 3, 10, "eval", time=2.5))
+    view = state.ranks[0]
+    assert view.rate is None and view.desc == "eval"
+    state.apply(Progress(0, 10, 10, "eval", time=3.0))
+    assert view.rate == pytest.approx(14.0)
+    # The next epoch of the same loop: the step goes back, the count of steps goes on.
+    state.apply(Progress(0, 40, 100, "train", time=4.0))
+    state.apply(Progress(0, 100, 100, "train", time=5.0))
+    assert view.iterations == 100 + 10 + 100
+
+
+def test_logs_keep_the_latest_values_and_a_history_per_metric() -> None:
+    state = RunState([0, 1])
+    state.apply(Log(0, {"loss": 1.0}, step=1))
+    state.apply(Log(0, {"loss": 0.5, "acc": 0.7}, step=2))
+    state.apply(Log(1, {"loss": 0.9}, step=2))
+    assert state.ranks[0].metrics == {"loss": 0.5, "acc": 0.7}
+    assert state.ranks[0].history["loss"] == [(1, 1.0), (2, 0.5)]
+    assert state.ranks[1].history == {"loss": [(2, 0.9)]}
+    assert state.metrics_version == 3
+
+
+def test_a_log_without_step_is_placed_at_the_ranks_step_count() -> None:
+    state = RunState([0])
+    state.apply(Progress(0, 0, 10, None, time=0.0))
+    state.apply(Progress(0, 7, 10, None, time=1.0))
+    state.apply(Log(0, {"loss": 0.3}))
+    assert state.ranks[0].history["loss"] == [(7, 0.3)]
+
+
+def test_history_is_thinned_but_keeps_its_newest_point(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(monitor, "HISTORY_CAP", 100)
+    state = RunState([0])
+    for step in range(1000):
+        state.apply(Log(0, {"loss": float(step)}, step=step))
+    series = state.ranks[0].history["loss"]
+    assert len(series) <= 100
+    assert series[-1] == (999, 999.0)
+    assert series[0][0] == 0  # the start of the curve stays
+    assert [s for s, _ in series] == sorted(s for s, _ in series)
+
+
+def test_finished_is_done_and_keeps_the_real_step() -> None:
+    state = RunState([0])
+    state.apply(started(0))
+    state.apply(Progress(0, 40, 100, "train"))
+    state.apply(Finished(0, None, time=110.0))
+    state.apply(Exited(0, 0, None, stopped_by_launcher=False, time=110.5))
+    view = state.ranks[0]
+    assert view.status is RankStatus.DONE
+    assert (view.step, view.total) == (40, 100)  # a loop left early is not shown as complete
+    assert view.ended_at == 110.0
+
+
+def test_failed_keeps_a_one_line_summary_and_survives_its_exit() -> None:
+    state = RunState([0, 1])
+    state.apply(started(1))
+    state.apply(failed(1, "boom on rank 1\nsecond line\n" + "x" * 500))
+    state.apply(Exited(1, 1, None, stopped_by_launcher=False))
+    view = state.ranks[1]
+    assert view.status is RankStatus.FAILED
+    assert view.failure == "ValueError: boom on rank 1"
+    long = RunState([0])
+    long.apply(failed(0, "y" * 500))
+    assert len(long.ranks[0].failure) == 200
+
+
+def test_a_rank_that_only_lost_its_peer_shows_as_stopped() -> None:
+    state = RunState([0, 1])
+    state.apply(failed(0, "Connection reset by peer", collateral=True))
+    state.apply(Exited(0, 1, None, stopped_by_launcher=True))
+    assert state.ranks[0].status is RankStatus.STOPPED
+    # ... but one that failed on its own stays failed even when the launcher stopped it.
+    state.apply(failed(1, "boom"))
+    state.apply(Exited(1, -15, "SIGTERM", stopped_by_launcher=True))
+    assert state.ranks[1].status is RankStatus.FAILED
+
+
+@pytest.mark.parametrize(
+    ("exited", "status", "failure"),
+    [
+        (Exited(0, -9, "SIGKILL", False), RankStatus.FAILED, "killed by SIGKILL"),
+        (Exited(0, 3, None, False), RankStatus.FAILED, "exited with code 3"),
+        (Exited(0, -15, "SIGTERM", True), RankStatus.STOPPED, ""),
+    ],
+)
+def test_an_exit_without_a_report_explains_itself(exited, status, failure) -> None:
+    state = RunState([0])
+    state.apply(started(0))
+    state.apply(exited)
+    assert state.ranks[0].status is status
+    assert state.ranks[0].failure == failure
+
+
+def test_done_then_a_bad_exit_code_is_a_failure() -> None:
+    state = RunState([0])
+    state.apply(Finished(0, None))
+    state.apply(Exited(0, 1, None, stopped_by_launcher=False))
+    assert state.ranks[0].status is RankStatus.FAILED
+
+
+def test_status_text_is_kept_as_a_note() -> None:
+    state = RunState([0])
+    state.apply(Status(0, "waiting for nodes (1 of 2 joined)"))
+    assert state.ranks[0].note == "waiting for nodes (1 of 2 joined)"
+
+
+def test_output_lines_are_numbered_capped_and_read_incrementally(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(monitor, "OUTPUT_CAP", 10)
+    state = RunState([0, 1])
+    for i in range(4):
+        state.apply(Output(i % 2, "stdout", f"line {i}"))
+    assert [(o.index, o.rank, o.text) for o in state.lines_since(2)] == [
+        (2, 0, "line 2"),
+        (3, 1, "line 3"),
+    ]
+    assert state.lines_since(4) == []
+    for i in range(4, 25):
+        state.apply(Output(0, "stderr", f"line {i}"))
+    kept = state.lines_since(0)  # the oldest were dropped; their indices tell how many
+    assert [o.index for o in kept] == list(range(15, 25))
+    assert state.lines_since(20)[0].text == "line 20"
+    assert state.output_count == 25
+
+
+def test_versions_tell_views_what_changed() -> None:
+    state = RunState([0, 1])
+    before = state.version
+    state.apply(Progress(0, 1, 10, None))
+    assert state.version == before + 1
+    assert (state.ranks[0].version, state.ranks[1].version) == (1, 0)
+    state.apply(Output(1, "stdout", "hello"))
+    assert state.ranks[1].version == 0  # output does not change a rank's row
+    assert state.metrics_version == 0
+    version = state.version
+    state.apply(Progress(7, 1, 10, None))  # not a rank of this run
+    assert state.version == version
+
+
+def test_finish_sets_the_summary_and_freezes_elapsed() -> None:
+    state = RunState([0])
+    state.finish("Done in 1.0s")
+    assert state.summary == "Done in 1.0s"
+    assert state.elapsed == state.elapsed  # frozen at finish
+    assert state.ended_at is not None and state.elapsed == state.ended_at - state.started_at
+
+
+def test_steps_per_second_is_the_mean_rate_of_the_ranks() -> None:
+    state = RunState([0, 1])
+    for rank, steps in ((0, 100), (1, 50)):
+        state.apply(started(rank, t=0.0))
+        state.apply(Progress(rank, 0, steps, None, time=0.0))
+        state.apply(Progress(rank, steps, steps, None, time=9.0))
+        state.apply(Finished(rank, None, time=10.0))
+    assert state.steps_per_second == pytest.approx((10.0 + 5.0) / 2)
+    assert RunState([0]).steps_per_second is None
+
+
+def test_a_final_step_right_after_an_update_does_not_inflate_the_rate() -> None:
+    state = RunState([0])
+    for step, t in ((0, 0.0), (10, 0.1), (20, 0.2), (29, 0.3), (30, 0.3002)):
+        state.apply(Progress(0, step, 30, "train", time=t))
+    assert state.ranks[0].rate == pytest.approx(100.0, rel=0.1)
+
+
+def test_the_done_summary_gives_wall_time_and_the_run_step_rate() -> None:
+    state = RunState([0, 1])
+    for rank in (0, 1):
+        state.apply(started(rank, t=0.0))
+        state.apply(Progress(rank, 0, 40, None, time=0.0))
+        state.apply(Progress(rank, 40, 40, None, time=3.9))
+        state.apply(Finished(rank, None, time=4.0))
+    state.started_at, state.ended_at = 0.0, 4.5
+    assert state.done_summary() == "Done in 4.5s, 10.0 steps/s"
+    quiet = RunState([0])
+    quiet.started_at, quiet.ended_at = 0.0, 2.0
+    assert quiet.done_summary() == "Done in 2.0s"  # no progress reported: no rate

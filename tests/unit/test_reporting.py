@@ -1,0 +1,239 @@
+"""progress() and log() in one process: the events a rank would send, and the text fallback.
+
+The sink here records what the rank side hands to its transport (the pipe in a real rank);
+tests/multiprocess/test_reporting_ranks.py checks the same through real ranks.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+
+from nbtrain import reporting, runtime
+from nbtrain.display import textbar
+from nbtrain.events import Event, Log, Progress
+from nbtrain.reporting import log, open_bar, progress
+from nbtrain.runtime import RankInfo, Runtime
+
+
+class RecordingSink:
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    def send(self, event: Event) -> None:
+        self.events.append(event)
+
+    def of(self, kind: type) -> list:
+        return [e for e in self.events if isinstance(e, kind)]
+
+
+class FullPipeSink(RecordingSink):
+    """A sink whose pipe is full for anything that may wait: only sure sends get through."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused = 0
+
+    def try_send(self, event: Event) -> bool:
+        self.refused += 1
+        return False
+
+
+class SlowKernelSink(RecordingSink):
+    """Takes an offered update only every third time, like a pipe the kernel drains slowly."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.offers = 0
+
+    def try_send(self, event: Event) -> bool:
+        self.offers += 1
+        if self.offers % 3:
+            return False
+        self.send(event)
+        return True
+
+
+@pytest.fixture
+def sink() -> Iterator[RecordingSink]:
+    recording = RecordingSink()
+    with runtime.activate(Runtime(RankInfo(3, 1, 4, 2), recording)):
+        yield recording
+
+
+def test_progress_yields_every_item_and_sends_the_first_and_final_step(sink) -> None:
+    assert list(progress(range(5000), desc="train")) == list(range(5000))
+    steps = sink.of(Progress)
+    assert steps[0] == Progress(3, 0, 5000, "train", time=steps[0].time)
+    assert (steps[-1].step, steps[-1].total, steps[-1].desc) == (5000, 5000, "train")
+    assert all(e.rank == 3 for e in steps)
+
+
+def test_updates_are_coalesced_to_about_ten_per_second(sink) -> None:
+    start = time.monotonic()
+    for _ in progress(range(400)):
+        time.sleep(0.002)
+    elapsed = time.monotonic() - start
+    steps = [e.step for e in sink.of(Progress)]
+    assert len(steps) <= elapsed / reporting.INTERVAL + 2
+    assert len(steps) >= 3  # the first, some in between, the last
+    assert steps == sorted(steps) and steps[-1] == 400
+
+
+def test_total_comes_from_len_or_from_the_end_of_the_loop(sink) -> None:
+    list(progress(x for x in range(7)))
+    first, last = sink.of(Progress)[0], sink.of(Progress)[-1]
+    assert first.total is None
+    assert (last.step, last.total) == (7, 7)  # a finished loop of unknown length fills its bar
+    list(progress([1, 2, 3], total=10))
+    assert (sink.of(Progress)[-1].step, sink.of(Progress)[-1].total) == (3, 10)
+
+
+def test_a_loop_left_early_reports_where_it_stopped(sink) -> None:
+    for i in progress(range(100)):
+        if i == 41:
+            break
+    last = sink.of(Progress)[-1]
+    assert (last.step, last.total) == (41, 100)
+
+
+def test_a_failing_loop_reports_its_last_step_and_lets_the_error_through(sink) -> None:
+    with pytest.raises(ZeroDivisionError):
+        for i in progress(range(100)):
+            if i == 9:
+                1 / 0  # noqa: B018
+    assert sink.of(Progress)[-1].step == 9
+
+
+def test_nested_loops_show_the_outer_position_in_the_description(sink) -> None:
+    for _epoch in progress(range(2), desc="epoch"):
+        for _ in progress(range(3), desc="train"):
+            time.sleep(0.06)  # some updates become due inside the inner loop
+    descs = [e.desc for e in sink.of(Progress)]
+    assert "epoch 1/2 · train" in descs and "epoch 2/2 · train" in descs
+    last = sink.of(Progress)[-1]
+    assert (last.step, last.total, last.desc) == (2, 2, "epoch")
+
+
+def test_logs_in_a_loop_are_coalesced_and_the_last_values_arrive(sink) -> None:
+    for i in progress(range(2000)):
+        log({"loss": float(i), "lr": 0.1})
+    logs = sink.of(Log)
+    assert len(logs) < 50  # coalesced, not 2000
+    last = {}
+    for event in logs:
+        last.update(event.values)
+    assert last == {"loss": 1999.0, "lr": 0.1}
+    assert logs[-1].step == 1999  # at the step count when it was logged
+    assert logs[0].values == {"loss": 0.0, "lr": 0.1}  # first values at once: charts start there
+
+
+def test_logs_outside_a_loop_go_out_at_once(sink) -> None:
+    log({"val_acc": 0.9}, step=12)
+    assert sink.events == [Log(3, {"val_acc": 0.9}, 12, time=sink.events[0].time)]
+
+
+def test_default_step_counts_loop_steps_or_log_calls(sink) -> None:
+    log({"a": 1.0})
+    log({"a": 2.0})
+    assert [e.step for e in sink.of(Log)] == [0, 1]  # no progress() yet: the call count
+    for _epoch in progress(range(2)):
+        for _ in progress(range(5)):
+            pass
+    log({"b": 3.0})
+    assert sink.of(Log)[-1].step == 10  # only the inner (leaf) loop's steps count
+
+
+def test_tensor_and_numpy_values_are_accepted(sink) -> None:
+    log({"t": torch.tensor(0.25), "n": np.float32(0.5), "i": 3})
+    assert sink.of(Log)[-1].values == {"t": 0.25, "n": 0.5, "i": 3.0}
+
+
+def test_a_full_pipe_never_blocks_the_loop_but_the_end_still_arrives() -> None:
+    full = FullPipeSink()
+    with runtime.activate(Runtime(RankInfo(0, 0, 1, 1), full)):
+        for i in progress(range(300)):
+            time.sleep(0.001)
+            log({"loss": float(i)})
+    assert full.refused >= 2  # intermediate updates were offered and held back
+    steps = full.of(Progress)
+    assert [(e.step, e.total) for e in steps] == [(300, 300)]  # only the sure final send
+    assert full.of(Log)[-1].values == {"loss": 299.0}
+
+
+def test_a_slow_kernel_gets_fewer_updates_and_still_the_latest_state() -> None:
+    slow = SlowKernelSink()
+    with runtime.activate(Runtime(RankInfo(0, 0, 1, 1), slow)):
+        for i in progress(range(500)):
+            time.sleep(0.001)
+            log({"loss": float(i)})
+    steps = [e.step for e in slow.of(Progress)]
+    assert steps == sorted(steps) and steps[-1] == 500 and len(steps) >= 2
+    losses = [e.values["loss"] for e in slow.of(Log)]
+    assert losses == sorted(losses) and losses[-1] == 499.0  # held-back values are not lost
+
+
+def test_open_bar_is_driven_by_explicit_steps(sink) -> None:
+    bar = open_bar(total=50, desc="train")
+    for step in range(1, 51):
+        bar.update_to(step)
+    bar.close(complete=True)
+    bar.close(complete=True)  # closing twice is harmless
+    last = sink.of(Progress)[-1]
+    assert (last.step, last.total, last.desc) == (50, 50, "train")
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: log("loss"), "must be a dict"),
+        (lambda: log({"loss": "high"}), "'loss' must be a number"),
+        (lambda: log({"w": torch.ones(3)}), "one-element tensor"),
+        (lambda: log({1: 2.0}), "names must be strings"),
+        (lambda: log({"a": 1.0}, step=1.5), "step=1.5"),
+        (lambda: progress(range(3), total=-1), "total=-1"),
+        (lambda: progress(range(3), desc=5), "desc=5"),
+    ],
+)
+def test_bad_arguments_say_what_to_pass(call, message) -> None:
+    with pytest.raises(TypeError, match=message):
+        call()
+
+
+# -- outside a launch ----------------------------------------------------------------------------
+
+
+def test_outside_a_launch_progress_draws_a_text_bar(capsys) -> None:
+    assert runtime.current() is None
+    assert list(progress(range(4), desc="train")) == [0, 1, 2, 3]
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1].startswith("train: 4/4 [####################] 100%")
+    assert "\r" not in err  # captured stderr is no terminal: plain lines only
+
+
+def test_outside_a_launch_log_prints_or_joins_the_running_bar(capsys) -> None:
+    log({"loss": 0.123456}, step=3)
+    assert capsys.readouterr().out == "step 3: loss 0.1235\n"
+    for i in progress(range(3), desc="fit"):
+        log({"loss": float(i)})
+    captured = capsys.readouterr()
+    assert captured.out == ""  # shown in the bar instead of one line per step
+    assert captured.err.strip().endswith("loss 2")
+
+
+def test_text_bar_redraws_in_place_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Terminal()
+    bar = textbar.TextBar(3, "t", stream=stream)
+    bar.update_to(3)
+    bar.close(complete=True)
+    text = stream.getvalue()
+    assert text.startswith("\rt: 0/3") and text.endswith("\n") and text.count("\n") == 1

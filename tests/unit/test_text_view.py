@@ -1,0 +1,154 @@
+"""The text view's lines, driven by a RunState built from events."""
+
+from __future__ import annotations
+
+import io
+
+from nbtrain.config import OutputMode
+from nbtrain.display.text import TextView, format_rank
+from nbtrain.events import Exited, Failed, Finished, Log, Output, Progress, Started
+from nbtrain.monitor import RunState
+
+
+def make_view(**options) -> tuple[TextView, io.StringIO, io.StringIO]:
+    out, err = io.StringIO(), io.StringIO()
+    defaults = {"output": OutputMode.ALL, "show_progress": True, "live": False}
+    view = TextView(**{**defaults, **options}, stdout=out, stderr=err)
+    return view, out, err
+
+
+def running_state(ranks=(0, 1)) -> RunState:
+    state = RunState(list(ranks), title="2 ranks, fork")
+    for rank in ranks:
+        state.apply(Started(rank, 10 + rank, "cpu", "host", rank, time=0.0))
+    return state
+
+
+def test_a_rank_line_is_compact() -> None:
+    state = running_state()
+    state.apply(Progress(1, 30, 100, "train", time=1.0))
+    state.apply(Progress(1, 40, 100, "train", time=1.8))
+    state.apply(Log(1, {"loss": 0.5213}, step=40))
+    assert format_rank(state.ranks[1]) == "[rank 1] train 40/100 12.5 it/s ETA 0:05 loss 0.5213"
+
+
+def test_progress_lines_are_periodic_per_rank_and_only_on_change() -> None:
+    view, out, _ = make_view(every=3600.0)
+    state = running_state()
+    state.apply(Progress(0, 1, 10, "train", time=1.0))
+    view.draw(state)
+    state.apply(Progress(0, 2, 10, "train", time=2.0))
+    view.draw(state)  # changed, but its interval has not passed
+    view.draw(state)
+    assert out.getvalue().splitlines() == ["[rank 0] train 1/10"]
+    view_every_draw, out2, _ = make_view(every=0.0)
+    view_every_draw.draw(state)
+    view_every_draw.draw(state)  # nothing changed: nothing printed
+    state.apply(Progress(1, 5, 10, "train", time=2.0))
+    view_every_draw.draw(state)
+    assert out2.getvalue().splitlines() == [
+        "[rank 0] train 2/10 1.0 it/s ETA 0:08",
+        "[rank 1] train 5/10",
+    ]
+
+
+def test_close_prints_each_ranks_final_line_and_the_summary() -> None:
+    view, out, _ = make_view(every=3600.0)
+    state = running_state()
+    for rank in (0, 1):
+        state.apply(Progress(rank, 10, 10, "train", time=1.0))
+        state.apply(Log(rank, {"loss": 0.25}, step=10))
+        state.apply(Finished(rank, None, time=2.0))
+    state.finish("Done in 2.0s, 5.0 steps/s")
+    view.close(state)
+    assert out.getvalue().splitlines() == [
+        "[rank 0] train 10/10 loss 0.25 done",
+        "[rank 1] train 10/10 loss 0.25 done",
+        "Done in 2.0s, 5.0 steps/s",
+    ]
+
+
+def test_a_failed_rank_line_names_the_failure() -> None:
+    view, out, _ = make_view()
+    state = running_state()
+    state.apply(Progress(1, 3, 10, None, time=1.0))
+    state.apply(Failed(1, "ValueError", "boom on rank 1", "tb", None, 1, False))
+    state.apply(Exited(0, -15, "SIGTERM", stopped_by_launcher=True))
+    state.finish("Failed after 1.0s: rank 1 raised ValueError: boom on rank 1")
+    view.close(state)
+    lines = out.getvalue().splitlines()
+    assert "[rank 1] 3/10 failed: ValueError: boom on rank 1" in lines
+    assert "[rank 0] stopped" in lines
+    assert lines[-1].startswith("Failed after 1.0s")
+
+
+def test_output_lines_are_prefixed_routed_and_filtered() -> None:
+    state = running_state()
+    state.apply(Output(0, "stdout", "hello from 0"))
+    state.apply(Output(1, "stderr", "warning from 1"))
+    view, out, err = make_view()
+    view.draw(state)
+    assert "[rank 0] hello from 0\n" in out.getvalue()
+    assert err.getvalue() == "[rank 1] warning from 1\n"
+    main_only, out_main, err_main = make_view(output=OutputMode.MAIN)
+    main_only.draw(state)
+    assert "[rank 0] hello from 0" in out_main.getvalue() and err_main.getvalue() == ""
+    none, out_none, err_none = make_view(output=OutputMode.NONE)
+    none.draw(state)
+    assert out_none.getvalue() == err_none.getvalue() == ""
+    state.apply(Output(0, "stdout", "second"))
+    view.draw(state)  # each line once
+    assert out.getvalue().count("hello from 0") == 1 and "[rank 0] second" in out.getvalue()
+
+
+def test_progress_off_prints_output_but_no_progress_or_summary() -> None:
+    view, out, _ = make_view(show_progress=False)
+    state = running_state()
+    state.apply(Progress(0, 5, 10, None))
+    state.apply(Output(0, "stdout", "epoch 1"))
+    state.finish("Done in 1.0s")
+    view.draw(state)
+    view.close(state)
+    assert out.getvalue() == "[rank 0] epoch 1\n"
+
+
+def test_dropped_output_lines_are_counted() -> None:
+    from nbtrain import monitor
+
+    state = running_state()
+    for i in range(monitor.OUTPUT_CAP + 7):
+        state.apply(Output(0, "stdout", f"line {i}"))
+    view, out, err = make_view()
+    view.draw(state)
+    assert err.getvalue() == "[nbtrain] 7 output lines dropped (too many to keep)\n"
+    assert out.getvalue().startswith("[rank 0] line 7\n")
+
+
+def test_no_carriage_returns_when_not_a_terminal() -> None:
+    view, out, err = make_view(every=0.0)
+    state = running_state()
+    for step in range(20):
+        state.apply(Progress(step % 2, step, 20, "train", time=step))
+        state.apply(Output(step % 2, "stdout", f"line {step}"))
+        view.draw(state)
+    state.finish("Done")
+    view.close(state)
+    assert "\r" not in out.getvalue() + err.getvalue()
+
+
+def test_on_a_terminal_one_status_line_redraws_and_is_erased_before_output() -> None:
+    view, out, _ = make_view(live=True)
+    state = running_state()
+    state.apply(Progress(0, 3, 10, None, time=1.0))
+    view.draw(state)
+    assert out.getvalue() == "\rr0 3/10 | r1 running"
+    state.apply(Output(1, "stdout", "hello"))
+    view.draw(state)
+    text = out.getvalue()
+    erased = text.index("hello")
+    assert text[:erased].endswith("\r[rank 1] ")  # the status line was blanked first
+    state.apply(Finished(0, None))
+    state.apply(Finished(1, None))
+    state.finish("Done in 1.0s")
+    view.close(state)
+    assert out.getvalue().endswith("Done in 1.0s\n")

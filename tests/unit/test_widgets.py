@@ -1,0 +1,295 @@
+"""The widget view, driven by a RunState and observed through a recorded comm.
+
+Every widget message the kernel would send to the browser is recorded; replaying them gives the
+state the frontend holds, which is what the assertions read.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import warnings
+from typing import Any
+
+import comm
+import pytest
+from comm.base_comm import BaseComm
+
+from nbtrain.config import OutputMode, ProgressMode
+from nbtrain.display import make_view
+from nbtrain.display import widgets as widgets_module
+from nbtrain.display.text import TextView
+from nbtrain.display.widgets import MAX_OUTPUT_LINES, WidgetView
+from nbtrain.events import Exited, Failed, Finished, Log, Output, Progress, Started
+from nbtrain.monitor import RunState
+
+
+class Frontend:
+    """What a browser would know: every widget model's state, rebuilt from comm messages."""
+
+    def __init__(self) -> None:
+        self.messages: list[tuple[str, str, dict]] = []
+        self.models: dict[str, dict[str, Any]] = {}
+
+    def record(self, msg_type: str, comm_id: str, data: dict) -> None:
+        self.messages.append((msg_type, comm_id, data))
+        if msg_type == "comm_open":
+            self.models[comm_id] = dict(data["state"])
+        elif msg_type == "comm_msg" and data.get("method") == "update":
+            self.models[comm_id].update(data["state"])
+
+    def state_of(self, widget: Any) -> dict[str, Any]:
+        return self.models[widget.model_id]
+
+
+def text(markup: str) -> str:
+    """What the reader sees of an HTML widget's value."""
+    return html.unescape(re.sub(r"<[^>]+>", "", markup))
+
+
+class RecordingComm(BaseComm):
+    frontend: Frontend
+
+    def publish_msg(
+        self,
+        msg_type: str,
+        data: Any = None,
+        metadata: Any = None,
+        buffers: Any = None,
+        **keys: Any,
+    ) -> None:
+        self.frontend.record(msg_type, self.comm_id, data or {})
+
+
+class RecordingDisplay:
+    def __init__(self) -> None:
+        self.shown: list[dict] = []
+        self.updates: list[dict] = []
+
+    def show(self, bundle: dict) -> None:
+        self.shown.append(bundle)
+
+    def update(self, bundle: dict) -> None:
+        self.updates.append(bundle)
+
+
+@pytest.fixture
+def frontend(monkeypatch: pytest.MonkeyPatch) -> Frontend:
+    recorded = Frontend()
+
+    def create_comm(**kwargs: Any) -> RecordingComm:
+        made = RecordingComm.__new__(RecordingComm)
+        made.frontend = recorded
+        made.__init__(**kwargs)
+        return made
+
+    monkeypatch.setattr(comm, "create_comm", create_comm)
+    return recorded
+
+
+def dashboard(output: OutputMode = OutputMode.ALL) -> tuple[WidgetView, RecordingDisplay]:
+    display = RecordingDisplay()
+    return WidgetView(output=output, world_size=2, display=display), display
+
+
+def state_with(ranks=(0, 1)) -> RunState:
+    state = RunState(list(ranks), title="2 ranks, fork")
+    for rank in ranks:
+        state.apply(Started(rank, 100 + rank, "cpu", "host", rank, time=0.0))
+    return state
+
+
+def test_the_dashboard_shows_once_with_a_text_fallback(frontend) -> None:
+    view, display = dashboard()
+    state = state_with()
+    view.draw(state)
+    view.draw(state)
+    assert len(display.shown) == 1
+    bundle = display.shown[0]
+    assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == view.box.model_id
+    assert bundle["text/plain"] == "nbtrain: 2 rank(s) running"  # never 'VBox(...)'
+    assert view.box.model_id in frontend.models
+
+
+def test_each_rank_row_shows_device_bar_steps_rate_metrics_and_status(frontend) -> None:
+    view, _ = dashboard()
+    state = state_with()
+    state.apply(Progress(1, 30, 100, "train", time=1.0))
+    state.apply(Progress(1, 40, 100, "train", time=1.8))
+    state.apply(Log(1, {"loss": 0.123449, "acc": 0.5}, step=40))
+    view.draw(state)
+    row = view.rows[1]
+    assert "rank 1" in frontend.state_of(row.label)["value"]
+    assert "cpu" in frontend.state_of(row.label)["value"]
+    bar = frontend.state_of(row.bar)
+    assert (bar["value"], bar["max"], bar["bar_style"]) == (40, 100, "")
+    assert text(frontend.state_of(row.steps)["value"]) == "train 40/100 12.5 it/s ETA 0:05"
+    assert text(frontend.state_of(row.metrics)["value"]) == "loss 0.1234 acc 0.5"
+    assert text(frontend.state_of(row.status)["value"]) == "running"
+    assert frontend.state_of(view.rows[0].bar)["value"] == 0
+
+
+def test_done_rows_turn_green_at_their_total(frontend) -> None:
+    view, _ = dashboard()
+    state = state_with()
+    for rank in (0, 1):
+        state.apply(Progress(rank, 100, 100, "train"))
+        state.apply(Finished(rank, None))
+    view.draw(state)
+    for row in view.rows.values():
+        bar = frontend.state_of(row.bar)
+        assert (bar["value"], bar["max"], bar["bar_style"]) == (100, 100, "success")
+        assert text(frontend.state_of(row.status)["value"]) == "done"
+
+
+def test_a_failed_rank_turns_red_with_its_reason_and_a_stopped_peer_orange(frontend) -> None:
+    view, _ = dashboard()
+    state = state_with()
+    state.apply(Progress(1, 3, 10, None))
+    state.apply(Failed(1, "ValueError", "boom on rank 1\nmore", "tb", None, 1, False))
+    state.apply(Exited(1, 1, None, stopped_by_launcher=False))
+    state.apply(Exited(0, -15, "SIGTERM", stopped_by_launcher=True))
+    view.draw(state)
+    failed, stopped = view.rows[1], view.rows[0]
+    assert frontend.state_of(failed.bar)["bar_style"] == "danger"
+    assert text(frontend.state_of(failed.status)["value"]) == "failed: ValueError: boom on rank 1"
+    assert frontend.state_of(stopped.bar)["bar_style"] == "warning"
+    assert text(frontend.state_of(stopped.status)["value"]) == "stopped"
+
+
+def test_a_rank_without_a_total_fills_its_bar_when_done(frontend) -> None:
+    view, _ = dashboard()
+    state = state_with([0])
+    state.apply(Finished(0, None))
+    view.draw(state)
+    bar = frontend.state_of(view.rows[0].bar)
+    assert bar["value"] == bar["max"] == 1 and bar["bar_style"] == "success"
+    assert frontend.state_of(view.rows[0].steps)["value"] == ""
+
+
+def test_only_what_changed_is_sent(frontend) -> None:
+    view, _ = dashboard()
+    state = state_with()
+    view.draw(state)
+    # The title carries the elapsed time and may tick between draws; everything else is checked.
+    title = view.title.model_id
+    sent = len(frontend.messages)
+    view.draw(state)
+    assert [m for m in frontend.messages[sent:] if m[1] != title] == []
+    state.apply(Progress(1, 5, 10, None))
+    view.draw(state)
+    changed = {comm_id for _, comm_id, _ in frontend.messages[sent:]} - {title}
+    rank1 = {w.model_id for w in (view.rows[1].bar, view.rows[1].steps)}
+    assert changed == rank1  # one bar and its steps text; no other widget
+
+
+def test_the_chart_draws_a_line_per_rank_and_redraws_only_on_new_metrics(
+    frontend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(widgets_module, "CHART_EVERY", 0.0)
+    view, _ = dashboard()
+    state = state_with()
+    view.draw(state)
+    assert frontend.state_of(view.charts.layout)["display"] == "none"  # nothing logged yet
+    for step in range(20):
+        for rank in (0, 1):
+            state.apply(Log(rank, {"loss": 1.0 / (step + 1 + rank)}, step=step))
+    view.draw(state)
+    svg = frontend.state_of(view.charts)["value"]
+    assert svg.count("<svg") == 1 and 'data-metric="loss"' in svg
+    assert 'data-rank="0"' in svg and 'data-rank="1"' in svg
+    assert svg.count("<polyline") == 2
+    assert frontend.state_of(view.charts.layout)["display"] == ""
+    sent = len(frontend.messages)
+    state.apply(Progress(0, 1, 10, None))
+    view.draw(state)
+    assert view.charts.model_id not in {m[1] for m in frontend.messages[sent:]}
+
+
+def test_the_chart_redraws_at_most_every_chart_interval_and_at_the_end(
+    frontend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(widgets_module, "CHART_EVERY", 3600.0)
+    view, _ = dashboard()
+    state = state_with()
+    state.apply(Log(0, {"loss": 1.0}, step=0))
+    view.draw(state)  # the first chart draws at once
+    state.apply(Log(0, {"loss": 0.5}, step=1))
+    view.draw(state)
+    view.draw(state)
+    assert ">0.5</text>" not in frontend.state_of(view.charts)["value"]  # held back: too soon
+    assert text(frontend.state_of(view.rows[0].metrics)["value"]) == "loss 0.5"  # rows are not
+    state.finish("Done")
+    view.close(state)
+    assert frontend.state_of(view.charts)["value"].count("<polyline") == 1
+    assert ">0.5</text>" in frontend.state_of(view.charts)["value"]  # the final chart is whole
+
+
+def test_output_lines_are_escaped_filtered_and_capped(frontend) -> None:
+    view, _ = dashboard(output=OutputMode.MAIN)
+    state = state_with()
+    state.apply(Output(0, "stdout", "<b>not bold</b>"))
+    state.apply(Output(1, "stdout", "from rank one"))
+    view.draw(state)
+    markup = frontend.state_of(view.log)["value"]
+    assert "&lt;b&gt;not bold&lt;/b&gt;" in markup and "from rank one" not in markup
+    for i in range(MAX_OUTPUT_LINES + 50):
+        state.apply(Output(0, "stderr", f"chatty {i}"))
+    view.draw(state)
+    markup = frontend.state_of(view.log)["value"]
+    assert markup.count("chatty") == MAX_OUTPUT_LINES
+    assert f"chatty {MAX_OUTPUT_LINES + 49}<" in markup and "chatty 49<" not in markup
+    assert "51 earlier lines not shown" in markup
+
+
+def test_close_shows_the_summary_and_leaves_a_text_version(frontend) -> None:
+    view, display = dashboard()
+    state = state_with()
+    for rank in (0, 1):
+        state.apply(Progress(rank, 8, 8, "train"))
+        state.apply(Log(rank, {"loss": 0.25}, step=8))
+        state.apply(Finished(rank, None))
+    state.finish("Done in 1.2s, 6.7 steps/s")
+    view.close(state)
+    summary = frontend.state_of(view.summary)
+    assert "Done in 1.2s, 6.7 steps/s" in summary["value"]
+    assert display.updates[-1]["text/plain"] == (
+        "[rank 0] train 8/8 loss 0.25 done\n[rank 1] train 8/8 loss 0.25 done\n"
+        "Done in 1.2s, 6.7 steps/s"
+    )
+    widget = display.updates[-1]["application/vnd.jupyter.widget-view+json"]
+    assert widget["model_id"] == view.box.model_id
+
+
+def test_a_run_too_short_to_draw_still_gets_its_dashboard(frontend) -> None:
+    view, display = dashboard()
+    state = state_with([0])
+    state.apply(Finished(0, None))
+    state.finish("Done in 0.1s")
+    view.close(state)
+    assert len(display.shown) == 1 and len(display.updates) == 1
+
+
+def test_auto_picks_text_outside_a_kernel_and_widgets_warns_there() -> None:
+    view = make_view(ProgressMode.AUTO, OutputMode.ALL, 2)
+    assert isinstance(view, TextView) and view.show_progress
+    with pytest.warns(UserWarning, match="progress='widgets' needs a Jupyter kernel"):
+        view = make_view(ProgressMode.WIDGETS, OutputMode.ALL, 2)
+    assert isinstance(view, TextView)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        off = make_view(ProgressMode.OFF, OutputMode.ALL, 2)
+    assert isinstance(off, TextView) and not off.show_progress
+
+
+def test_the_chart_stays_small_however_long_the_run_and_however_many_ranks() -> None:
+    from nbtrain.display.chart import svg_chart
+
+    long_run = {rank: [(s, 1.0 / (s + 1)) for s in range(2000)] for rank in range(8)}
+    svg = svg_chart("loss", long_run)
+    assert svg.count("<polyline") == 8
+    assert len(svg) < 40_000  # about 150 points per line, not 2000
+    newest = svg_chart("loss", {0: [(s, float(s)) for s in range(1001)]})
+    assert "step 1000</text>" in newest  # thinning keeps the newest point
+    flat = svg_chart("acc", {0: [(1, 0.5), (2, 0.5)], 1: [(1, float("nan"))]})
+    assert flat.count("<polyline") == 1  # a flat line draws; a rank with only NaN does not
