@@ -12,7 +12,9 @@ from .errors import WorkerError
 from .events import Event, Exited, Failed, Finished, Output
 from .serialization import unpack
 
-_STDERR_TAIL = 60  # lines kept per rank, to recover a faulthandler dump after a fatal signal
+_STDERR_TAIL = 60  # last stderr lines kept per rank: the account of a death without exception
+_FATAL_HEADER = "Fatal Python error"
+_FATAL_LINES = 2000  # a faulthandler dump (every thread's stack) is kept whole up to this size
 
 
 @dataclass
@@ -22,6 +24,9 @@ class RankRecord:
     failure: Failed | None = None
     exit: Exited | None = None
     stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=_STDERR_TAIL))
+    # From the last "Fatal Python error" line on: a deep stack (or, under fork, the kernel's own
+    # frames in other threads) must not push the header and the crashing frames out of a tail.
+    fatal_dump: list[str] = field(default_factory=list)
 
 
 class Outcome:
@@ -40,6 +45,10 @@ class Outcome:
             record.exit = event
         elif isinstance(event, Output) and event.stream == "stderr":
             record.stderr_tail.append(event.line)
+            if event.line.startswith(_FATAL_HEADER):
+                record.fatal_dump = [event.line]
+            elif record.fatal_dump and len(record.fatal_dump) < _FATAL_LINES:
+                record.fatal_dump.append(event.line)
 
     @property
     def all_exited(self) -> bool:
@@ -99,7 +108,7 @@ class Outcome:
             exitcode=exitcode,
             signal=signal_name,
             message=message,
-            remote_traceback=_fatal_dump(record.stderr_tail) or _tail(record.stderr_tail),
+            remote_traceback="\n".join(record.fatal_dump) or _tail(record.stderr_tail),
             node=node,
             other_failures=others,
         )
@@ -149,15 +158,6 @@ def _exit_hint(exitcode: int | None) -> str:
     return (
         "the process ended without raising a Python exception, e.g. os._exit() or a crash in C code"
     )
-
-
-def _fatal_dump(lines: deque[str]) -> str:
-    """The faulthandler block ('Fatal Python error: ...' and the stack) from stderr, if any."""
-    text = list(lines)
-    for index in range(len(text) - 1, -1, -1):
-        if text[index].startswith("Fatal Python error"):
-            return "\n".join(text[index:])
-    return ""
 
 
 def _tail(lines: deque[str], count: int = 25) -> str:

@@ -39,20 +39,9 @@ class TracebackLost(AssertionError):
     """The rank's own account of its death did not reach the kernel."""
 
 
-# nbtrain/outcome.py keeps the last 60 stderr lines of a rank (_STDERR_TAIL) and looks for
-# faulthandler's "Fatal Python error" header in them. A crash deep in a stack (or with several
-# threads; under fork the kernel's own frames count too) dumps more lines than that: the header
-# and the crashing frames fall out, and err.remote_traceback shows only the outermost frames.
-SEGV_DUMP_CUT = pytest.mark.xfail(
-    raises=TracebackLost,
-    strict=True,
-    reason="outcome._STDERR_TAIL (60 lines) cuts long faulthandler dumps: see the report",
-)
-
-
 def _cases() -> list:
     return [
-        pytest.param(*case, id="-".join(case), marks=[SEGV_DUMP_CUT] if "SIGSEGV" in case else [])
+        pytest.param(*case, id="-".join(case))
         for case in all_cases()
     ]
 

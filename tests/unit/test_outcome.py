@@ -82,3 +82,16 @@ def test_collateral_only_failures_still_fail_the_launch():
     outcome.apply(Exited(1, -15, "SIGTERM", stopped_by_launcher=True))
     assert outcome.has_failure()
     assert outcome.root_cause() == 1
+
+
+def test_a_long_faulthandler_dump_is_kept_whole():
+    """A deep stack must not push the header and the crashing frame out of the stderr tail."""
+    outcome = Outcome([0])
+    outcome.apply(Output(0, "stderr", "Fatal Python error: Segmentation fault"))
+    outcome.apply(Output(0, "stderr", '  File "model.py", line 7 in crash_here'))
+    for i in range(500):
+        outcome.apply(Output(0, "stderr", f'  File "deep.py", line {i} in level_{i}'))
+    outcome.apply(Exited(0, -11, "SIGSEGV", stopped_by_launcher=False))
+    dump = outcome.error().remote_traceback
+    assert dump.startswith("Fatal Python error: Segmentation fault")
+    assert "crash_here" in dump and "level_499" in dump
