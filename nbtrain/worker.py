@@ -124,6 +124,22 @@ def _reset_signals() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def _fork_children_on_linux() -> None:
+    """DataLoader workers of a rank fork, as they do in a script started by torchrun.
+
+    A spawn/forkserver rank inherits that start method as its default (multiprocessing forces it
+    while bootstrapping the child), so every DataLoader worker would be a fresh interpreter (seconds
+    per epoch) and a killed rank would leave its workers' named semaphores in /dev/shm. The rank
+    itself is a fresh single-threaded process, so forking from it is safe. A fork rank keeps an
+    unset default: user code may still choose its own with set_start_method().
+    """
+    import multiprocessing
+
+    current = multiprocessing.get_start_method(allow_none=True)
+    if sys.platform.startswith("linux") and current in ("spawn", "forkserver"):
+        multiprocessing.set_start_method("fork", force=True)
+
+
 def _redirect_output(stdout_fd: int, stderr_fd: int) -> None:
     """Point fds 1 and 2 (C code too) at the kernel's pipes; Python streams flush per line."""
     # No flush of the inherited streams: under fork they are the kernel's, and whatever they
@@ -170,6 +186,7 @@ def rank_main(
     stderr.close()
     faulthandler.enable(file=sys.stderr, all_threads=True)
     _reset_signals()
+    _fork_children_on_linux()
     os.environ.update(spec.env)
     _set_threads(spec.torch_threads)
     sink = PipeWriter(events.fileno())

@@ -61,12 +61,6 @@ class ShmLeak(AssertionError):
 
 
 @pytest.mark.parametrize("method", ["forkserver", "spawn"])
-@pytest.mark.xfail(
-    raises=ShmLeak,
-    strict=True,
-    reason="DataLoader workers of spawn/forkserver ranks start the same way and use named "
-    "semaphores; a killed rank leaves them in /dev/shm until the kernel exits (see the report)",
-)
 def test_dataloader_workers_started_like_their_rank(method, tmp_path):
     """Outside the matrix (slow: each worker is a fresh interpreter): the workers a DataLoader
     starts in its rank's own way (nested forkserver, spawned children) all go too."""
