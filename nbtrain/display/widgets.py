@@ -9,6 +9,7 @@ ipywidgets then sends a message only for traits whose value actually differs.
 from __future__ import annotations
 
 import time
+from collections import deque
 from html import escape
 from typing import Any, Protocol
 
@@ -24,6 +25,7 @@ MAX_OUTPUT_LINES = 200  # lines the browser holds; the kernel keeps more (monito
 MAX_LINE_CHARS = 400
 MAX_CHARTS = 3  # metrics charted side by side (the first ones logged)
 CHART_EVERY = 0.5  # seconds between chart redraws: the chart is most of a draw's cost
+LIVE_DASHBOARDS = 8  # finished dashboards kept as live widgets; older ones become static HTML
 
 BAR_STYLES = {
     RankStatus.STARTING: "",
@@ -61,6 +63,16 @@ class IPythonDisplay:
             self._handle.update(bundle, raw=True)
 
 
+# Finished dashboards still holding widgets, oldest first. Every widget is a comm in the kernel
+# and a model in the browser: a kernel that launches hundreds of times must not keep them all.
+_finished: deque[WidgetView] = deque()
+
+
+def _retire_old_dashboards() -> None:
+    while len(_finished) > LIVE_DASHBOARDS:
+        _finished.popleft().freeze()
+
+
 class RankRow:
     """The widgets of one rank's row."""
 
@@ -78,6 +90,26 @@ class RankRow:
             layout=widgets.Layout(align_items="center", width="100%"),
         )
         self.version = -1
+
+    def static_html(self) -> str:
+        """The row as plain HTML (a CSS bar), for a dashboard whose widgets were released."""
+        bar = self.bar
+        percent = 100 * bar.value / bar.max if bar.max else 0
+        color = {"success": "#4caf50", "danger": "#e53935", "warning": "#fb8c00"}.get(
+            bar.bar_style, "#2196f3"
+        )
+        cells = [
+            f'<div style="width:120px">{self.label.value}</div>',
+            '<div style="flex:1 1 auto;min-width:120px;height:14px;background:#eee">'
+            f'<div style="width:{percent:.0f}%;height:100%;background:{color}"></div></div>',
+            f'<div style="width:250px;padding-left:6px">{self.steps.value}</div>',
+            f'<div style="width:220px">{self.metrics.value}</div>',
+            f'<div style="width:240px">{self.status.value}</div>',
+        ]
+        return f'<div style="display:flex;align-items:center;gap:4px">{"".join(cells)}</div>'
+
+    def widgets(self) -> list[widgets.Widget]:
+        return [self.label, self.bar, self.steps, self.metrics, self.status, self.box]
 
     def render(self, view: RankView) -> None:
         if view.version == self.version:
@@ -118,6 +150,7 @@ class WidgetView:
         self._output_drawn = 0
         self._lines: list[OutputLine] = []  # the tail of the output the browser shows
         self._hidden_lines = 0
+        self._final_text = ""
 
     def draw(self, state: RunState, *, final: bool = False) -> None:
         if self.box is None:
@@ -140,7 +173,26 @@ class WidgetView:
         self.draw(state, final=True)
         assert self.box is not None
         # Frontends without widget support (and saved notebooks) show this text instead.
-        self._display.update(self._bundle(final_text(state)))
+        self._final_text = final_text(state)
+        self._display.update(self._bundle(self._final_text))
+        _finished.append(self)
+        _retire_old_dashboards()
+
+    def freeze(self) -> None:
+        """Replace the live dashboard by static HTML of its final state and close its widgets."""
+        if self.box is None:
+            return
+        parts = [self.title.value, *(row.static_html() for row in self.rows.values())]
+        extras = (self.charts, self.log, self.summary)
+        parts += [w.value for w in extras if w.layout.display != "none"]
+        html = "".join(f"<div>{part}</div>" for part in parts)
+        self._display.update({"text/html": html, "text/plain": self._final_text})
+        for widget in [self.title, self.charts, self.log, self.summary, self.box]:
+            _close(widget)
+        for row in self.rows.values():
+            for widget in row.widgets():
+                _close(widget)
+        self.box = None
 
     # -- building -------------------------------------------------------------------------------
 
@@ -214,6 +266,14 @@ class WidgetView:
         color = STATUS_COLORS[RankStatus.FAILED if failed else RankStatus.DONE]
         self.summary.value = f'<b style="color:{color}">{escape(state.summary)}</b>'
         self.summary.layout.display = ""
+
+
+def _close(widget: widgets.Widget) -> None:
+    # A widget's layout and style are models (comms) of their own; close() leaves them open.
+    for part in (getattr(widget, "layout", None), getattr(widget, "style", None)):
+        if isinstance(part, widgets.Widget):
+            part.close()
+    widget.close()
 
 
 def final_text(state: RunState) -> str:

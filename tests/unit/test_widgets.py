@@ -293,3 +293,26 @@ def test_the_chart_stays_small_however_long_the_run_and_however_many_ranks() -> 
     assert "step 1000</text>" in newest  # thinning keeps the newest point
     flat = svg_chart("acc", {0: [(1, 0.5), (2, 0.5)], 1: [(1, float("nan"))]})
     assert flat.count("<polyline") == 1  # a flat line draws; a rank with only NaN does not
+
+
+def test_old_dashboards_become_static_html_and_release_their_widgets(frontend) -> None:
+    views = []
+    for _ in range(widgets_module.LIVE_DASHBOARDS + 1):
+        view, display = dashboard()
+        state = state_with()
+        state.apply(Progress(0, 5, 10, "train"))
+        state.apply(Finished(0, None))
+        state.apply(Finished(1, None))
+        state.finish("Done in 1.0s")
+        view.close(state)
+        views.append((view, display))
+    oldest_view, oldest_display = views[0]
+    frozen = oldest_display.updates[-1]
+    assert "application/vnd.jupyter.widget-view+json" not in frozen
+    assert "rank 0" in text(frozen["text/html"]) and "Done in 1.0s" in text(frozen["text/html"])
+    closed = {comm_id for kind, comm_id, _ in frontend.messages if kind == "comm_close"}
+    assert oldest_view.title.comm is None and oldest_view.box is None
+    assert closed, "the retired dashboard's widgets were not closed"
+    newest_view, newest_display = views[-1]
+    assert newest_view.box is not None  # the newest ones stay live
+    assert "application/vnd.jupyter.widget-view+json" in newest_display.updates[-1]
