@@ -129,12 +129,46 @@ class PipeWriter:
     def __init__(self, fd: int) -> None:
         self._fd = fd
         self._lock = threading.Lock()  # keeps one thread's packets of a frame together
+        self._nonblocking_fd: int | None = None
+        self._nonblocking_pid = 0
 
     def send(self, event: Event) -> None:
         packets = encode(event, os.getpid())
         with self._lock:
             for packet in packets:
                 os.write(self._fd, packet)  # blocking pipe, <= PIPE_BUF: all or nothing
+
+    def try_send(self, event: Event) -> bool:
+        """Send without ever blocking; False if the kernel is behind and the pipe is full.
+
+        For updates that a later one supersedes (progress): a slow kernel must never stall
+        training. Only single-packet events qualify (a multi-packet frame must not be abandoned
+        halfway); larger ones go through the blocking send.
+        """
+        packets = encode(event, os.getpid())
+        fd = self._nonblocking() if len(packets) == 1 else None
+        if fd is None:
+            self.send(event)
+            return True
+        with self._lock:
+            try:
+                os.write(fd, packets[0])  # <= PIPE_BUF: written whole or not at all
+            except BlockingIOError:
+                return False
+        return True
+
+    def _nonblocking(self) -> int | None:
+        """A second, non-blocking description of the same pipe (O_NONBLOCK set on the shared one
+        would make the blocking sends fail instead). Opened once per process, via /proc."""
+        if self._nonblocking_pid != os.getpid():
+            self._nonblocking_pid = os.getpid()
+            try:
+                self._nonblocking_fd = os.open(
+                    f"/proc/self/fd/{self._fd}", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC
+                )
+            except OSError:  # no /proc (macOS): fall back to blocking sends
+                self._nonblocking_fd = None
+        return self._nonblocking_fd
 
 
 class FrameDecoder:

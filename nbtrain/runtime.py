@@ -32,13 +32,19 @@ class Runtime:
     in_kernel: bool = False
 
 
+class _ThreadRuntime(threading.local):
+    # A class-level default makes the lookup a plain attribute read: current() is called on
+    # every progress step, and getattr(..., default) on a bare local costs a caught exception.
+    value: Runtime | None = None
+
+
 _process_runtime: Runtime | None = None
-_thread_runtime = threading.local()
+_thread_runtime = _ThreadRuntime()
 
 
 def current() -> Runtime | None:
     """The launch context of the calling rank, or None outside nbtrain launches."""
-    return getattr(_thread_runtime, "value", None) or _process_runtime
+    return _thread_runtime.value or _process_runtime
 
 
 @contextmanager
@@ -46,7 +52,7 @@ def activate(runtime: Runtime, *, thread_only: bool = False) -> Iterator[Runtime
     """Make ``runtime`` current for the duration of the block (process-wide or this thread)."""
     global _process_runtime
     if thread_only:
-        previous = getattr(_thread_runtime, "value", None)
+        previous = _thread_runtime.value
         _thread_runtime.value = runtime
         try:
             yield runtime

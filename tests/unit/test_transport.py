@@ -94,3 +94,26 @@ def test_worker_error_pickles():
         "tb",
     )
     assert str(back) == str(err)
+
+
+def test_try_send_never_blocks_on_a_full_pipe_and_send_still_delivers():
+    """A kernel that stops reading must not stall a rank's progress updates."""
+    read_fd, write_fd = os.pipe()
+    writer = PipeWriter(write_fd)
+    accepted = sum(writer.try_send(Progress(0, i, 10**6)) for i in range(20000))
+    assert 0 < accepted < 20000, "the pipe never filled, or nothing was accepted"
+    decoder, events = FrameDecoder(), []
+    os.set_blocking(read_fd, False)
+    while True:
+        try:
+            chunk = os.read(read_fd, 65536)
+        except BlockingIOError:
+            break
+        events.extend(decoder.feed(chunk))
+    assert len(events) == accepted and decoder.pending == 0
+    assert [e.step for e in events] == sorted(e.step for e in events)
+    writer.send(Log(0, {"final": 1.0}))  # blocking path still works on the same pipe
+    events = decoder.feed(os.read(read_fd, 65536))
+    assert events == [Log(0, {"final": 1.0}, events[0].step, time=events[0].time)]
+    os.close(read_fd)
+    os.close(write_fd)
