@@ -8,6 +8,7 @@ workers go with it. Stopping is bounded: SIGTERM, a grace period, then SIGKILL.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import signal
 import sys
@@ -24,8 +25,11 @@ from .config import StartMethod
 
 _SIGKILL = getattr(signal, "SIGKILL", signal.SIGTERM)
 
-# Modules the forkserver imports once, so each rank it forks starts with them loaded.
-FORKSERVER_PRELOAD = ["torch", "torch.distributed", "cloudpickle", "nbtrain.worker"]
+# Imported once by the launching process (fork) or the forkserver, so that ranks start with them
+# loaded. torch._dynamo is imported by the first optimizer or DDP a rank creates and costs seconds
+# per rank per launch otherwise; it starts no threads, so forking after it is safe.
+WARM_IMPORTS = ["torch", "torch.distributed", "torch._dynamo", "cloudpickle"]
+FORKSERVER_PRELOAD = [*WARM_IMPORTS, "nbtrain.worker"]
 
 
 @dataclass
@@ -101,6 +105,9 @@ def start_ranks(
     Under forkserver / spawn only the pipes passed as arguments reach the child.
     """
     ctx = context(method)
+    if method is StartMethod.FORK:
+        for module in WARM_IMPORTS:
+            importlib.import_module(module)  # the first launch pays; later ones inherit it
     all_pipes = {rank: RankPipes.create(ctx) for rank in ranks}
     started: list[RankProcess] = []
     try:

@@ -10,6 +10,7 @@ import time
 
 import psutil
 import pytest
+import torch._dynamo  # noqa: F401 - sets TORCHINDUCTOR_CACHE_DIR once; the launcher imports it too
 
 # Threads that libraries start once per process and keep (not per launch).
 _LONG_LIVED_THREADS = ("pydevd", "IPythonHistorySavingThread", "ThreadPoolExecutor")
