@@ -208,9 +208,7 @@ class _NodeRun:
 
     def _succeed(self) -> Any:
         results = self.outcome.results()
-        steps = sum(rank.step for rank in self.state.ranks.values())
-        rate = f", {steps / self.state.elapsed:.1f} steps/s" if steps and self.state.elapsed else ""
-        self._end(f"Done in {self.state.elapsed:.1f}s{rate}")
+        self._end(self.state.done_summary())
         if self.config.return_all:
             return [results.get(rank) for rank in self.ranks]
         return results.get(self.ranks[0])

@@ -59,7 +59,7 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 from .config import LaunchConfig
-from .errors import LaunchError, WorkerError
+from .errors import EndpointInUseError, LaunchError, WorkerError
 from .rendezvous import LocalRendezvous, open_local
 
 RDZV_BACKEND = "c10d"
@@ -359,7 +359,7 @@ class NodeCoordinator:
                 wait_for_workers=False,
             )
         except (RuntimeError, OSError) as exc:
-            raise LaunchError(
+            raise EndpointInUseError(
                 f"Node 0 cannot open the rendezvous on port {self.port} "
                 f"(rdzv_endpoint={self.config.rdzv_endpoint!r}): {first_line(exc)}. Another "
                 "program, or a launch still running in another kernel on this machine, uses "

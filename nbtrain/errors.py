@@ -83,6 +83,11 @@ class LaunchError(RuntimeError):
     """The ranks could not be started at all (not a failure inside user code)."""
 
 
+class EndpointInUseError(LaunchError, ValueError):
+    """The rdzv_endpoint port is taken on node 0: a bad argument value (ValueError, as API.md
+    promises for bad input) found while opening it, before any rank started."""
+
+
 def signal_name(number: int) -> str:
     """SIGKILL for 9, or 'signal 42' for numbers without a name."""
     try:
