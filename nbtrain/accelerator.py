@@ -224,6 +224,9 @@ class Accelerator:
         if placement and optimizer.state and self._device.type != "cpu":
             # load_state_dict casts existing state (e.g. Adam moments) to each param's device.
             optimizer.load_state_dict(optimizer.state_dict())
+        hook = getattr(self._strategy, "prepare_optimizer", None)
+        if hook is not None:  # XLA: gradients are all-reduced right before each real step
+            hook(optimizer)
         prepared = PreparedOptimizer(optimizer, self.gradient_state, self._precision.scaler)
         self._optimizers.append(prepared)
         return prepared
@@ -262,6 +265,7 @@ class Accelerator:
             seed=seed,
             device=self._device if placement else None,
             gradient_state=self.gradient_state,
+            loader_class=getattr(self._strategy, "dataloader_class", None),
         )
         self._dataloaders.append(prepared)
         return prepared

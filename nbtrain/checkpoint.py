@@ -297,7 +297,11 @@ def _model_name(index: int, safe: bool) -> str:
 def write_model(model: nn.Module, path: Path, safe: bool) -> None:
     """Write ``model``'s weights to ``path`` atomically (aside, then rename)."""
     aside = path.with_name(f".{path.name}.tmp")
-    if safe:
+    if safe and _on_xla(model):
+        from .xla_accel import write_safetensors  # XLA tensors expose no storage to read
+
+        write_safetensors(model, str(aside))
+    elif safe:
         from safetensors.torch import save_model
 
         # save_model (not save_file) handles tied weights that share storage.
@@ -309,12 +313,20 @@ def write_model(model: nn.Module, path: Path, safe: bool) -> None:
 
 
 def read_model(model: nn.Module, path: Path, safe: bool, device: torch.device) -> None:
-    if safe:
+    if safe and _on_xla(model):
+        from .xla_accel import read_safetensors
+
+        read_safetensors(model, str(path))
+    elif safe:
         from safetensors.torch import load_model
 
         load_model(model, str(path), strict=True, device=str(device))
     else:
         model.load_state_dict(torch.load(path, map_location=device, weights_only=True))
+
+
+def _on_xla(model: nn.Module) -> bool:
+    return any(p.device.type == "xla" for p in model.parameters())
 
 
 def save_model(

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from . import environment
+from . import environment, tpu
 
 
 class StartMethod(Enum):
@@ -63,6 +63,7 @@ class LaunchConfig:
     progress: ProgressMode
     return_all: bool
     rdzv_timeout: float = 900.0  # seconds each node waits for the others at a rendezvous
+    xla_device: str = ""  # "TPU" or "CPU": ranks are XLA ordinals run by torch_xla (nbtrain.xla)
 
     @property
     def world_size(self) -> int:
@@ -230,10 +231,14 @@ def _check_rdzv_timeout(rdzv_timeout: object) -> float:
     return seconds
 
 
-def default_num_processes(gpu_ids: tuple[int, ...] | None) -> int:
-    """API.md: all visible GPUs, else 8 on a TPU host, else 1."""
+def default_num_processes(
+    gpu_ids: tuple[int, ...] | None, xla: tpu.XlaTarget | None = None
+) -> int:
+    """API.md: all visible GPUs, else every XLA ordinal (8 on a v2-8/v3-8 TPU host), else 1."""
     if gpu_ids is not None:
         return len(gpu_ids)
+    if xla is not None and xla.xla:
+        return tpu.default_ordinals(xla)
     gpus = environment.cuda_device_count()
     if gpus:
         return gpus
@@ -298,6 +303,7 @@ def build_config(
     progress: object,
     return_all: object,
     rdzv_timeout: object = 900.0,
+    allow_xla: bool = True,
 ) -> LaunchConfig:
     output_mode = _choice("output", output, OutputMode)
     progress_mode = _choice("progress", progress, ProgressMode)
@@ -325,8 +331,9 @@ def build_config(
         endpoint = _check_endpoint(rdzv_endpoint)
     restarts = _whole("max_restarts", max_restarts, 0)
     ids = _check_gpu_ids(gpu_ids)
+    xla = _xla_target(allow_xla, ids)
     if num_processes is None:
-        processes = default_num_processes(ids)
+        processes = default_num_processes(ids, xla)
     else:
         processes = _whole(
             "num_processes", num_processes, 1, " Use None for one rank per visible GPU."
@@ -337,9 +344,19 @@ def build_config(
             "give one GPU per rank, or lower num_processes."
         )
     uses_cuda = ids is not None or environment.cuda_device_count() > 0
+    start = choose_start_method(start_method, uses_cuda)
+    clean = "forkserver" in environment.available_start_methods()
+    if xla is not None and start_method == "auto" and clean:
+        # A kernel that already ran autograd (any backward()) forks children whose autograd
+        # engine cannot serve XLA devices (an internal assert in backward): start the XLA host
+        # from the forkserver, a clean process that is warm after the first launch.
+        start = StartChoice(StartMethod.FORKSERVER, "forkserver: XLA host from a clean process")
+    _check_xla_runtime(start, xla)
+    if xla is not None:
+        tpu.check_launch(xla, processes, nodes, restarts, precision.value if precision else None)
     return LaunchConfig(
         num_processes=processes,
-        start=choose_start_method(start_method, uses_cuda),
+        start=start,
         mixed_precision=precision,
         gpu_ids=ids,
         num_nodes=nodes,
@@ -351,4 +368,36 @@ def build_config(
         progress=progress_mode,
         return_all=return_all,
         rdzv_timeout=_check_rdzv_timeout(rdzv_timeout),
+        xla_device=xla.device if xla is not None else "",
+    )
+
+
+def _xla_target(allow: bool, gpu_ids: tuple[int, ...] | None) -> tpu.XlaTarget | None:
+    """The XLA target when this launch goes through torch_xla (a TPU host, or PJRT_DEVICE=CPU,
+    with torch_xla installed), else None."""
+    if not allow or gpu_ids is not None:
+        return None
+    target = tpu.detect()
+    return target if target.xla and tpu.torch_xla_installed() else None
+
+
+def _check_xla_runtime(start: StartChoice, xla: tpu.XlaTarget | None) -> None:
+    """torch_xla's own pre-launch check, made in the kernel with a fix: a runtime initialised
+    here breaks forked children always, and holds the TPU against any new process."""
+    if not tpu.xla_runtime_initialized():
+        return
+    on_tpu = xla is not None and xla.tpu
+    if start.method is not StartMethod.FORK and not on_tpu:
+        return
+    fix = (
+        "Restart the runtime (kernel) and create models and tensors on the XLA device only "
+        "inside the function you launch (Accelerator().device, or torch_xla.device() there)."
+    )
+    if not on_tpu:
+        fix += " Or pass start_method='spawn' to start the ranks from a clean interpreter."
+    why = "the kernel holds the TPU" if on_tpu else "forked ranks would inherit a broken runtime"
+    raise ValueError(
+        "The XLA runtime is already initialised in this kernel (an XLA device was used in a "
+        f"cell, e.g. torch_xla.device() or xm.xla_device()), so the launch cannot use it: {why}. "
+        + fix
     )

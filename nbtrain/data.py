@@ -365,6 +365,7 @@ def prepare_data_loader(
     seed: int,
     device: torch.device | None,
     gradient_state: GradientState,
+    loader_class: type[PreparedDataLoader] | None = None,
 ) -> PreparedDataLoader:
     if isinstance(loader, PreparedDataLoader):
         return loader
@@ -376,9 +377,8 @@ def prepare_data_loader(
         drop_last=_drop_last(loader),
         batch_size=_batch_size(loader),
     )
-    return PreparedDataLoader(
-        loader, spec=spec, seed=seed, device=device, gradient_state=gradient_state
-    )
+    cls = loader_class or PreparedDataLoader  # a strategy's own subclass (XLA: step marks)
+    return cls(loader, spec=spec, seed=seed, device=device, gradient_state=gradient_state)
 
 
 def seed_source(loader: DataLoader) -> torch.Generator | None:

@@ -16,6 +16,7 @@ import torch
 class Availability:
     cuda_devices: int = 0
     mps: bool = False
+    xla: str | None = None  # this ordinal's XLA device (e.g. "xla:0") inside an XLA run
 
 
 def detect() -> Availability:
@@ -23,15 +24,20 @@ def detect() -> Availability:
     cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
     mps_backend = getattr(torch.backends, "mps", None)
     mps = bool(mps_backend is not None and mps_backend.is_available())
-    return Availability(cuda_devices=cuda, mps=mps)
+    from .xla_accel import current_device  # no torch_xla import unless it is already loaded
+
+    return Availability(cuda_devices=cuda, mps=mps, xla=current_device())
 
 
 def choose_device(
     available: Availability, *, cpu: bool, local_rank: int, world_size: int
 ) -> torch.device:
-    """CUDA ``cuda:LOCAL_RANK`` when GPUs exist, MPS for a single process, else CPU."""
+    """The XLA device in XLA runs, CUDA ``cuda:LOCAL_RANK`` when GPUs exist, MPS for a single
+    process, else CPU."""
     if cpu:
         return torch.device("cpu")
+    if available.xla:
+        return torch.device(available.xla)
     if available.cuda_devices:
         if local_rank >= available.cuda_devices:
             raise RuntimeError(

@@ -104,7 +104,6 @@ def platform_summary() -> str:
 
 def tpu_host() -> bool:
     """A TPU runtime is (or is declared) present. Only environment facts: no XLA import."""
-    if os.environ.get("PJRT_DEVICE", "").upper() == "TPU":
-        return True
-    markers = ("TPU_NAME", "COLAB_TPU_ADDR", "TPU_ACCELERATOR_TYPE", "TPU_WORKER_ID")
-    return any(name in os.environ for name in markers) or os.path.exists("/dev/accel0")
+    from . import tpu
+
+    return tpu.detect().tpu

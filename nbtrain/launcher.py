@@ -67,6 +67,10 @@ def notebook_launcher(
         return_all=return_all,
         rdzv_timeout=rdzv_timeout,
     )
+    if config.xla_device:
+        from .xla import run_xla  # torch_xla runs the ordinals in a host process (xla.py)
+
+        return run_xla(config, pack_call(function, args, kwargs))
     if config.multi_node or config.max_restarts:
         from .attempts import run_elastic  # torch elastic rendezvous; restarts (attempts.py)
 
@@ -92,6 +96,7 @@ def debug_launcher(function: Callable[..., Any], args: tuple = (), num_processes
         output="all",
         progress="auto",
         return_all=False,
+        allow_xla=False,  # CPU only, even on a TPU host
     )
     with _hide_gpus():
         if config.num_processes == 1:

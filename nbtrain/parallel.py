@@ -1,7 +1,7 @@
 """How ranks train together: the process group, model wrapping and gradient sync.
 
 A strategy per ``DistributedType``, found in ``STRATEGIES``. The TPU issue adds
-``DistributedType.XLA: "nbtrain.xla:XlaStrategy"`` there, one module that implements the same
+``DistributedType.XLA: "nbtrain.xla_accel:XlaStrategy"`` there, one module that implements the same
 small ``Strategy`` protocol (device, collectives backend, wrap/unwrap, no_sync); nothing else
 changes. Strategy modules are imported only when chosen.
 """
@@ -116,6 +116,7 @@ STRATEGIES: dict[DistributedType, str] = {
     DistributedType.NO: "nbtrain.parallel:SingleProcess",
     DistributedType.MULTI_CPU: "nbtrain.parallel:DataParallel",
     DistributedType.MULTI_GPU: "nbtrain.parallel:DataParallel",
+    DistributedType.XLA: "nbtrain.xla_accel:XlaStrategy",
 }
 
 

@@ -276,13 +276,6 @@ NEW = [
         lambda mp: (fake_initialised_xla(mp), notebook_launcher(train, (0.1,), num_processes=2)),
         ValueError,
         ("XLA", "inside the function"),
-        marks=(
-            pytest.mark.xfail(
-                raises=ProcessStarted,
-                strict=True,
-                reason="nbtrain has no check for an XLA runtime initialised in the kernel yet",
-            ),
-        ),
     ),
     Mistake(
         "busy-rendezvous-port",

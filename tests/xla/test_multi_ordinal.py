@@ -1,0 +1,52 @@
+"""Several XLA:CPU ordinals (threads of one host process): every ordinal is a rank of its own for
+results, output and failures. No cross-replica collectives here (see support.py for why those
+need a test-only workaround on XLA:CPU)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from nbtrain import WorkerError, notebook_launcher
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def whoami(scale):
+    import torch_xla
+    import torch_xla.runtime as xr
+
+    from nbtrain import runtime
+
+    info = runtime.current().info
+    x = torch_xla.device()
+    print(f"line from ordinal {info.rank}")
+    assert info.rank == xr.global_ordinal() and info.world_size == xr.world_size()
+    return info.rank * scale, str(x)
+
+
+def one_fails():
+    from nbtrain import runtime
+
+    rank = runtime.current().info.rank
+    if rank == 2:
+        raise ValueError("ordinal 2 broke")
+    time.sleep(60)  # the others would wait: the launch must end at once anyway
+
+
+def test_every_ordinal_returns_and_prints_as_its_own_rank(capfd):
+    results = notebook_launcher(whoami, (10,), num_processes=4, return_all=True, progress="off")
+    assert [value for value, _ in results] == [0, 10, 20, 30]
+    assert sorted(device for _, device in results) == ["xla:0", "xla:1", "xla:2", "xla:3"]
+    out = capfd.readouterr().out
+    for rank in range(4):
+        assert f"[rank {rank}] line from ordinal {rank}" in out
+
+
+def test_a_failing_ordinal_is_the_root_cause_and_ends_the_launch():
+    started = time.monotonic()
+    with pytest.raises(WorkerError) as info:
+        notebook_launcher(one_fails, num_processes=4, progress="off")
+    assert info.value.rank == 2 and "ordinal 2 broke" in str(info.value)
+    assert time.monotonic() - started < 45

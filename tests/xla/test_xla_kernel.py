@@ -1,0 +1,174 @@
+"""The XLA launch path from a REAL Jupyter kernel (this interpreter: .venv-xla), single ordinal:
+train with the Accelerator, results, failure, interrupt + relaunch, checkpoint round trip, bf16,
+and equality with the CPU Accelerator's result. The kernel never imports torch_xla."""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+import pytest
+from kernelutil import Kernel
+
+pytestmark = pytest.mark.timeout(300)
+
+SETUP = """
+import os, sys, time, torch
+os.environ["PJRT_DEVICE"] = "CPU"
+from nbtrain import Accelerator, WorkerError, debug_launcher, notebook_launcher
+
+def train(steps, cpu=False, save=None, load=None, mixed_precision=None):
+    accelerator = Accelerator(cpu=cpu, mixed_precision=mixed_precision)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(1)
+    data = torch.utils.data.TensorDataset(torch.randn(48, 4, generator=g),
+                                          torch.randn(48, 1, generator=g))
+    loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    if load:
+        accelerator.load_state(load)
+    done, losses = 0, []
+    while done < steps:
+        for x, y in loader:
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.detach())
+            done += 1
+            if done == steps:
+                break
+    if save:
+        accelerator.save_state(save)
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    return {"device": str(accelerator.device), "type": str(accelerator.distributed_type.value),
+            "precision": accelerator.mixed_precision, "state": state,
+            "losses": [float(l) for l in losses]}
+
+def same(a, b, atol=1e-5):
+    return all(torch.allclose(a[k], b[k], atol=atol) for k in a) and a.keys() == b.keys()
+"""
+
+
+def hosts(kernel: Kernel) -> list[psutil.Process]:
+    """Live processes under the kernel other than its helpers (XLA launches start their host
+    from the forkserver, so its children count, unlike kernelutil's live_children)."""
+    alive = []
+    for child in psutil.Process(kernel.pid).children(recursive=True):
+        try:
+            helper = child.ppid() == kernel.pid and any(
+                name in " ".join(child.cmdline()) for name in ("forkserver", "resource_tracker")
+            )
+            if child.status() != psutil.STATUS_ZOMBIE and not helper:
+                alive.append(child)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory):
+    k = Kernel(tmp_path_factory.mktemp("kernelspec"))
+    out = k.run(SETUP)
+    assert out.error is None, out.traceback_text
+    yield k
+    k.shutdown()
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_notebook_function_trains_on_xla_and_matches_the_cpu_accelerator(kernel, method):
+    out = kernel.run(f"""
+xla = notebook_launcher(train, args=(10,), start_method="{method}", progress="text")
+cpu = debug_launcher(train, args=(10, True), num_processes=1)
+""")
+    assert out.error is None, out.traceback_text
+    assert kernel.value("(xla['device'], xla['type'], cpu['type'])") == ("xla:0", "XLA", "NO")
+    assert kernel.value("len(xla['losses'])") == 10
+    assert kernel.value("same(xla['state'], cpu['state'])") is True
+    assert kernel.value("max(abs(a - b) for a, b in zip(xla['losses'], cpu['losses']))") < 1e-4
+    assert kernel.value("xla['losses'][-1] < xla['losses'][0]") is True
+    # The kernel only supervised: the XLA runtime lived in the host process, which is gone.
+    assert kernel.value("'torch_xla' in sys.modules") is False
+    assert hosts(kernel) == []
+
+
+def test_output_is_attributed_to_the_ordinal(kernel):
+    out = kernel.run("""
+def hello():
+    print("hello from the ordinal")
+    print("to stderr", file=sys.stderr)
+    return 7
+print("value", notebook_launcher(hello, progress="off"))
+""")
+    assert out.error is None, out.traceback_text
+    assert "[rank 0] hello from the ordinal" in out.stdout
+    assert "to stderr" in out.stderr
+    assert "value 7" in out.stdout
+
+
+def test_failure_is_a_worker_error_with_the_ordinals_traceback(kernel):
+    out = kernel.run("""
+def broken():
+    x = torch.ones(2, device=Accelerator().device)
+    raise ValueError(f"bad batch on {x.device}")
+notebook_launcher(broken, progress="text")
+""")
+    assert out.error is not None and out.error["ename"] == "WorkerError"
+    assert "rank 0" in out.error["evalue"] and "bad batch on xla:0" in out.error["evalue"]
+    # The ordinal's own traceback is shown in the cell, down to the user's function (under the
+    # forkserver the host has no copy of the cell's source, so frames show without lines).
+    assert "RemoteTraceback" in out.traceback_text and "broken" in out.traceback_text
+    assert hosts(kernel) == []
+
+
+def test_interrupt_stops_the_host_and_relaunch_works(kernel):
+    msg_id = kernel.start("""
+def forever():
+    x = torch.ones(1, device=Accelerator().device)
+    print("ordinal running", flush=True)
+    while True:
+        x = x + 1
+        time.sleep(0.05)
+notebook_launcher(forever, progress="text")
+""")
+    kernel.collect(msg_id, timeout=90, until="ordinal running")
+    assert hosts(kernel)
+    kernel.manager.interrupt_kernel()
+    out = kernel.collect(msg_id, timeout=60)
+    assert out.error is not None and out.error["ename"] == "KeyboardInterrupt"
+    deadline = time.monotonic() + 10
+    while hosts(kernel) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert hosts(kernel) == []
+    # No "Runtime is already initialized": every launch gets a fresh host process.
+    again = kernel.run('print(notebook_launcher(train, args=(2,), progress="off")["device"])')
+    assert again.error is None, again.traceback_text
+    assert "xla:0" in again.stdout
+
+
+def test_checkpoint_round_trip_resumes_exactly(kernel, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    out = kernel.run(f"""
+straight = notebook_launcher(train, args=(9,), progress="off")
+first = notebook_launcher(train, args=(4,), kwargs=dict(save={str(ckpt)!r}), progress="off")
+resumed = notebook_launcher(train, args=(5,), kwargs=dict(load={str(ckpt)!r}), progress="off")
+""")
+    assert out.error is None, out.traceback_text
+    assert (ckpt / "model.safetensors").is_file() and (ckpt / "optimizer.bin").is_file()
+    # Model, Adam moments and the shuffled loader's position all came back: 4 + 5 == 9.
+    assert kernel.value("same(resumed['state'], straight['state'])") is True
+    assert kernel.value("resumed['losses'] == straight['losses'][4:]") or kernel.value(
+        "max(abs(a - b) for a, b in zip(resumed['losses'], straight['losses'][4:])) < 1e-5"
+    )
+
+
+def test_bf16_mixed_precision(kernel):
+    out = kernel.run("""
+bf16 = notebook_launcher(train, args=(6,), mixed_precision="bf16", progress="off")
+""")
+    assert out.error is None, out.traceback_text
+    assert kernel.value("bf16['precision']") == "bf16"
+    assert kernel.value("all(v.dtype == torch.float32 for v in bf16['state'].values())") is True
+    assert kernel.value("all(l == l for l in bf16['losses'])") is True  # no NaN
