@@ -17,6 +17,18 @@ if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 fi
 
+# torch_xla pairs with its own torch release, so the TPU tests (torch_xla's CPU backend) run
+# in a second venv. NBTRAIN_SKIP_XLA=1 leaves them out (they are then reported as skipped).
+if [ "${NBTRAIN_SKIP_XLA:-0}" != 1 ]; then
+    bash .ci/xla-env.sh
+fi
+
 .venv/bin/python -m ruff check nbtrain tests benchmarks
 .venv/bin/python -m mypy
-exec .venv/bin/python -m pytest "$@"
+
+status=0
+.venv/bin/python -m pytest "$@" || status=$?
+if [ "${NBTRAIN_SKIP_XLA:-0}" != 1 ]; then
+    PJRT_DEVICE=CPU .venv-xla/bin/python -m pytest -q tests/xla || status=$?
+fi
+exit "$status"
