@@ -79,6 +79,7 @@ class _NodeRun:
         self._note = ""
         self._prints_notes = _text_mode(config)
         self._published = False
+        self._stuck: dict[int, list[str]] = {}  # after a timeout: where each rank was
 
     # -- the attempt loop ------------------------------------------------------------------
 
@@ -112,7 +113,7 @@ class _NodeRun:
         if timed_out:
             self.coordinator.publish(News.stop(self.config.node_rank, "timeout"))
             self._end(f"Timed out after {self.config.timeout:g}s")
-            raise TimeoutError(_timeout_message(self.config, self.state))
+            raise TimeoutError(_timeout_message(self.config, self.state, self._stuck))
         if not self._failed() and self.coordinator.news() is None:
             return self.coordinator.finish(self.say, self.deadline)
         return self._settle()
@@ -174,6 +175,8 @@ class _NodeRun:
                 processes.close(started)
             raise
         processes.close(started)
+        if supervisor.timed_out:
+            self._stuck = supervisor.stuck_frames()
         return supervisor.timed_out
 
     def _publish_root_cause(self) -> None:

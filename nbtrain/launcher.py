@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from . import environment, processes, worker
+from . import environment, processes, stacks, worker
 from .config import LaunchConfig, OutputMode, ProgressMode, build_config, check_function
 from .display import View, make_view
 from .errors import WorkerError
@@ -197,21 +197,28 @@ def run_ranks(config: LaunchConfig, payload: bytes) -> Any:
         raise
     processes.close(started)
     rendezvous.close()
-    return _finish(config, state, outcome, view, timed_out=supervisor.timed_out)
+    stuck = supervisor.stuck_frames() if supervisor.timed_out else None
+    return _finish(config, state, outcome, view, stuck=stuck)
 
 
 def _finish(
-    config: LaunchConfig, state: RunState, outcome: Outcome, view: View, *, timed_out: bool
+    config: LaunchConfig,
+    state: RunState,
+    outcome: Outcome,
+    view: View,
+    *,
+    stuck: dict[int, list[str]] | None,
 ) -> Any:
+    """``stuck`` is None unless the launch timed out: then where each rank was (stacks.py)."""
     if outcome.has_failure():
         error = outcome.error(node=config.node_rank)
         state.finish(f"Failed after {state.elapsed:.1f}s: {error}".splitlines()[0])
         _close_view(view, state)
         _raise(error)
-    if timed_out:
+    if stuck is not None:
         state.finish(f"Timed out after {config.timeout:g}s")
         _close_view(view, state)
-        raise TimeoutError(_timeout_message(config, state))
+        raise TimeoutError(_timeout_message(config, state, stuck))
     results = outcome.results()
     state.finish(state.done_summary())
     _close_view(view, state)
@@ -227,15 +234,18 @@ def _raise(error: WorkerError) -> None:
     raise error from cause
 
 
-def _timeout_message(config: LaunchConfig, state: RunState) -> str:
+def _timeout_message(config: LaunchConfig, state: RunState, stuck: dict[int, list[str]]) -> str:
     where = "; ".join(
         f"rank {rank}: {view.status.value}"
         + (f" at step {view.step}/{view.total}" if view.total is not None else "")
         for rank, view in sorted(state.ranks.items())
     )
+    stacks_text = stacks.describe(stuck)
     return (
         f"notebook_launcher(timeout={config.timeout:g}) expired; every rank was stopped "
         f"({where}). Raise timeout= if the run needs longer."
+        + (f"\nWhere the ranks were (each rank's full stack is in its output):\n{stacks_text}"
+           if stacks_text else "")
     )
 
 

@@ -8,13 +8,16 @@ interrupt is handled at once.
 from __future__ import annotations
 
 import codecs
+import contextlib
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
+from . import stacks
 from .errors import signal_name
-from .events import Event, Exited, Failed, Finished, FrameDecoder, Output
+from .events import Event, Exited, Failed, Finished, FrameDecoder, Output, Started
 from .processes import RankProcess, kill_overdue, reap, request_stop
 
 TICK = 0.05  # seconds: the loop wakes at least this often to refresh the view and check limits
@@ -72,6 +75,9 @@ class Supervisor:
                 self._streams[fd] = _Stream(rank_process.rank, kind, fd)
         self.timed_out = False
         self.stopping = False
+        self._started: set[int] = set()
+        self._dumps: dict[int, list[str]] | None = None  # stderr after asking for stacks
+        self._dump_until = 0.0
         self._reported: set[int] = (
             set()
         )  # ranks that sent Finished/Failed: already on their way out
@@ -95,9 +101,32 @@ class Supervisor:
         if not self.stopping and self._failed():
             self.stop_all()
         if deadline is not None and not self.stopping and time.monotonic() >= deadline:
+            self._time_out()
+        kill_overdue(self.ranks, self._grace)
+
+    def _time_out(self) -> None:
+        """First ask the ranks still running where they are (see stacks.py), then stop them."""
+        if self._dumps is None:
+            self._dumps = {rp.rank: [] for rp in self.ranks if self._ask_for_stack(rp)}
+            self._dump_until = time.monotonic() + stacks.WAIT
+        if not self._dumps or time.monotonic() >= self._dump_until:
             self.timed_out = True
             self.stop_all()
-        kill_overdue(self.ranks, self._grace)
+
+    def _ask_for_stack(self, rank_process: RankProcess) -> bool:
+        pid = rank_process.process.pid
+        if stacks.DUMP_SIGNAL is None or pid is None or rank_process.reaped:
+            return False
+        if rank_process.rank not in self._started:
+            return False  # its handler may not be registered yet: the signal would kill it
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, stacks.DUMP_SIGNAL)
+            return True
+        return False
+
+    def stuck_frames(self) -> dict[int, list[str]]:
+        """After a timeout: each asked rank's innermost user frames (see stacks.user_frames)."""
+        return {rank: stacks.user_frames(lines) for rank, lines in (self._dumps or {}).items()}
 
     def stop_all(self) -> None:
         """SIGTERM the ranks still working; ranks that already reported get the grace period to
@@ -109,11 +138,15 @@ class Supervisor:
     def _emit_event(self, event: Event) -> None:
         if isinstance(event, (Finished, Failed)):
             self._reported.add(event.rank)
+        elif isinstance(event, Started):
+            self._started.add(event.rank)
         self._emit(event)
 
     def _wait_time(self, deadline: float | None) -> float:
         if deadline is None:
             return TICK
+        if self._dumps is not None:
+            deadline = self._dump_until
         return max(0.0, min(TICK, deadline - time.monotonic()))
 
     def _collect(self, rank_process: RankProcess) -> None:
@@ -161,6 +194,8 @@ class Supervisor:
             else:
                 for line in stream.splitter.feed(chunk):
                     self._emit(Output(stream.rank, stream.kind, line))
+                    if self._dumps is not None and stream.kind == "stderr":
+                        self._dumps.get(stream.rank, []).append(line)
 
 
 def _read(fd: int) -> bytes:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-from . import runtime
+from . import runtime, stacks, teardown
 from .events import EventSink, Failed, Finished, PipeWriter, Started
 from .runtime import RankInfo, Runtime
 from .serialization import pack_exception, pack_result, unpack_call
@@ -186,9 +186,11 @@ def rank_main(
     stderr.close()
     faulthandler.enable(file=sys.stderr, all_threads=True)
     _reset_signals()
+    stacks.enable_dumps()
     _fork_children_on_linux()
     os.environ.update(spec.env)
     _set_threads(spec.torch_threads)
+    teardown.install()
     sink = PipeWriter(events.fileno())
     info = spec.info
     sink.send(Started(info.rank, os.getpid(), spec.device, socket.gethostname(), info.local_rank))

@@ -130,4 +130,5 @@ def run_xla(config: LaunchConfig, payload: bytes) -> Any:
             processes.close(started)
         raise
     processes.close(started)
-    return launcher._finish(config, state, outcome, view, timed_out=supervisor.timed_out)
+    stuck = supervisor.stuck_frames() if supervisor.timed_out else None
+    return launcher._finish(config, state, outcome, view, stuck=stuck)

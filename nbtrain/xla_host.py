@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
-from . import runtime, worker
+from . import runtime, stacks, worker
 from .events import Output, PipeWriter, Started
 from .runtime import RankInfo, Runtime
 from .supervisor import LineSplitter
@@ -159,6 +159,7 @@ def host_main(
     stderr.close()
     faulthandler.enable(file=sys.stderr, all_threads=True)
     worker._reset_signals()
+    stacks.enable_dumps()
     os.environ.update(spec.env)
     _events_fd = events.fileno()
     install_streams()

@@ -216,6 +216,26 @@ def test_timeout_stops_every_rank(method):
     assert time.monotonic() - t0 < 30
 
 
+def stuck_in_barrier():
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        dist.barrier()  # rank 0 never joins
+    time.sleep(600)
+
+
+def test_timeout_names_the_line_each_rank_was_stuck_on(method):
+    with pytest.raises(TimeoutError) as info:
+        notebook_launcher(
+            stuck_in_barrier, num_processes=2, start_method=method, timeout=8, progress="off"
+        )
+    lines = str(info.value).splitlines()
+    rank0 = next(line for line in lines if line.startswith("rank 0 was in "))
+    rank1 = next(line for line in lines if line.startswith("rank 1 was in "))
+    here = stuck_in_barrier.__code__
+    assert rank0.endswith(f"test_launcher.py:{here.co_firstlineno + 4} in stuck_in_barrier")
+    assert "in barrier <- " in rank1
+    assert f"test_launcher.py:{here.co_firstlineno + 3} in stuck_in_barrier" in rank1
+
 def chatty(lines):
     import ctypes
 
