@@ -7,18 +7,22 @@ the GIL, and ``~ProcessGroupGloo`` joins its worker threads; a worker thread tha
 dropping the last collective's tensors needs the GIL to do so. Both wait forever (seen in about
 one run in six of ``nbtrain demo`` on two cores; it is torch's bug, not the user's).
 
-The fix here: every group ``destroy_process_group`` removes stays referenced until the rank's
-process exits, so no group is ever destroyed inside a Python deallocation. Destroying still does
-everything else (the group leaves torch's registry; a new ``init_process_group`` works). The
-cost is one idle group's threads and sockets per destroyed group until the rank exits.
+The fix here: every group ``destroy_process_group`` removes stays referenced until the user's
+function has returned, so no group is destroyed inside a Python deallocation of theirs.
+Destroying still does everything else (the group leaves torch's registry). Then ``release``
+frees them, after handing the GIL to the groups' threads for a moment so they finish with the
+last collective's tensors; freeing them at interpreter shutdown instead (spawn ranks run a full
+finalization) aborts the process, as a gloo thread asks for the GIL while Python is finalizing.
 """
 
 from __future__ import annotations
 
 import functools
+import time
 from typing import Any
 
-_kept: list[Any] = []  # the groups destroy_process_group released: alive until exit
+_kept: list[Any] = []  # the groups destroy_process_group released: alive until release()
+_DRAIN = 0.05  # seconds without the GIL before the kept groups are freed
 
 
 def install() -> None:
@@ -38,6 +42,14 @@ def install() -> None:
     destroy_process_group._nbtrain_keeps_groups = True  # type: ignore[attr-defined]
     c10d.destroy_process_group = destroy_process_group
     dist.destroy_process_group = destroy_process_group
+
+
+def release() -> None:
+    """After the user's function returned: free the kept groups (see the module docstring)."""
+    if not _kept:
+        return
+    time.sleep(_DRAIN)  # a thread waiting for the GIL to drop a finished work's tensors gets it
+    _kept.clear()
 
 
 def _released_by(c10d: Any, group: Any) -> list[Any]:

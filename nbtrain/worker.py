@@ -35,6 +35,7 @@ class RankSpec:
     torch_threads: int | None = None
     device: str = "cpu"
     close_fds: tuple[int, ...] = field(default=())
+    kernel_env: dict[str, str] | None = None  # forkserver: the kernel's environment at launch
 
 
 # Messages of errors a rank raises only because a *peer* vanished: such a rank is never the
@@ -188,7 +189,7 @@ def rank_main(
     _reset_signals()
     stacks.enable_dumps()
     _fork_children_on_linux()
-    os.environ.update(spec.env)
+    adopt_environment(spec.kernel_env, spec.env)
     _set_threads(spec.torch_threads)
     teardown.install()
     sink = PipeWriter(events.fileno())
@@ -196,8 +197,19 @@ def rank_main(
     sink.send(Started(info.rank, os.getpid(), spec.device, socket.gethostname(), info.local_rank))
     with runtime.activate(Runtime(info, sink, spec.mixed_precision)):
         code = call_and_report(info.rank, payload, sink, spec.send_result)
+    teardown.release()
     _flush_streams()
     sys.exit(code)
+
+
+def adopt_environment(kernel_env: dict[str, str] | None, rank_env: dict[str, str]) -> None:
+    """A forkserver child starts with the environment the server had when it started (maybe
+    hours ago): take the kernel's current one, so variables set in a cell since then arrive
+    (fork and spawn children inherit it at start anyway, and get None here)."""
+    if kernel_env is not None:
+        os.environ.clear()
+        os.environ.update(kernel_env)
+    os.environ.update(rank_env)
 
 
 def _flush_streams() -> None:
