@@ -104,8 +104,9 @@ class Exited:
     rank: int
     exitcode: int | None
     signal: str | None
-    stopped_by_launcher: bool
+    stopped_by_launcher: bool  # one of the launcher's own signals ended it
     time: float = field(default_factory=now)
+    stop_requested: bool = False  # the launcher had asked it to stop (it may have ended first)
 
 
 Event = Started | Status | Progress | Log | Output | Finished | Failed | Exited

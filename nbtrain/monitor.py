@@ -210,7 +210,7 @@ def _apply_exit(view: RankView, event: Exited) -> None:
             view.failure = f"exited with code {event.exitcode} after returning"
         return
     if view.status is RankStatus.FAILED:
-        if view.collateral and event.stopped_by_launcher:
+        if view.collateral and (event.stopped_by_launcher or event.stop_requested):
             view.status = RankStatus.STOPPED  # it only reacted to another rank's failure
         return
     if event.stopped_by_launcher:

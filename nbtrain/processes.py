@@ -21,6 +21,7 @@ from typing import Any
 
 import torch.multiprocessing as torch_mp
 
+from . import shm
 from .config import StartMethod
 
 _SIGKILL = getattr(signal, "SIGKILL", signal.SIGTERM)
@@ -73,6 +74,14 @@ class RankProcess:
     stop_requested_at: float | None = None
     reaped: bool = False
     exitcode: int | None = field(default=None)
+    signals_sent: set[int] = field(default_factory=set)  # by the launcher, to stop the rank
+    group_pids: set[int] = field(default_factory=set)  # seen in its process group (see shm.py)
+
+    def ended_by_launcher(self, exitcode: int | None) -> bool:
+        """Did one of the launcher's own signals end this rank? A rank that exited by itself
+        (os._exit(3), its own SIGKILL) just before a stop request was not stopped: its death is
+        the root cause, even if a peer's lost-connection error reached the kernel first."""
+        return exitcode is not None and exitcode < 0 and -exitcode in self.signals_sent
 
     @property
     def pid(self) -> int:
@@ -187,11 +196,15 @@ def signal_rank(rank_process: RankProcess, signum: int) -> None:
     if pid is None or rank_process.reaped:
         return
     if not hasattr(os, "killpg"):  # Windows: no process groups or POSIX signals
+        # Both end in TerminateProcess, which multiprocessing reports as -SIGTERM.
+        rank_process.signals_sent.add(signal.SIGTERM)
         if signum == _SIGKILL:
             rank_process.process.kill()
         else:
             rank_process.process.terminate()
         return
+    rank_process.signals_sent.add(signum)
+    rank_process.group_pids |= shm.group_members(pid)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signum)
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -222,11 +235,14 @@ def reap(rank_process: RankProcess) -> int | None:
         return rank_process.exitcode
     pid = rank_process.process.pid
     if pid is not None and hasattr(os, "killpg"):
+        rank_process.group_pids |= shm.group_members(pid)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, _SIGKILL)
     rank_process.process.join()
     rank_process.exitcode = rank_process.process.exitcode
     rank_process.reaped = True
+    if pid is not None:
+        shm.remove_segments(rank_process.group_pids | {pid})  # all of them are dead by now
     return rank_process.exitcode
 
 

@@ -95,6 +95,11 @@ class Supervisor:
             assert isinstance(ready, int)
             if ready in self._streams:
                 self._pump(self._streams[ready])
+        # A failure that arrived as an event stops the others before exits are collected, so a
+        # rank that reported it and already exited still counts as asked to stop (the view shows
+        # a peer-loss rank as stopped, not failed).
+        if not self.stopping and self._failed():
+            self.stop_all()
         for sentinel, rank_process in by_sentinel.items():
             if rank_process.process.exitcode is not None or _is_ready(sentinel):
                 self._collect(rank_process)
@@ -162,7 +167,8 @@ class Supervisor:
                 rank_process.rank,
                 exitcode,
                 signal,
-                stopped_by_launcher=rank_process.stop_requested_at is not None,
+                stopped_by_launcher=rank_process.ended_by_launcher(exitcode),
+                stop_requested=rank_process.stop_requested_at is not None,
             )
         )
 

@@ -116,7 +116,8 @@ def test_failed_keeps_a_one_line_summary_and_survives_its_exit() -> None:
 def test_a_rank_that_only_lost_its_peer_shows_as_stopped() -> None:
     state = RunState([0, 1])
     state.apply(failed(0, "Connection reset by peer", collateral=True))
-    state.apply(Exited(0, 1, None, stopped_by_launcher=True))
+    # It exited by itself (code 1) after the launcher had asked every rank to stop.
+    state.apply(Exited(0, 1, None, stopped_by_launcher=False, stop_requested=True))
     assert state.ranks[0].status is RankStatus.STOPPED
     # ... but one that failed on its own stays failed even when the launcher stopped it.
     state.apply(failed(1, "boom"))
