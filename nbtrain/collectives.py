@@ -104,7 +104,9 @@ class Backend(Protocol):
     def broadcast_object(self, obj: Any, src: int) -> Any: ...
 
 
-class _Done:
+class Done:
+    """A Pending whose value is already there (a world of one, or a synchronous backend)."""
+
     def __init__(self, value: list[torch.Tensor]) -> None:
         self._value = value
 
@@ -122,7 +124,7 @@ class LocalBackend:
     world_size = 1
 
     def all_gather_async(self, tensor: torch.Tensor) -> Pending:
-        return _Done([tensor])
+        return Done([tensor])
 
     def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         return [tensor]

@@ -11,7 +11,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import environment, processes, stacks, worker
-from .config import LaunchConfig, OutputMode, ProgressMode, build_config, check_function
+from .config import (
+    LaunchConfig,
+    OutputMode,
+    ProgressMode,
+    StartMethod,
+    build_config,
+    check_function,
+)
 from .display import View, make_view
 from .errors import WorkerError
 from .events import Event
@@ -130,6 +137,7 @@ def rank_specs(config: LaunchConfig, rendezvous: LocalRendezvous) -> dict[int, R
         threads = max(1, environment.cpu_count() // local)
     precision = config.mixed_precision.value if config.mixed_precision else None
     gpus = environment.cuda_device_count() if config.gpu_ids is None else len(config.gpu_ids)
+    kernel_env = current_environment(config)
     specs = {}
     for local_rank in range(local):
         rank = config.node_rank * local + local_rank
@@ -155,8 +163,15 @@ def rank_specs(config: LaunchConfig, rendezvous: LocalRendezvous) -> dict[int, R
             send_result=config.return_all or rank == 0,
             torch_threads=threads,
             device=f"cuda:{local_rank}" if gpus else "cpu",
+            kernel_env=kernel_env,
         )
     return specs
+
+
+def current_environment(config: LaunchConfig) -> dict[str, str] | None:
+    """What a rank must adopt as its environment (see worker.adopt_environment): only the
+    forkserver's children would otherwise miss what changed since the server started."""
+    return dict(os.environ) if config.start.method is StartMethod.FORKSERVER else None
 
 
 def run_ranks(config: LaunchConfig, payload: bytes) -> Any:

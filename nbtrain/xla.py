@@ -40,6 +40,7 @@ class HostSpec:
     mixed_precision: str | None = None
     return_all: bool = False
     close_fds: tuple[int, ...] = field(default=())
+    kernel_env: dict[str, str] | None = None  # forkserver: the kernel's environment at launch
 
 
 def host_env(config: LaunchConfig) -> dict[str, str]:
@@ -72,6 +73,7 @@ def fan_out(ordinals: list[int], outcome: Outcome, forward: Callable[[Event], No
                         None,
                         event.stopped_by_launcher,
                         event.time,
+                        event.stop_requested,
                     )
                 )
             else:
@@ -91,6 +93,7 @@ def run_xla(config: LaunchConfig, payload: bytes) -> Any:
         env=host_env(config),
         mixed_precision=config.mixed_precision.value if config.mixed_precision else None,
         return_all=config.return_all,
+        kernel_env=launcher.current_environment(config),
     )
     title = (
         f"{len(ordinals)} XLA ordinal(s) on {config.xla_device}, host process by "

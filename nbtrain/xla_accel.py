@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .collectives import Collectives, LocalBackend, Pending
+from .collectives import Collectives, Done, LocalBackend, Pending
 from .data import PreparedDataLoader
 from .parallel import DistributedType
 
@@ -122,17 +122,6 @@ class XlaDataLoader(PreparedDataLoader):
 # Collectives transport
 
 
-class _Ready:
-    def __init__(self, value: list[torch.Tensor]) -> None:
-        self._value = value
-
-    def wait(self, seconds: float) -> bool:
-        return True
-
-    def result(self) -> list[torch.Tensor]:
-        return self._value
-
-
 class XlaBackend:
     """XLA collectives across every ordinal. Each call ends with a sync (the step marker), which
     runs the collective in one graph on every replica before the values are read."""
@@ -147,7 +136,7 @@ class XlaBackend:
         self.world_size = int(xr.world_size())
 
     def all_gather_async(self, tensor: torch.Tensor) -> Pending:
-        return _Ready(self.all_gather(tensor))
+        return Done(self.all_gather(tensor))
 
     def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         import torch_xla.core.xla_model as xm

@@ -160,7 +160,7 @@ def host_main(
     faulthandler.enable(file=sys.stderr, all_threads=True)
     worker._reset_signals()
     stacks.enable_dumps()
-    os.environ.update(spec.env)
+    worker.adopt_environment(spec.kernel_env, spec.env)
     _events_fd = events.fileno()
     install_streams()
     code = 0

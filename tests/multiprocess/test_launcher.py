@@ -206,6 +206,42 @@ def test_rank_zero_failure_is_root_cause_too(method):
     assert info.value.rank == 0 and info.value.type_name == "KeyError"
 
 
+def dies_after_its_peer_complains():
+    """Rank 1's death becomes visible only after rank 0's lost-connection error (as when a big
+    process is still tearing down while its sockets are already closed)."""
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the stop request must not be its cause
+        dist.barrier()
+        time.sleep(0.5)
+        os._exit(3)
+    dist.barrier()
+    raise RuntimeError("Connection reset by peer [127.0.0.1]:4242")
+
+
+def test_a_rank_that_exits_by_itself_after_a_stop_request_is_still_the_root_cause(method):
+    with pytest.raises(WorkerError) as info:
+        notebook_launcher(dies_after_its_peer_complains, num_processes=2, start_method=method,
+                          **QUIET)
+    assert info.value.rank == 1 and info.value.exitcode == 3, str(info.value)
+    assert 0 in info.value.other_failures
+
+def read_environment():
+    return os.environ.get("NBTRAIN_TEST_SET_LATER"), os.environ.get("NBTRAIN_TEST_UNSET_LATER")
+
+
+def test_ranks_see_the_environment_of_the_kernel_now_not_at_first_launch(method, monkeypatch):
+    """A variable set in a cell after the first launch (forkserver already warm) arrives, and
+    one deleted since is gone."""
+    monkeypatch.setenv("NBTRAIN_TEST_UNSET_LATER", "stale")
+    notebook_launcher(read_environment, num_processes=2, start_method=method, **QUIET)
+    monkeypatch.setenv("NBTRAIN_TEST_SET_LATER", "fresh")
+    monkeypatch.delenv("NBTRAIN_TEST_UNSET_LATER")
+    values = notebook_launcher(
+        read_environment, num_processes=2, start_method=method, return_all=True, **QUIET
+    )
+    assert values == [("fresh", None), ("fresh", None)]
+
 def test_timeout_stops_every_rank(method):
     def hang():
         time.sleep(600)

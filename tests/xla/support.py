@@ -37,9 +37,22 @@ def locked_sync(wait: bool = False, reset_scope: bool = True) -> None:
 
 
 def install() -> threading.Lock:
-    """Patch torch_xla.sync in this (host) process; returns the lock for model creation."""
+    """Patch torch_xla.sync in this (host) process; returns the lock for model creation.
+
+    ENV must already be in the host's environment (set it in the launching process before the
+    launch): torch_xla reads it when its runtime starts, before the launched function runs, so a
+    launch without it fails here, by name, rather than with an aborted rendezvous later.
+    """
+    import os
+
     import torch_xla
 
+    missing = {name: value for name, value in ENV.items() if os.environ.get(name) != value}
+    if missing:
+        raise RuntimeError(
+            f"the XLA host runs without {missing}: set support.ENV in the launching process's "
+            "environment before the launch"
+        )
     version = torch_xla.__version__.split("+")[0]
     if version != PINNED:
         raise RuntimeError(f"tests/xla/support.py is written for torch_xla {PINNED}, not {version}")
