@@ -10,14 +10,17 @@ one run in six of ``nbtrain demo`` on two cores; it is torch's bug, not the user
 The fix here: every group ``destroy_process_group`` removes stays referenced until the user's
 function has returned, so no group is destroyed inside a Python deallocation of theirs.
 Destroying still does everything else (the group leaves torch's registry). Then ``release``
-frees them, after handing the GIL to the groups' threads for a moment so they finish with the
-last collective's tensors; freeing them at interpreter shutdown instead (spawn ranks run a full
-finalization) aborts the process, as a gloo thread asks for the GIL while Python is finalizing.
+frees them, and destroys any group the function left initialized, after handing the GIL to the
+groups' threads for a moment so they finish with the last collective's tensors. Leaving groups
+to interpreter shutdown instead (spawn ranks run a full finalization) aborts the process now
+and then, as a gloo thread asks for the GIL while Python is finalizing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import sys
 import time
 from typing import Any
 
@@ -45,10 +48,16 @@ def install() -> None:
 
 
 def release() -> None:
-    """After the user's function returned: free the kept groups (see the module docstring)."""
-    if not _kept:
+    """After the user's function returned: destroy the groups it left initialized and free the
+    kept ones, so none is left for interpreter shutdown (see the module docstring)."""
+    dist = sys.modules.get("torch.distributed")
+    leftover = dist is not None and dist.is_available() and dist.is_initialized()
+    if not _kept and not leftover:
         return
     time.sleep(_DRAIN)  # a thread waiting for the GIL to drop a finished work's tensors gets it
+    if leftover:
+        with contextlib.suppress(Exception):  # best effort: the function's result is already sent
+            dist.destroy_process_group()  # type: ignore[union-attr]
     _kept.clear()
 
 
