@@ -13,4 +13,4 @@ PIP=(.venv-xla/bin/python -m pip install -q -c constraints-xla.txt)
 # torch 2.9.0 from PyPI is the CUDA build (~7 GB); torch_xla needs exactly this pairing.
 "${PIP[@]}" 'torch==2.9.0' 'torch-xla==2.9.0'
 "${PIP[@]}" -e . pytest pytest-timeout psutil nbclient ipykernel jupyter_client ipywidgets \
-    cloudpickle safetensors
+    cloudpickle safetensors scikit-learn  # scikit-learn: notebook 6's data (digits)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -113,3 +115,15 @@ class Kernel:
     def shutdown(self) -> None:
         self.client.stop_channels()
         self.manager.shutdown_kernel(now=True)
+
+
+@contextlib.contextmanager
+def running_kernel(directory: Path, setup: str) -> Iterator[Kernel]:
+    """A kernel that ran ``setup`` without error; shut down afterwards (also if setup failed)."""
+    kernel = Kernel(directory)
+    try:
+        out = kernel.run(setup)
+        assert out.error is None, out.traceback_text
+        yield kernel
+    finally:
+        kernel.shutdown()

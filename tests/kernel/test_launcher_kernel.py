@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from kernelutil import Kernel
+from kernelutil import running_kernel
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -18,11 +18,8 @@ from nbtrain import notebook_launcher, WorkerError
 
 @pytest.fixture(scope="module")
 def kernel(tmp_path_factory):
-    k = Kernel(tmp_path_factory.mktemp("kernelspec"))
-    out = k.run(SETUP)
-    assert out.error is None, out.traceback_text
-    yield k
-    k.shutdown()
+    with running_kernel(tmp_path_factory.mktemp("kernelspec"), SETUP) as k:
+        yield k
 
 
 @pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])

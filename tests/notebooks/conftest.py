@@ -97,7 +97,8 @@ def has_module(python: Path, module: str) -> bool:
 
 @pytest.fixture(scope="session")
 def xla_python() -> Path:
-    """The Python of the XLA environment (.venv-xla, see .ci/xla-env.sh); skips without it."""
+    """The Python of the XLA environment (.venv-xla, see .ci/xla-env.sh); skips without it,
+    fails if it is incomplete."""
     here = Path(sys.executable)
     if importlib.util.find_spec("torch_xla") is not None:
         return here
@@ -108,10 +109,10 @@ def xla_python() -> Path:
             f"{python} does not exist: create it with `bash .ci/xla-env.sh`"
         )
     missing = [m for m in ("torch_xla", "ipykernel", "sklearn") if not has_module(python, m)]
-    if missing:
-        pytest.skip(
+    if missing:  # an XLA environment that exists but cannot run it is broken: say so loudly
+        pytest.fail(
             f"notebook 6 runs in the XLA environment {python}, which lacks "
-            f"{', '.join(missing)}: install them there (.ci/xla-env.sh)"
+            f"{', '.join(missing)}: run `bash .ci/xla-env.sh` to complete it"
         )
     return python
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 import rankfaults
-from kernelutil import Kernel
+from kernelutil import Kernel, running_kernel
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -140,21 +140,15 @@ def ready_for_interrupt(phase: str, marks: Path) -> object:
 
 @pytest.fixture(scope="module")
 def kernel(tmp_path_factory):
-    k = Kernel(tmp_path_factory.mktemp("kernelspec"))
-    out = k.run(SETUP)
-    assert out.error is None, out.traceback_text
-    yield k
-    k.shutdown()
+    with running_kernel(tmp_path_factory.mktemp("kernelspec"), SETUP) as k:
+        yield k
 
 
 @pytest.fixture
 def fresh_kernel(tmp_path_factory):
     """A kernel whose forkserver has not started yet."""
-    k = Kernel(tmp_path_factory.mktemp("kernelspec"))
-    out = k.run(SETUP)
-    assert out.error is None, out.traceback_text
-    yield k
-    k.shutdown()
+    with running_kernel(tmp_path_factory.mktemp("kernelspec"), SETUP) as k:
+        yield k
 
 
 def interrupt_during(kernel: Kernel, phase: str, marks: Path) -> tuple[dict, list[int], float]:

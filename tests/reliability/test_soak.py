@@ -10,7 +10,7 @@ the kernel's resident memory (growth within 30 MB).
 from __future__ import annotations
 
 import pytest
-from kernelutil import Kernel
+from kernelutil import running_kernel
 
 pytestmark = [pytest.mark.soak, pytest.mark.timeout(900)]
 
@@ -91,11 +91,8 @@ def launch(i):
 
 @pytest.fixture(scope="module")
 def kernel(tmp_path_factory):
-    k = Kernel(tmp_path_factory.mktemp("kernelspec"))
-    out = k.run(SETUP)
-    assert out.error is None, out.traceback_text
-    yield k
-    k.shutdown()
+    with running_kernel(tmp_path_factory.mktemp("kernelspec"), SETUP) as k:
+        yield k
 
 
 def test_a_hundred_launches_leave_the_kernel_as_they_found_it(kernel):

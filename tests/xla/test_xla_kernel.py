@@ -8,7 +8,7 @@ import time
 
 import psutil
 import pytest
-from kernelutil import Kernel
+from kernelutil import Kernel, running_kernel
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -70,11 +70,8 @@ def hosts(kernel: Kernel) -> list[psutil.Process]:
 
 @pytest.fixture(scope="module")
 def kernel(tmp_path_factory):
-    k = Kernel(tmp_path_factory.mktemp("kernelspec"))
-    out = k.run(SETUP)
-    assert out.error is None, out.traceback_text
-    yield k
-    k.shutdown()
+    with running_kernel(tmp_path_factory.mktemp("kernelspec"), SETUP) as k:
+        yield k
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
