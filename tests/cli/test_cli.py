@@ -73,7 +73,16 @@ def test_a_failing_rank_is_reported_with_its_traceback_and_exit_code():
     assert "rank 1" in exited.stderr
 
 
-def test_ctrl_c_stops_every_rank_and_exits_130(tmp_path: Path):
+@pytest.mark.parametrize(
+    ("signum", "exitcode", "message"),
+    [
+        (signal.SIGINT, 130, "interrupted; every rank was stopped"),  # Ctrl-C
+        (signal.SIGTERM, 143, ""),  # a scheduler or `kill`
+    ],
+)
+def test_a_signal_stops_every_rank_and_exits_with_its_code(
+    tmp_path: Path, signum: int, exitcode: int, message: str
+):
     command = subprocess.Popen(
         [*NBTRAIN, "launch", "--num-processes", "2", str(SCRIPTS / "sleep.py"), str(tmp_path)],
         stdout=subprocess.PIPE,
@@ -87,40 +96,16 @@ def test_ctrl_c_stops_every_rank_and_exits_130(tmp_path: Path):
             assert time.monotonic() < deadline and command.poll() is None, "ranks never started"
             time.sleep(0.1)
         ranks = [int(f.read_text()) for f in pid_files]
-        command.send_signal(signal.SIGINT)
+        command.send_signal(signum)
         _, err = command.communicate(timeout=30)
     finally:
         if command.poll() is None:
             command.kill()
             command.wait()
-    assert command.returncode == 130, err
-    assert "interrupted; every rank was stopped" in err
+    assert command.returncode == exitcode, err
+    assert message in err
     for pid in ranks:
-        assert not _alive(pid), f"rank process {pid} survived Ctrl-C"
-
-
-def test_sigterm_stops_every_rank_and_exits_143(tmp_path: Path):
-    command = subprocess.Popen(
-        [*NBTRAIN, "launch", "--num-processes", "2", str(SCRIPTS / "sleep.py"), str(tmp_path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while not (tmp_path / "rank1.pid").exists() or not (tmp_path / "rank0.pid").exists():
-            assert time.monotonic() < deadline and command.poll() is None, "ranks never started"
-            time.sleep(0.1)
-        time.sleep(0.2)
-        ranks = [int((tmp_path / f"rank{r}.pid").read_text()) for r in (0, 1)]
-        command.terminate()
-        command.communicate(timeout=30)
-    finally:
-        if command.poll() is None:
-            command.kill()
-            command.wait()
-    assert command.returncode == 143
-    assert not any(_alive(pid) for pid in ranks)
+        assert not _alive(pid), f"rank process {pid} survived {signal.Signals(signum).name}"
 
 
 def _alive(pid: int) -> bool:
