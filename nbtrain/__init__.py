@@ -7,7 +7,7 @@ first use, so `import nbtrain` stays light and each lives in its own module.
 from importlib import import_module
 from typing import Any
 
-from .errors import WorkerError
+from .errors import ResultError, WorkerError
 from .launcher import debug_launcher, notebook_launcher
 
 __version__ = "0.1.0"
@@ -33,6 +33,7 @@ __all__ = [
     "Accelerator",
     "DistributedType",
     "NbtrainCallback",
+    "ResultError",
     "WorkerError",
     "__version__",
     "debug_launcher",

@@ -3,12 +3,13 @@
 A thin front end. Each concern lives in its own module and is only delegated to from here:
 ``rankenv`` (where this rank sits), ``devices``, ``parallel`` (process group, DDP, strategy per
 DistributedType), ``collectives``, ``precision``, ``accumulation``, ``optim``, ``data``,
-``checkpoint``, ``splitting``; live progress and metrics go to ``reporting``.
+``checkpoint``, ``splitting``, ``compat`` (Accelerate's state view, project configuration and
+the arguments nbtrain has no feature for); live progress and metrics go to ``reporting``.
 
 Collective calls (every rank must make them, in the same order): prepare() of a model or a
 dataloader, gather, gather_for_metrics, reduce, broadcast, pad_across_processes,
-wait_for_everyone, main_process_first, save_state, load_state. A rank calling one of nbtrain's
-collectives alone gets an error rather than a hang (see collectives.py).
+wait_for_everyone, main_process_first, check_trigger, save_state, load_state. A rank calling
+one of nbtrain's collectives alone gets an error rather than a hang (see collectives.py).
 """
 
 from __future__ import annotations
@@ -16,14 +17,27 @@ from __future__ import annotations
 import builtins
 import contextlib
 import functools
+import gc
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from . import checkpoint, collectives, data, devices, handlers, nested, parallel, precision, rankenv
+from . import (
+    checkpoint,
+    collectives,
+    compat,
+    data,
+    devices,
+    handlers,
+    nested,
+    parallel,
+    precision,
+    rankenv,
+)
 from .accumulation import GradientAccumulationPlugin, GradientState, check_steps
 from .collectives import Op
 from .config import MixedPrecision
@@ -35,7 +49,25 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class Accelerator:
-    """Device placement, distributed training, mixed precision and checkpoints for one rank."""
+    """Device placement, distributed training, mixed precision and checkpoints for one rank.
+
+    Accelerate's constructor arguments are accepted. Implemented: those below up to
+    ``kwargs_handlers`` (``dataloader_config``: split_batches, even_batches, data_seed;
+    dispatch_batches is refused), ``project_dir`` / ``project_config`` (automatic checkpoint
+    naming). Accepted with a one-time warning saying what nbtrain does instead: ``log_with``
+    (no trackers: ``log()`` feeds the live view), ``rng_types``, ``dynamo_backend`` /
+    ``dynamo_plugin``. Refused: DeepSpeed, FSDP, Megatron-LM and tensor-parallel plugins.
+
+    Intentional differences from Accelerate 1.15, each for a reason:
+
+    - ``clip_grad_norm_`` / ``clip_grad_value_`` on a non-final accumulation micro-step leave the
+      partial gradients alone (Accelerate clips them, and raises under fp16, acc #641);
+    - ``reduce(scale=)`` scales on every device (Accelerate applies it on XLA only);
+    - ``GradientAccumulationPlugin(adjust_scheduler=)`` has no effect: schedulers step only on
+      synchronised steps either way (Accelerate only bumps a counter torch uses for warnings);
+    - prepared dataloaders resume by themselves after ``load_state`` (``skip_first_batches``
+      still works and does not skip twice).
+    """
 
     def __init__(
         self,
@@ -50,7 +82,33 @@ class Accelerator:
         dataloader_config: Any = None,
         step_scheduler_with_optimizer: bool = True,
         kwargs_handlers: list[Any] | None = None,
+        project_dir: str | None = None,
+        project_config: Any = None,
+        log_with: Any = None,
+        rng_types: Any = None,
+        dynamo_backend: Any = None,
+        dynamo_plugin: Any = None,
+        deepspeed_plugin: Any = None,
+        deepspeed_plugins: Any = None,
+        fsdp_plugin: Any = None,
+        megatron_lm_plugin: Any = None,
+        torch_tp_plugin: Any = None,
+        parallelism_config: Any = None,
     ) -> None:
+        compat.check_unsupported(
+            {
+                "log_with": log_with,
+                "rng_types": rng_types,
+                "dynamo_backend": dynamo_backend,
+                "dynamo_plugin": dynamo_plugin,
+                "deepspeed_plugin": deepspeed_plugin,
+                "deepspeed_plugins": deepspeed_plugins,
+                "fsdp_plugin": fsdp_plugin,
+                "megatron_lm_plugin": megatron_lm_plugin,
+                "torch_tp_plugin": torch_tp_plugin,
+                "parallelism_config": parallelism_config,
+            }
+        )
         for name, value in (
             ("cpu", cpu),
             ("device_placement", device_placement),
@@ -67,6 +125,8 @@ class Accelerator:
         self.split_batches, self.even_batches = _loader_options(
             split_batches, even_batches, dataloader_config
         )
+        self._data_seed: int | None = getattr(dataloader_config, "data_seed", None)
+        self.project_configuration = compat.project_configuration(project_dir, project_config)
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self._placement = rankenv.placement()
@@ -88,6 +148,7 @@ class Accelerator:
         self._schedulers: list[PreparedScheduler] = []
         self._dataloaders: list[data.PreparedDataLoader] = []
         self._custom: list[Any] = []
+        self._trigger = 0  # set_trigger() / check_trigger()
 
     # ---------------------------------------------------------------------------------------
     # Where this rank is
@@ -135,6 +196,25 @@ class Accelerator:
     @property
     def scaler(self) -> torch.amp.GradScaler | None:
         return self._precision.scaler
+
+    @property
+    def state(self) -> compat.State:
+        """Accelerate's ``accelerator.state``: num_processes, device, distributed_type, ...;
+        printing it gives the same summary."""
+        return compat.State(self)
+
+    @property
+    def project_dir(self) -> str | None:
+        return self.project_configuration.project_dir
+
+    @property
+    def logging_dir(self) -> str | None:
+        return getattr(self.project_configuration, "logging_dir", None)
+
+    @property
+    def save_iteration(self) -> int:
+        """The number of the next automatically named checkpoint."""
+        return int(self.project_configuration.iteration)
 
     # ---------------------------------------------------------------------------------------
     # Gradient accumulation state
@@ -203,7 +283,11 @@ class Accelerator:
             return self.prepare_data_loader(obj, device_placement=placement)
         return obj  # None passes through
 
-    def prepare_model(self, model: nn.Module, device_placement: bool | None = None) -> nn.Module:
+    def prepare_model(
+        self, model: nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
+    ) -> nn.Module:
+        """Place the model, run its forward under mixed precision and (unless
+        ``evaluation_mode``, for a model that is only evaluated) wrap it in DDP."""
         for prepared in self._models:  # preparing again (the wrapper or the raw module)
             if model is prepared or model is self._strategy.unwrap_model(prepared):
                 return prepared
@@ -211,7 +295,7 @@ class Accelerator:
         if placement:
             model.to(self._device)
         self._precision.wrap_forward(self._strategy.unwrap_model(model))
-        wrapped = self._strategy.wrap_model(model, self._ddp_kwargs)
+        wrapped = model if evaluation_mode else self._strategy.wrap_model(model, self._ddp_kwargs)
         self._models.append(wrapped)
         return wrapped
 
@@ -248,14 +332,22 @@ class Accelerator:
         return prepared
 
     def prepare_data_loader(
-        self, loader: DataLoader, device_placement: bool | None = None
+        self,
+        loader: DataLoader,
+        device_placement: bool | None = None,
+        slice_fn_for_dispatch: Any = None,
     ) -> data.PreparedDataLoader:
+        """``slice_fn_for_dispatch`` (Accelerate's, for dispatch_batches) is accepted and unused:
+        every rank loads its own batches."""
         if isinstance(loader, data.PreparedDataLoader):
             return loader
         placement = self.device_placement if device_placement is None else device_placement
-        # Every rank draws (so every rank's RNG advances alike); rank 0's draw is the seed.
+        # Every rank draws (so every rank's RNG advances alike); rank 0's draw is the seed,
+        # unless DataLoaderConfiguration(data_seed=...) fixed it.
         drawn = data.draw_seed(data.seed_source(loader))
         seed = self._collectives.broadcast_object(drawn, 0)
+        if self._data_seed is not None:
+            seed = int(self._data_seed)
         prepared = data.prepare_data_loader(
             loader,
             world_size=self.num_processes,
@@ -318,6 +410,28 @@ class Accelerator:
         with self._strategy.no_sync(model):
             yield
 
+    @contextlib.contextmanager
+    def trigger_sync_in_backward(self, model: nn.Module) -> Iterator[None]:
+        """Make the next backward inside the block all-reduce the gradients, although the
+        forward ran under ``no_sync`` (several forwards, one synchronising backward)."""
+        trigger = getattr(self._strategy, "trigger_sync", None)
+        with trigger(model) if trigger is not None else contextlib.nullcontext():
+            yield
+
+    def set_trigger(self) -> None:
+        """Raise this rank's flag; ``check_trigger()`` on every rank then returns True (e.g. to
+        stop training everywhere when one rank decides to)."""
+        self._trigger = 1
+
+    def check_trigger(self) -> bool:
+        """True on every rank when any rank called ``set_trigger()`` since the last True (the
+        flags are then lowered). A collective: every rank must call it."""
+        raised = self.reduce(torch.tensor([self._trigger], device=self._device), "sum")
+        if int(raised.item()) >= 1:
+            self._trigger = 0
+            return True
+        return False
+
     def autocast(self, autocast_handler: Any = None) -> contextlib.AbstractContextManager[Any]:
         return self._precision.autocast(autocast_handler)
 
@@ -341,21 +455,35 @@ class Accelerator:
         """Clip the full gradient: only when gradients are synchronised (acc #641).
 
         On a non-final accumulation micro-step the partial gradients are left alone (clipping
-        them, or unscaling them for fp16, would be wrong) and their current norm is returned."""
+        them, or unscaling them for fp16, would be wrong) and their current norm is returned.
+        Intentional difference: Accelerate 1.15 clips on every call (the partial gradients; and
+        under fp16 its second unscale raises), so its docs wrap the call in
+        ``if accelerator.sync_gradients:``, which gives the same result here."""
         params = _parameter_list(parameters)
         if not self.sync_gradients:
             return self._gradient_norm(params, norm_type)
         self.unscale_gradients()
+        self._average_gradients(params)
         return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type)
 
     def clip_grad_value_(
         self, parameters: Iterable[torch.Tensor] | torch.Tensor, clip_value: float
     ) -> None:
-        """Clamp gradients to [-clip_value, clip_value], when gradients are synchronised."""
+        """Clamp gradients to [-clip_value, clip_value], when gradients are synchronised (not
+        on non-final accumulation micro-steps, unlike Accelerate 1.15: see clip_grad_norm_)."""
         if not self.sync_gradients:
             return
         self.unscale_gradients()
-        torch.nn.utils.clip_grad_value_(_parameter_list(parameters), clip_value)
+        params = _parameter_list(parameters)
+        self._average_gradients(params)
+        torch.nn.utils.clip_grad_value_(params, clip_value)
+
+    def _average_gradients(self, params: list[torch.Tensor]) -> None:
+        """Clipping acts on the gradient every rank steps with: DDP has averaged it in backward,
+        but XLA averages at the optimizer step, so its strategy averages these ones first."""
+        average = getattr(self._strategy, "reduce_gradients", None)
+        if average is not None:
+            average(params)
 
     def _gradient_norm(self, params: list[torch.Tensor], norm_type: float) -> torch.Tensor:
         grads = [p.grad.detach() for p in params if p.grad is not None]
@@ -375,8 +503,11 @@ class Accelerator:
 
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
         """Like gather(), minus the samples repeated to even out the last batch, so a metric
-        over a prepared dataloader sees exactly ``len(dataset)`` samples. Non-tensor data
-        (e.g. lists of strings) is gathered as objects."""
+        over a prepared dataloader sees exactly ``len(dataset)`` samples.
+
+        Non-tensor data (e.g. lists of strings), or any data with ``use_gather_object=True``,
+        is gathered as objects, as Accelerate does: one flat list of every rank's items (a
+        tensor's rows), from which the duplicates are dropped alike."""
         leaves = nested.leaves(input_data)
         as_objects = use_gather_object or not all(isinstance(x, torch.Tensor) for x in leaves)
         if as_objects:
@@ -385,10 +516,12 @@ class Accelerator:
             gathered = self._collectives.gather(input_data)
         state = self.gradient_state
         if state.end_of_dataloader and state.remainder > 0:
-            return collectives.truncate_for_metrics(gathered, state.remainder)
+            return collectives.truncate_for_metrics(gathered, state.remainder, as_objects)
         return gathered
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        """Sum ("sum"), average ("mean"), "max" or "min" over the ranks, then multiply by
+        ``scale`` (on every device; Accelerate applies ``scale`` on XLA only)."""
         return self._collectives.reduce(tensor, reduction, scale)
 
     def pad_across_processes(
@@ -485,29 +618,74 @@ class Accelerator:
             )
         self._custom.extend(objects)
 
-    def save_state(self, output_dir: str | None = None, safe_serialization: bool = True) -> str:
+    def save_state(
+        self,
+        output_dir: str | None = None,
+        safe_serialization: bool = True,
+        **save_model_func_kwargs: Any,
+    ) -> str:
         """Save models, optimizers, schedulers, grad scaler, registered objects, every rank's RNG
-        states and dataloader positions, atomically. Every rank must call it."""
-        if output_dir is None:
-            raise ValueError(
-                "save_state() needs output_dir=, e.g. "
-                "accelerator.save_state('checkpoints/step_100')."
-            )
+        states and dataloader positions, atomically. Every rank must call it.
+
+        ``output_dir`` may hold other files (a tokenizer, save_model output): they are kept.
+        Without ``output_dir``, the project configuration's automatic naming picks
+        ``<project_dir>/checkpoints/checkpoint_<n>``. ``save_model_func_kwargs`` (options for
+        DeepSpeed's saving in Accelerate) are accepted and unused."""
+        automatic = output_dir is None
+        target = self._automatic_checkpoint() if output_dir is None else output_dir
         path = checkpoint.save_state(
-            output_dir,
+            target,
             self._training_state(),
             self._collectives,
             safe_serialization=safe_serialization,
         )
+        if automatic:
+            config = self.project_configuration
+            config.iteration += 1
+            if config.total_limit is not None and self.is_main_process:
+                checkpoint.prune_automatic(self.project_dir or ".", int(config.total_limit))
         return str(path)
 
-    def load_state(self, input_dir: str | None = None) -> str:
+    def _automatic_checkpoint(self) -> Path:
+        config = self.project_configuration
+        if not config.automatic_checkpoint_naming:
+            raise ValueError(
+                "save_state() needs output_dir=, e.g. accelerator.save_state("
+                "'checkpoints/step_100'), or Accelerator(project_config=ProjectConfiguration("
+                "project_dir=..., automatic_checkpoint_naming=True)) to name checkpoints itself."
+            )
+        return checkpoint.automatic_directory(config.project_dir, self.save_iteration)
+
+    def load_state(
+        self,
+        input_dir: str | None = None,
+        load_kwargs: dict[str, Any] | None = None,
+        **load_model_func_kwargs: Any,
+    ) -> str:
         """Restore what save_state wrote; prepared dataloaders continue after the last batch the
-        checkpoint had seen. Every rank must call it, with the objects prepared as when saving."""
+        checkpoint had seen. Every rank must call it, with the objects prepared as when saving.
+
+        As in Accelerate: ``load_model_func_kwargs`` go to the model loading (e.g.
+        ``strict=False``; ``map_location=`` picks the device the weights load to),
+        ``load_kwargs`` to the ``torch.load`` of the other states. Without ``input_dir``, the
+        newest automatically named checkpoint is loaded."""
         if input_dir is None:
-            raise ValueError("load_state() needs input_dir=, the directory save_state() wrote.")
+            if not self.project_configuration.automatic_checkpoint_naming:
+                raise ValueError(
+                    "load_state() needs input_dir=, the directory save_state() wrote (or "
+                    "automatic checkpoint naming in the Accelerator's project_config)."
+                )
+            input_dir = str(checkpoint.latest_automatic(self.project_dir or "."))
+        options = dict(load_model_func_kwargs)
+        location = options.pop("map_location", None)
+        device = self._device if location in (None, "on_device") else torch.device(location)
         source, step = checkpoint.load_state(
-            input_dir, self._training_state(), self._collectives, self._device
+            input_dir,
+            self._training_state(),
+            self._collectives,
+            device,
+            model_kwargs=options,
+            load_kwargs=load_kwargs,
         )
         self.gradient_state.step = step
         return str(source)
@@ -551,6 +729,23 @@ class Accelerator:
 
     def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, Any]:
         return (self.unwrap_model(model) if unwrap else model).state_dict()
+
+    def free_memory(self, *objects: Any) -> list[Any]:
+        """Forget every prepared object (between two trainings in one process) and free what
+        they held; returns a None for each object given, to rebind your names to:
+        ``model, optimizer = accelerator.free_memory(model, optimizer)``."""
+        self._models, self._optimizers, self._schedulers, self._dataloaders = [], [], [], []
+        self.gradient_state.step = 0
+        released = [None for _ in objects]
+        del objects
+        gc.collect()
+        if self._device.type == "cuda":
+            torch.cuda.empty_cache()
+        return released
+
+    def clear(self, *objects: Any) -> list[Any]:
+        """Accelerate's alias of free_memory()."""
+        return self.free_memory(*objects)
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
         """Start the next pass of ``dataloader`` at batch ``num_batches``.
@@ -629,6 +824,9 @@ def _gradient_state(steps: object, plugin: Any) -> GradientState:
 
 
 def _loader_options(split: bool, even: bool, config: Any) -> tuple[bool, bool]:
+    """split_batches / even_batches from the arguments and a DataLoaderConfiguration; a value
+    that differs from the default wins, wherever it was given. (The configuration's other
+    fields need nothing: nbtrain's loaders are always seedable and stateful.)"""
     if config is None:
         return split, even
     if getattr(config, "dispatch_batches", None):
@@ -636,8 +834,8 @@ def _loader_options(split: bool, even: bool, config: Any) -> tuple[bool, bool]:
             "dataloader_config with dispatch_batches=True is not supported: every rank loads its "
             "own batches in nbtrain. Drop dispatch_batches."
         )
-    return bool(getattr(config, "split_batches", split)), bool(
-        getattr(config, "even_batches", even)
+    return split or bool(getattr(config, "split_batches", False)), even and bool(
+        getattr(config, "even_batches", True)
     )
 
 

@@ -18,7 +18,11 @@ from typing import Any, Protocol
 
 @dataclass
 class GradientAccumulationPlugin:
-    """Same fields as Accelerate's plugin (whose objects are accepted too)."""
+    """Same fields as Accelerate's plugin (whose objects are accepted too).
+
+    ``adjust_scheduler`` has no effect (intentional): prepared schedulers step only on
+    synchronised steps either way; in Accelerate 1.15 it only advances a counter torch's
+    schedulers use for warnings, not the learning rate."""
 
     num_steps: int = 1
     adjust_scheduler: bool = True

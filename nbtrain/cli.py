@@ -1,12 +1,14 @@
 """The ``nbtrain`` command: ``launch`` a script on ranks, report the ``env``, run the ``demo``.
 
-``nbtrain launch`` is a thin layer over ``notebook_launcher``: each rank runs the script as
-``__main__`` with ``sys.argv`` set, under the same supervision as a notebook launch (rank-prefixed
-whole lines, root cause of a failure, the text live view, every rank stopped on Ctrl-C), so a
+``nbtrain launch`` is a thin layer over torch's elastic agent, as ``torchrun`` is, with the
+supervision of a notebook launch inside it (``agent.py``): each rank runs the script as
+``__main__`` with ``sys.argv`` set; output arrives as rank-prefixed whole lines, a failure is
+reported with its root cause, the text live view shows progress, Ctrl-C stops every rank. So a
 training function moved from a notebook into a script behaves the same.
 
 Exit codes: 0 success; the failing rank's exit code (1 when it raised or was killed) on failure;
-130 on Ctrl-C, 143 on SIGTERM; 124 when ``--timeout`` expired; 2 for bad options.
+130 on Ctrl-C, 143 on SIGTERM; 124 when ``--timeout`` expired or the nodes did not all join
+within ``--rdzv-timeout``; 2 for bad options.
 """
 
 from __future__ import annotations
@@ -46,15 +48,17 @@ def _launch(options: argparse.Namespace) -> int:
     script = Path(options.script)
     if not script.is_file():
         return _usage_error(f"script {options.script!r} not found (pass a path to a .py file)")
-    from . import notebook_launcher
+    from .config import build_config, check_function
     from .errors import LaunchError, WorkerError
+    from .launcher import dispatch
 
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
-        notebook_launcher(
-            run_script, args=(str(script.resolve()), list(options.script_args)),
-            **_launch_keywords(options),
+        args, kwargs = check_function(
+            run_script, (str(script.resolve()), list(options.script_args)), None
         )
+        config = build_config(**_launch_keywords(options), return_all=False)
+        dispatch(config, run_script, args, kwargs, elastic=True)
     except WorkerError as err:
         _report_failure(err, str(script.resolve()))
         return err.exitcode if err.exitcode and err.exitcode > 0 else 1
@@ -130,7 +134,7 @@ def _add_launch_parser(commands: Any) -> None:
     )
     parser.add_argument("--num-processes", "--nproc-per-node", type=int, default=None,
                         metavar="P", help="ranks on this node (default: one per visible GPU, "
-                        "8 on a TPU host, else 1)")
+                        "8 on a TPU host, else 1; always in processes of their own)")
     parser.add_argument("--num-nodes", "--nnodes", type=int, default=1, metavar="N")
     parser.add_argument("--node-rank", type=int, default=0, metavar="R",
                         help="this node's rank, 0..N-1; node 0 hosts the rendezvous")

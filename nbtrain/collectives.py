@@ -482,21 +482,20 @@ class Collectives:
     def pad_across_processes(
         self, data: Any, dim: int = 0, pad_index: Any = 0, pad_first: bool = False
     ) -> Any:
-        """Pad each tensor along ``dim`` to the largest size any rank has."""
+        """Pad each tensor along ``dim`` to the largest size any rank has.
+
+        A tensor that has no dimension ``dim`` (e.g. the 1-D leaves of a batch padded along
+        dim=1) is returned unchanged, as in Accelerate."""
         tensors = nested.tensor_leaves_only(data, "pad_across_processes()")
         if self.world_size == 1:
             return data
-        for tensor in tensors:
-            if tensor.ndim and not -tensor.ndim <= dim < tensor.ndim:
-                raise ValueError(
-                    f"pad_across_processes(dim={dim}) is out of range for a tensor of shape "
-                    f"{tuple(tensor.shape)}: pick a dim in 0..{tensor.ndim - 1}."
-                )
-        metas = [LeafMeta.of(t, dim % t.ndim if t.ndim else 0) for t in tensors]
+        metas = [_pad_meta(t, dim) for t in tensors]
         calls = self.handshake(Op.PAD, tag_of(dim), metas)
         self._check_leaves(calls, Op.PAD, same_size=False)
         padded = [
             _pad(t, dim, max(call.leaves[i].size for call in calls), pad_index, pad_first)
+            if _has_dim(t, dim)
+            else t
             for i, t in enumerate(tensors)
         ]
         return nested.rebuild(data, padded)
@@ -504,14 +503,19 @@ class Collectives:
     # -- objects ------------------------------------------------------------------------------
 
     def gather_object(self, obj: Any) -> Any:
-        """Every rank's object; lists and tuples are concatenated, as Accelerate does."""
+        """Every rank's object, in one list, as Accelerate's gather_object: a rank's list, tuple
+        or tensor contributes its items (a tensor its rows), any other object itself. In a
+        world of one, ``obj`` itself."""
         if self.world_size == 1:
             return obj
         self.handshake(Op.GATHER_OBJECT)
-        parts = self.backend.all_gather_object(obj)
-        if all(isinstance(part, (list, tuple)) for part in parts):
-            return [item for part in parts for item in part]
-        return parts
+        gathered: list[Any] = []
+        for part in self.backend.all_gather_object(obj):
+            if isinstance(part, (list, tuple)) or (isinstance(part, torch.Tensor) and part.ndim):
+                gathered.extend(part)
+            else:  # (Accelerate iterates these too: a dict's keys, a string's characters)
+                gathered.append(part)
+        return gathered
 
     def broadcast_object(self, obj: Any, from_process: int = 0) -> Any:
         self._check_source(from_process, "broadcast_object")
@@ -565,10 +569,22 @@ class Collectives:
                 )
 
 
+def _has_dim(tensor: torch.Tensor, dim: int) -> bool:
+    return -tensor.ndim <= dim < tensor.ndim
+
+
+def _pad_meta(tensor: torch.Tensor, dim: int) -> LeafMeta:
+    if _has_dim(tensor, dim):
+        return LeafMeta.of(tensor, dim % tensor.ndim)
+    # Not padded: only its number of dimensions must agree across ranks (a tensor with the dim
+    # on one rank and without it on another is an error), not its sizes.
+    return LeafMeta(_dtype_code(tensor.dtype), tensor.ndim, 0, 0)
+
+
 def _pad(
     tensor: torch.Tensor, dim: int, size: int, pad_index: Any, pad_first: bool
 ) -> torch.Tensor:
-    if tensor.ndim == 0 or tensor.shape[dim] >= size:
+    if tensor.shape[dim] >= size:
         return tensor
     dim = dim % tensor.ndim
     shape = list(tensor.shape)
@@ -578,11 +594,12 @@ def _pad(
     return torch.cat(parts, dim=dim)
 
 
-def truncate_for_metrics(data: Any, remainder: int) -> Any:
+def truncate_for_metrics(data: Any, remainder: int, as_objects: bool = False) -> Any:
     """Keep the first ``remainder`` samples: the real ones of a last batch completed by
-    wrapping around (tensors along dim 0, and lists of gathered objects)."""
-    if isinstance(data, list) and not any(isinstance(x, torch.Tensor) for x in data):
-        return data[:remainder]
+    wrapping around. Gathered tensors are cut along dim 0, each leaf; what gather_object
+    returned (one flat list of every rank's items) is cut as a whole."""
+    if as_objects:
+        return data[:remainder] if isinstance(data, (list, tuple, torch.Tensor)) else data
     return nested.map_tensors(lambda t: t[:remainder] if t.ndim else t, data)
 
 

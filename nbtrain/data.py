@@ -92,11 +92,16 @@ class ShardedBatchSampler(Sampler[list[int]]):
         spec: ShardSpec,
         seeding: EpochSeeding,
         last_batch_size: int | None,
+        uniform: bool = True,
     ) -> None:
         self.batch_sampler = batch_sampler
         self.spec = spec
         self.seeding = seeding
         self.last_batch_size = last_batch_size
+        # Whether every batch but the last is full (torch's BatchSampler). A custom batch
+        # sampler may yield short batches mid-epoch, which cost their step (sharding._whole):
+        # its length is then only an estimate, so the end of the epoch is found by looking ahead.
+        self.uniform = uniform
         self.epoch = 0
         self.skip = 0
 
@@ -109,6 +114,8 @@ class ShardedBatchSampler(Sampler[list[int]]):
         return itertools.islice(batches, self.skip, None) if self.skip else batches
 
     def exact_length(self) -> int | None:
+        if not self.uniform and self.spec.world_size > 1:
+            return None
         try:
             count = len(self.batch_sampler)
         except TypeError:
@@ -233,7 +240,13 @@ class PreparedDataLoader(DataLoader):
             super().__init__(self._shard, batch_size=size, **options)
         else:
             batches = _batches_of(loader, seeding)
-            self._shard = ShardedBatchSampler(batches, spec, seeding, _last_batch_size(loader))
+            self._shard = ShardedBatchSampler(
+                batches,
+                spec,
+                seeding,
+                _last_batch_size(loader),
+                uniform=type(batches) in (BatchSampler, _OneIndexBatches),
+            )
             if loader.batch_size is None and loader.batch_sampler is None:
                 super().__init__(
                     dataset, sampler=UnbatchedSampler(self._shard), batch_size=None, **options

@@ -1,44 +1,34 @@
-"""Multi-node launches and restarts: torch's elastic rendezvous, nbtrain's own supervision.
+"""How the nodes of one launch meet and agree: torch's elastic rendezvous, plus a verdict.
 
-Design. ``torchrun`` is two things: a rendezvous (``DynamicRendezvousHandler`` on the ``c10d``
-backend: join, last call, heartbeats, dead-node detection, rounds for restarts) and an agent
-(``LocalElasticAgent``) that starts the workers, waits in a blocking ``run()`` and reports failures
-through error files once everything has ended. nbtrain uses the first unchanged and not the
-second: the agent's workers would lose what nbtrain's own process layer gives every launch
-(rank-prefixed whole-line output, the live per-rank view, results coming back, the root-cause
-rule of ``outcome.py``, a kernel interrupt handled at once). So each node's kernel runs the same
-``processes.start_ranks`` / ``Supervisor`` / ``Outcome`` as a single-node launch, and talks to the
-other nodes only through torch's rendezvous handler and its store.
-
-One attempt (attempt ``k`` is the ``k``-th rendezvous round this launch completes):
+torch's elastic agent (driven by ``agent.py``) runs the attempt loop; this module gives it a
+rendezvous handler and what nbtrain adds on top of it, all kept in the store of torch's own
+rendezvous round (so nothing here is a cluster layer of its own):
 
 1. Node 0 hosts the c10d rendezvous store on ``rdzv_endpoint``'s port; the other nodes wait
-   until it answers ("waiting for node 0 at HOST:PORT").
-2. Every node counts itself in (the "waiting for nodes (k of N joined)" status) and calls
-   ``next_rendezvous()``. In the round's store each node then publishes its launch options, and
-   all nodes check them: node ranks 0..N-1 each taken once, the same num_processes,
-   num_nodes and max_restarts everywhere. torchrun's c10d backend orders nodes by its own
-   descriptors; nbtrain keeps the user's ``node_rank`` ("this is node 1"), so node k always gets
-   global ranks k*P .. k*P+P-1.
+   until it answers ("waiting for node 0 at HOST:PORT"). Every node counts itself in (the
+   "waiting for nodes (k of N joined)" status) while torch's ``DynamicRendezvousHandler`` forms
+   the round (join, last call, heartbeats).
+2. In the round's store each node publishes its launch options, and all nodes check them: node
+   ranks 0..N-1 each taken once, the same num_processes, num_nodes and max_restarts everywhere.
+   torch orders nodes by its own descriptors; nbtrain keeps the user's ``node_rank``, so node k
+   always runs global ranks k*P .. k*P+P-1.
 3. Node 0 opens a fresh worker store for the attempt on a port the OS picks and publishes the
    port; every rank gets MASTER_ADDR = the endpoint's host (reachable from every node by
-   definition), MASTER_PORT = that port, and connects as a client
-   (TORCHELASTIC_USE_AGENT_STORE, as under torchrun), so plain ``init_process_group`` works.
-   A fresh store per attempt means a restart never reads keys left by the failed attempt.
-4. The first failure or stop of the attempt is written to the round's ``news`` key with
-   compare-and-set: the first writer wins, so every node reaches the same verdict. A node whose
-   ranks failed on their own writes at once; a node whose ranks only lost a peer (collateral)
-   waits a little for the real root cause from another node first. Every node polls ``news``
-   while it supervises and stops its ranks when something appears.
-5. Verdict: a rank failure with restarts left -> every node stops its local ranks and joins the
-   next round (the whole job restarts, as torchelastic restarts all local workers of every
-   node); otherwise the node that failed raises ``WorkerError`` with the traceback, the others
-   raise ``WorkerError`` naming the node and rank (and the remote traceback text).
-6. On success every node waits in an exit barrier (``done``), so node 0 keeps the stores up
-   until all nodes finished; non-host nodes acknowledge (``left``) before node 0 closes them.
+   definition), MASTER_PORT = that port, and connects as a client (TORCHELASTIC_USE_AGENT_STORE,
+   as under torchrun), so plain ``init_process_group`` works and a restart never reads keys left
+   by the failed attempt.
+4. The news: the first failure or stop of an attempt is written to the round's ``news`` key
+   with compare-and-set. The first writer wins, so every node reaches the same verdict and
+   reports the same root cause with its traceback; torch's agent alone would leave each node to
+   find out from broken connections.
+5. Every node counts its ranks' success in ``done``; the agent reports success once all nodes
+   did, so a failure on a slower node still restarts or fails every node. Nodes bump a beat
+   counter while they supervise, so a node whose kernel died after its ranks finished is noticed.
 
-A launch with one node and ``max_restarts > 0`` runs the same loop with a local coordinator
-(no rendezvous, a fresh local store per attempt).
+One node with ``max_restarts > 0`` uses the same agent with a ``LocalCoordinator``: an
+in-process rendezvous handler and store, and a fresh loopback worker store per attempt.
+
+Imported only by launches that use it: it imports torch's elastic package.
 """
 
 from __future__ import annotations
@@ -58,21 +48,39 @@ from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
 from typing import Any, Protocol
 
+from torch.distributed import HashStore, PrefixStore, TCPStore
+from torch.distributed.elastic.rendezvous import (
+    RendezvousHandler,
+    RendezvousInfo,
+    RendezvousParameters,
+    RendezvousStoreInfo,
+    api,
+)
+from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+
 from .config import LaunchConfig
 from .errors import EndpointInUseError, LaunchError, WorkerError
-from .rendezvous import LocalRendezvous, open_local
+from .rendezvous import LOOPBACK, LocalRendezvous, open_local
 
 RDZV_BACKEND = "c10d"
 RUN_ID = "nbtrain"  # one store per launch (node 0 opens it fresh), so a fixed id is enough
 POLL = 0.5  # seconds between looks at the peers' news in the store
 COLLATERAL_GRACE = 3.0  # seconds a node with only peer-loss failures waits for the root cause
 LEAVE_WAIT = 15.0  # seconds node 0 keeps its stores up for the other nodes to read the verdict
+NODE_SILENCE = 60.0  # seconds without a beat after which a node that is not done counts as lost
 STORE_TIMEOUT = timedelta(seconds=30)
 _KEY = "nbtrain/"
+
+Say = Callable[[str], None]
 
 
 class RendezvousTimeout(TimeoutError):
     """Not every node arrived at the rendezvous within ``rdzv_timeout``."""
+
+
+class StaleRendezvous(Exception):
+    """The rendezvous found is closed or vanishing: a previous launch's, on the same endpoint."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -127,50 +135,129 @@ class News:
 
 
 class Coordinator(Protocol):
-    def join(self, attempt: int, say: Callable[[str], None]) -> LocalRendezvous: ...
+    """What the agent needs from the nodes' meeting place (one node, or several)."""
+
+    local_address: str
+
+    @property
+    def handler(self) -> Any: ...  # a torch RendezvousHandler
+
+    def connect(self, say: Say) -> None: ...
+
+    def joining(self, attempt: int, say: Say) -> contextlib.AbstractContextManager[None]: ...
+
+    def begin_round(self, store: Any, group_rank: int, group_size: int) -> LocalRendezvous: ...
 
     def rank_env(self) -> dict[str, str]: ...
 
-    def news(self) -> News | None: ...
+    def news(self, *, fresh: bool = False) -> News | None: ...
 
     def publish(self, news: News) -> News: ...
 
-    def finish(self, say: Callable[[str], None], deadline: float | None) -> News | None: ...
+    def mark_done(self) -> None: ...
+
+    def done_count(self) -> int: ...
+
+    def silent_nodes(self) -> list[int]: ...
 
     def close(self) -> None: ...
 
 
+# ---------------------------------------------------------------------------------------------
+# One node with restarts
+
+
 class LocalCoordinator:
-    """One node with restarts: no peers, a fresh local store per attempt."""
+    """One node: torch's agent over an in-process rendezvous, a loopback worker store."""
+
+    local_address = LOOPBACK
 
     def __init__(self, world_size: int) -> None:
         self._world_size = world_size
-        self._store: LocalRendezvous | None = None
+        self._handler = InProcessRendezvous()
+        self._workers: LocalRendezvous | None = None
         self._news: News | None = None
 
-    def join(self, attempt: int, say: Callable[[str], None]) -> LocalRendezvous:
-        self.close()
+    @property
+    def handler(self) -> RendezvousHandler:
+        return self._handler
+
+    def connect(self, say: Say) -> None:
+        pass
+
+    @contextlib.contextmanager
+    def joining(self, attempt: int, say: Say) -> Iterator[None]:
+        yield
+
+    def begin_round(self, store: Any, group_rank: int, group_size: int) -> LocalRendezvous:
+        self._close_workers()
         self._news = None
-        self._store = open_local(self._world_size)
-        return self._store
+        self._workers = open_local(self._world_size)
+        return self._workers
 
     def rank_env(self) -> dict[str, str]:
         return {}
 
-    def news(self) -> News | None:
+    def news(self, *, fresh: bool = False) -> News | None:
         return self._news
 
     def publish(self, news: News) -> News:
         self._news = self._news or news
         return self._news
 
-    def finish(self, say: Callable[[str], None], deadline: float | None) -> News | None:
-        return None
+    def mark_done(self) -> None:
+        pass
+
+    def done_count(self) -> int:
+        return 1
+
+    def silent_nodes(self) -> list[int]:
+        return []
 
     def close(self) -> None:
-        if self._store is not None:
-            self._store.close()
-            self._store = None
+        self._close_workers()
+        self._handler.shutdown()
+
+    def _close_workers(self) -> None:
+        if self._workers is not None:
+            self._workers.close()
+            self._workers = None
+
+
+class InProcessRendezvous(RendezvousHandler):
+    """A one-node rendezvous: every round completes at once, with a store of its own.
+
+    torch's ``static`` backend would open a TCP server listening on every interface; a single
+    machine needs none (the ranks' store is nbtrain's loopback one)."""
+
+    def __init__(self) -> None:
+        self._store = HashStore()
+        self._round = 0
+        self._closed = False
+
+    def get_backend(self) -> str:
+        return "nbtrain-local"
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        self._round += 1
+        store = PrefixStore(f"{_KEY}round/{self._round}", self._store)
+        return RendezvousInfo(store, 0, 1, RendezvousStoreInfo(LOOPBACK, 0))
+
+    def is_closed(self) -> bool:
+        return self._closed
+
+    def set_closed(self) -> None:
+        self._closed = True
+
+    def num_nodes_waiting(self) -> int:
+        return 0
+
+    def get_run_id(self) -> str:
+        return RUN_ID
+
+    def shutdown(self) -> bool:
+        self._closed = True
+        return True
 
 
 # ---------------------------------------------------------------------------------------------
@@ -270,11 +357,12 @@ def check_endpoint_here(config: LaunchConfig) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Multi-node coordinator over torch's elastic rendezvous
+# Several nodes: torch's c10d rendezvous
 
 
 class NodeCoordinator:
-    """This node's side of the rendezvous: join rounds, exchange options, agree on a verdict."""
+    """This node's side of the rendezvous: connect, join rounds, exchange options, agree on a
+    verdict, wait for the others at the end."""
 
     def __init__(self, config: LaunchConfig, local_address: str) -> None:
         assert config.rdzv_endpoint is not None
@@ -289,7 +377,14 @@ class NodeCoordinator:
         self._workers: LocalRendezvous | None = None
         self._news: News | None = None
         self._polled = 0.0
+        self._beats: dict[int, tuple[int, float]] = {}  # node -> (last beat seen, when it moved)
+        self._deadline: float | None = None  # of the first join (rdzv_timeout)
+        self._silent: set[int] = set()  # nodes found silent
         self._interface = interface_of(local_address)
+
+    @property
+    def handler(self) -> Any:
+        return self._handler
 
     def rank_env(self) -> dict[str, str]:
         """gloo finds its own address by resolving the hostname, which is often loopback
@@ -299,39 +394,27 @@ class NodeCoordinator:
             return {}
         return {"GLOO_SOCKET_IFNAME": self._interface}
 
-    # -- joining -------------------------------------------------------------------------
+    # -- connecting and joining -------------------------------------------------------------
 
-    def join(self, attempt: int, say: Callable[[str], None]) -> LocalRendezvous:
-        deadline = time.monotonic() + self.config.rdzv_timeout
-        self._news, self._round = None, None
+    def connect(self, say: Say) -> None:
+        """Reach node 0's store and make torch's rendezvous handler over it. A store whose
+        rendezvous is closed is a previous launch's that node 0 is just closing (or node 0
+        restarting its kernel): connect again, to the fresh one, until rdzv_timeout."""
+        if self._deadline is None:
+            self._deadline = time.monotonic() + self.config.rdzv_timeout
         while True:
-            if self._store is None:
-                self._connect(say, deadline)
-            try:
-                info = self._next_round(attempt, say)
-                break
-            except _StaleRendezvous as stale:
-                # Before the first round, a closed or vanishing store is a previous launch's
-                # rendezvous on this endpoint that node 0 is just closing (or node 0 restarting
-                # its kernel): connect again, to the fresh one, until rdzv_timeout.
-                if attempt > 0:
-                    raise LaunchError(self._lost(stale.__cause__ or stale)) from None
-                self._drop()
-                time.sleep(1.0)
-        self._round = info.store
-        self._check_nodes(info)
-        return self._worker_store(info)
+            self._drop()
+            self._connect(say, self._deadline)
+            with contextlib.suppress(RuntimeError, OSError):
+                if not self._handler.is_closed():
+                    return
+            if time.monotonic() > self._deadline:
+                raise RendezvousTimeout(self._timeout_advice("node 0 only offered a closed one"))
+            time.sleep(1.0)
 
-    def _connect(self, say: Callable[[str], None], deadline: float) -> None:
-        from torch.distributed import TCPStore
-        from torch.distributed.elastic.rendezvous import RendezvousParameters
-        from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
-            C10dRendezvousBackend,
-        )
-        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
-
+    def _connect(self, say: Say, deadline: float) -> None:
         if self.is_host:
-            store = self._open_server(TCPStore)
+            store = self._open_server()
         else:
             self._wait_for_host(say, deadline)
             try:
@@ -352,9 +435,9 @@ class NodeCoordinator:
         self._store = store
         self._handler = create_handler(store, C10dRendezvousBackend(store, RUN_ID), params)
 
-    def _open_server(self, tcp_store: Any) -> Any:
+    def _open_server(self) -> TCPStore:
         try:
-            return tcp_store(
+            return TCPStore(
                 self.host, self.port, is_master=True, timeout=STORE_TIMEOUT,
                 wait_for_workers=False,
             )
@@ -366,7 +449,7 @@ class NodeCoordinator:
                 "it: pick another port in rdzv_endpoint, the same on every node."
             ) from None
 
-    def _wait_for_host(self, say: Callable[[str], None], deadline: float) -> None:
+    def _wait_for_host(self, say: Say, deadline: float) -> None:
         # A plain TCP probe first: a TCPStore client that cannot connect blocks in C++ (deaf
         # to Ctrl-C) and logs a C++ stack trace per attempt.
         while True:
@@ -385,22 +468,24 @@ class NodeCoordinator:
             say(f"waiting for node 0 at {self.config.rdzv_endpoint}")
             time.sleep(POLL)
 
-    def _next_round(self, attempt: int, say: Callable[[str], None]) -> Any:
-        from torch.distributed.elastic.rendezvous import api
-
+    @contextlib.contextmanager
+    def joining(self, attempt: int, say: Say) -> Iterator[None]:
+        """Around torch's ``next_rendezvous``: count this node in, show who has joined, and
+        turn torch's errors into ones that say what to do."""
+        self._news, self._round = None, None
         status = lambda: say(self._waiting_text(attempt))  # noqa: E731
         try:
             if self._handler.is_closed():  # a previous launch's rendezvous, being closed
-                raise _StaleRendezvous
+                raise StaleRendezvous
             self._store.add(f"{_KEY}arrived/{attempt}", 1)
             self._store.append(f"{_KEY}arrived_nodes/{attempt}", f"{self.node},")
             with _every(POLL, status):
-                return self._handler.next_rendezvous()
+                yield
         except api.RendezvousTimeoutError:
             raise RendezvousTimeout(self._timeout_text(attempt)) from None
         except (api.RendezvousError, RuntimeError, OSError) as exc:
             # Closed (RendezvousClosedError, ...GracefulExitError) or gone (connection errors).
-            raise _StaleRendezvous from exc
+            raise StaleRendezvous(first_line(exc)) from exc
 
     def _waiting_text(self, attempt: int) -> str:
         joined = int(self._store.add(f"{_KEY}arrived/{attempt}", 0))
@@ -427,7 +512,16 @@ class NodeCoordinator:
             "rdzv_timeout of each other, or raise rdzv_timeout."
         )
 
-    def _check_nodes(self, info: Any) -> None:
+    # -- a round -----------------------------------------------------------------------------
+
+    def begin_round(self, store: Any, group_rank: int, group_size: int) -> LocalRendezvous:
+        """The round formed: check that every node was launched alike, and give this
+        attempt's ranks their fresh worker store."""
+        self._round, self._news, self._beats = store, None, {}
+        self._check_nodes(store, group_rank, group_size)
+        return self._worker_store(store)
+
+    def _check_nodes(self, store: Any, group_rank: int, group_size: int) -> None:
         mine = {
             "node_rank": self.node,
             "num_processes": self.config.num_processes,
@@ -435,11 +529,11 @@ class NodeCoordinator:
             "max_restarts": self.config.max_restarts,
             "host": socket.gethostname(),
         }
-        keys = [f"{_KEY}node/{i}" for i in range(info.world_size)]
+        keys = [f"{_KEY}node/{i}" for i in range(group_size)]
         try:
-            info.store.set(keys[info.rank], json.dumps(mine))
-            info.store.wait(keys, STORE_TIMEOUT)
-            nodes = [json.loads(info.store.get(key)) for key in keys]
+            store.set(keys[group_rank], json.dumps(mine))
+            store.wait(keys, STORE_TIMEOUT)
+            nodes = [json.loads(store.get(key)) for key in keys]
         except (RuntimeError, OSError) as exc:
             raise LaunchError(
                 "Not every node reported its launch options after the rendezvous completed "
@@ -448,7 +542,7 @@ class NodeCoordinator:
             ) from None
         check_nodes(nodes, self.config)
 
-    def _worker_store(self, info: Any) -> LocalRendezvous:
+    def _worker_store(self, store: Any) -> LocalRendezvous:
         if self._workers is not None:
             self._workers.close()
             self._workers = None
@@ -456,23 +550,27 @@ class NodeCoordinator:
             # Ranks on the other nodes connect to it: every interface, not just the loopback.
             opened = open_local(self.config.world_size, listen=None)
             self._workers = replace(opened, host=self.host)
-            info.store.set(f"{_KEY}master_port", str(opened.port))
+            store.set(f"{_KEY}master_port", str(opened.port))
             return self._workers
         try:
-            port = int(info.store.get(f"{_KEY}master_port"))
+            port = int(store.get(f"{_KEY}master_port"))
         except (RuntimeError, OSError) as exc:
             raise LaunchError(self._lost(exc)) from None
         return LocalRendezvous(None, self.host, port)
 
     # -- the verdict -----------------------------------------------------------------------
 
-    def news(self) -> News | None:
-        """What another node reported for this attempt (polled at most every POLL seconds)."""
+    def news(self, *, fresh: bool = False) -> News | None:
+        """What a node reported for this attempt (read at most every POLL seconds unless
+        ``fresh``); each look also beats this node's heart."""
         now = time.monotonic()
-        if self._news is not None or self._round is None or now - self._polled < POLL:
+        if self._news is not None or self._round is None:
             return self._news
+        if not fresh and now - self._polled < POLL:
+            return None
         self._polled = now
         try:
+            self._round.add(f"{_KEY}beat/{self.node}", 1)
             if self._round.check([f"{_KEY}news"]):
                 self._news = News.decode(self._round.get(f"{_KEY}news"))
         except (RuntimeError, OSError, ValueError) as exc:
@@ -490,27 +588,44 @@ class NodeCoordinator:
             self._news = news  # node 0 is gone: our own account is the best there is
         return self._news
 
-    def finish(self, say: Callable[[str], None], deadline: float | None) -> News | None:
-        """Exit barrier after local success; returns a peer's news if one failed meanwhile,
-        or this node's own timeout (published, so the others stop too)."""
+    def mark_done(self) -> None:
+        """This node's ranks all succeeded in this attempt."""
         assert self._round is not None
-        total, step = self.config.num_nodes, 1
-        while True:
+        with contextlib.suppress(RuntimeError, OSError, ValueError):
+            self._round.add(f"{_KEY}done", 1)
+            self._round.set(f"{_KEY}done/{self.node}", "1")
+
+    def done_count(self) -> int:
+        assert self._round is not None
+        try:
+            return int(self._round.add(f"{_KEY}done", 0))
+        except (RuntimeError, OSError, ValueError) as exc:
+            self._news = self._news or News.stop(0, self._lost(exc))
+            return 0
+
+    def silent_nodes(self) -> list[int]:
+        """Nodes not done whose beat has not moved for NODE_SILENCE seconds, or rdzv_timeout
+        if shorter: waiting for the others at the end is the last rendezvous. (Measured by this
+        node's clock: the nodes' clocks need not agree.)"""
+        assert self._round is not None
+        limit = min(NODE_SILENCE, self.config.rdzv_timeout)
+        now, silent = time.monotonic(), []
+        for node in range(self.config.num_nodes):
+            if node == self.node:
+                continue
             try:
-                done = int(self._round.add(f"{_KEY}done", step))
-            except (RuntimeError, OSError, ValueError) as exc:
-                return News.stop(0, self._lost(exc))
-            step = 0
-            if done >= total:
-                return None
-            self._polled = 0.0
-            news = self.news()
-            if news is not None:
-                return news
-            if deadline is not None and time.monotonic() > deadline:
-                return self.publish(News.stop(self.node, "timeout"))
-            say(f"finished; waiting for the other nodes ({done} of {total} done)")
-            time.sleep(POLL)
+                if self._round.check([f"{_KEY}done/{node}"]):
+                    continue
+                beat = int(self._round.add(f"{_KEY}beat/{node}", 0))
+            except (RuntimeError, OSError, ValueError):
+                continue
+            seen, since = self._beats.get(node, (-1, now))
+            if beat != seen:
+                self._beats[node] = (beat, now)
+            elif now - since > limit:
+                silent.append(node)
+        self._silent.update(silent)  # gone: node 0 will not wait for them to leave
+        return silent
 
     # -- leaving ---------------------------------------------------------------------------
 
@@ -531,7 +646,8 @@ class NodeCoordinator:
     def _await_leavers(self) -> None:
         end = time.monotonic() + LEAVE_WAIT
         with contextlib.suppress(RuntimeError, OSError, ValueError):
-            while int(self._round.add(f"{_KEY}left", 0)) < self.config.num_nodes - 1:
+            expected = self.config.num_nodes - 1 - len(self._silent)
+            while int(self._round.add(f"{_KEY}left", 0)) < expected:
                 if time.monotonic() > end:
                     return
                 time.sleep(0.1)
@@ -548,10 +664,6 @@ class NodeCoordinator:
             f"lost contact with node 0's rendezvous store at {self.config.rdzv_endpoint} "
             f"({type(exc).__name__}: {first_line(exc)}); node 0 stopped or is unreachable"
         )
-
-
-class _StaleRendezvous(Exception):
-    pass
 
 
 def check_nodes(nodes: list[dict[str, Any]], config: LaunchConfig) -> None:

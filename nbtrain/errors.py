@@ -79,6 +79,31 @@ def _rebuild_worker_error(state: dict[str, Any]) -> WorkerError:
     return err
 
 
+class ResultError(RuntimeError):
+    """A rank returned a value that the kernel cannot unpickle (the rank itself succeeded)."""
+
+    def __init__(self, rank: int, type_name: str | None, cause: BaseException) -> None:
+        self.rank = rank
+        self.type_name = type_name
+        what = f"an object of type {type_name}" if type_name else "an object"
+        super().__init__(
+            f"rank {rank} returned {what} that cannot be loaded in this kernel "
+            f"({type(cause).__name__}: {cause}): its class exists only in the rank. Return "
+            "plain data, tensors or a state_dict (e.g. model.state_dict()) instead, or make "
+            "the class importable in the kernel too."
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_result_error, (self.__dict__.copy(), self.args))
+
+
+def _rebuild_result_error(state: dict[str, Any], args: tuple[Any, ...]) -> ResultError:
+    err = ResultError.__new__(ResultError)
+    RuntimeError.__init__(err, *args)
+    err.__dict__.update(state)
+    return err
+
+
 class LaunchError(RuntimeError):
     """The ranks could not be started at all (not a failure inside user code)."""
 

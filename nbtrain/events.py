@@ -8,6 +8,8 @@ Framing: each pickled event is cut into packets of at most PIPE_BUF bytes, each 
 writing process's id. POSIX makes a write of at most PIPE_BUF bytes to a pipe atomic, so several
 processes may share one pipe (torch_xla's per-chip processes, DataLoader workers calling
 ``nbtrain.log``) without ever interleaving inside a packet; the decoder reassembles per writer.
+A frame's first and last packets are flagged: a frame cut short (a KeyboardInterrupt between two
+packets of one send) is dropped when its writer's next frame begins, never glued to it.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-_PACKET = struct.Struct("!IIB")  # writer id (pid), payload length, 1 on a frame's last packet
+_PACKET = struct.Struct("!IIB")  # writer id (pid), payload length, flags (_LAST | _FIRST)
+_LAST = 1
+_FIRST = 2
 _PIPE_BUF = getattr(select, "PIPE_BUF", 512)
 _CHUNK = _PIPE_BUF - _PACKET.size
 
@@ -83,6 +87,9 @@ class Finished:
     rank: int
     result: bytes | None
     time: float = field(default_factory=now)
+    # Non-daemon threads / child processes still running when the function returned: the
+    # process cannot exit before they end (named if the launcher has to stop it).
+    lingering: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +102,9 @@ class Failed:
     exitcode: int
     collateral: bool
     time: float = field(default_factory=now)
+    # Set by the kernel: raised after the launcher had asked this rank to stop (a SIGTERM
+    # handler that raises), so a consequence of the stop, never a root cause.
+    after_stop: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +131,10 @@ def encode(event: Event, writer: int = 0) -> list[bytes]:
     payload = pickle.dumps(event, protocol=pickle.HIGHEST_PROTOCOL)
     pieces = [payload[i : i + _CHUNK] for i in range(0, len(payload), _CHUNK)] or [b""]
     last = len(pieces) - 1
-    return [_PACKET.pack(writer, len(p), i == last) + p for i, p in enumerate(pieces)]
+    return [
+        _PACKET.pack(writer, len(p), (_LAST if i == last else 0) | (_FIRST if i == 0 else 0)) + p
+        for i, p in enumerate(pieces)
+    ]
 
 
 class PipeWriter:
@@ -173,28 +186,53 @@ class PipeWriter:
 
 
 class FrameDecoder:
-    """Kernel side: turns arbitrary chunks read from a pipe into events."""
+    """Kernel side: turns arbitrary chunks read from a pipe into events.
+
+    A frame that cannot be used (cut short, or not unpicklable) never stops the decoding of the
+    frames after it: it is described in ``problems`` for the caller to report.
+    """
 
     def __init__(self) -> None:
         self._buffer = bytearray()
         self._frames: dict[int, bytearray] = {}  # writer id -> frame so far
+        self.problems: list[str] = []
 
     def feed(self, chunk: bytes) -> list[Event]:
         self._buffer += chunk
         events: list[Event] = []
         offset = 0
         while len(self._buffer) - offset >= _PACKET.size:
-            writer, length, final = _PACKET.unpack_from(self._buffer, offset)
+            writer, length, flags = _PACKET.unpack_from(self._buffer, offset)
             end = offset + _PACKET.size + length
             if len(self._buffer) < end:
                 break
+            if flags & _FIRST and self._frames.get(writer):
+                del self._frames[writer]
+                self.problems.append(f"an event from process {writer} was cut short and dropped")
             frame = self._frames.setdefault(writer, bytearray())
             frame += self._buffer[offset + _PACKET.size : end]
             offset = end
-            if final:
-                events.append(pickle.loads(bytes(self._frames.pop(writer))))
+            if flags & _LAST:
+                event = self._load(writer, bytes(self._frames.pop(writer)))
+                if event is not None:
+                    events.append(event)
         del self._buffer[:offset]
         return events
+
+    def _load(self, writer: int, frame: bytes) -> Event | None:
+        try:
+            event: Event = pickle.loads(frame)
+            return event
+        except Exception as exc:
+            self.problems.append(
+                f"an event from process {writer} could not be decoded "
+                f"({type(exc).__name__}: {exc}) and was dropped"
+            )
+            return None
+
+    def take_problems(self) -> list[str]:
+        problems, self.problems = self.problems, []
+        return problems
 
     @property
     def pending(self) -> int:

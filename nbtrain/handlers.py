@@ -75,6 +75,13 @@ _KINDS = {
     "InitProcessGroupKwargs": "process_group",
     "AutocastKwargs": "autocast",
 }
+# Accelerate's handlers for features nbtrain does not have: accepted (with a warning) where
+# leaving them out changes nothing about the training, refused where it would.
+_IGNORED = {"ProfileKwargs": "accelerator.profile() does not exist in nbtrain; use torch.profiler"}
+_REFUSED = {
+    name: "fp8 training is not supported by nbtrain; use mixed_precision='bf16' or 'fp16'"
+    for name in ("FP8RecipeKwargs", "AORecipeKwargs", "TERecipeKwargs", "MSAMPRecipeKwargs")
+}
 
 
 def collect(handlers: object) -> Options:
@@ -86,15 +93,19 @@ def collect(handlers: object) -> Options:
             f"kwargs_handlers={handlers!r} must be a list of handler objects, e.g. "
             "[DistributedDataParallelKwargs(find_unused_parameters=True)]."
         )
+    seen: set[str] = set()
     for handler in handlers:
-        kind = _KINDS.get(type(handler).__name__)
+        name = type(handler).__name__
+        if name in seen:
+            raise ValueError(f"kwargs_handlers holds two {name} objects: pass one.")
+        seen.add(name)
+        kind = _KINDS.get(name)
         if kind is None:
-            raise TypeError(
-                f"kwargs_handlers got {type(handler).__name__}, which nbtrain does not use; it "
-                f"accepts {', '.join(_KINDS)}."
-            )
+            _not_used(name)
+            continue
         values = _values(handler)
         if kind == "ddp":
+            _check_comm_hook(handler)
             options.ddp.update(values)
         elif kind == "scaler":
             options.scaler.update(values)
@@ -103,6 +114,31 @@ def collect(handlers: object) -> Options:
         else:
             _process_group(options, values)
     return options
+
+
+def _not_used(name: str) -> None:
+    if name in _REFUSED:
+        raise ValueError(f"kwargs_handlers got {name}: {_REFUSED[name]}.")
+    if name in _IGNORED:
+        from .compat import warn_once
+
+        warn_once(f"handler:{name}", f"kwargs_handlers: {name} is not used ({_IGNORED[name]}).")
+        return
+    raise TypeError(
+        f"kwargs_handlers got {name}, which nbtrain does not use; it accepts "
+        f"{', '.join(_KINDS)} (from accelerate.utils or nbtrain.handlers)."
+    )
+
+
+def _check_comm_hook(handler: Any) -> None:
+    """Accelerate's DDP handler can register a gradient-compression hook; nbtrain does not."""
+    hook = getattr(handler, "comm_hook", None)
+    if hook is not None and str(getattr(hook, "value", hook)).lower() != "no":
+        raise ValueError(
+            f"DistributedDataParallelKwargs(comm_hook={hook!r}) is not supported by nbtrain. "
+            "Drop comm_hook, or register the hook yourself on the prepared model: "
+            "model.register_comm_hook(state, hook)."
+        )
 
 
 def _values(handler: Any) -> dict[str, Any]:

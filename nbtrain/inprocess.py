@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import environment, runtime
 from .events import CallbackSink, Event, Exited, Finished, Started
-from .monitor import RunState
+from .monitor import RunState, Verdict
 from .outcome import Outcome
 from .rendezvous import open_local
 from .runtime import RankInfo, Runtime
@@ -51,6 +51,9 @@ def run_in_process(
             last_draw[0] = now
             view.draw(state)
 
+    from .launcher import _close_view  # guarded: a broken frontend never masks the outcome
+
+    _check_alarm(config.timeout)  # before anything starts, not as "rank 0 failed"
     precision = config.mixed_precision.value if config.mixed_precision else None
     info = RankInfo(0, 0, 1, 1)
     sink = CallbackSink(emit)
@@ -65,15 +68,15 @@ def run_in_process(
             value = function(*args, **kwargs)
     except _Expired:
         emit(Exited(0, None, None, stopped_by_launcher=True))
-        state.finish(f"Timed out after {config.timeout:g}s")
-        view.close(state)
+        state.finish(f"Timed out after {config.timeout:g}s", Verdict.TIMED_OUT)
+        _close_view(view, state)
         raise TimeoutError(
             f"notebook_launcher(timeout={config.timeout:g}) expired while the function ran in "
             "this process. Raise timeout= if the run needs longer."
         ) from None
     except KeyboardInterrupt:
         state.finish(f"Interrupted after {state.elapsed:.1f}s")
-        view.close(state)
+        _close_view(view, state)
         raise
     except BaseException as exc:
         code = exit_code_of(exc) if isinstance(exc, SystemExit) else 1
@@ -85,13 +88,13 @@ def run_in_process(
             error = outcome.error()
             error.original = exc
             state.finish(f"Failed after {state.elapsed:.1f}s: {error}".splitlines()[0])
-            view.close(state)
+            _close_view(view, state)
             # The traceback of the user's own frames, so %debug lands on the failing line.
             raise error.with_traceback(exc.__traceback__) from None
     emit(Finished(0, None))
     emit(Exited(0, 0, None, stopped_by_launcher=False))
     state.finish(state.done_summary())
-    view.close(state)
+    _close_view(view, state)
     value = _to_cpu(value)
     return [value] if config.return_all else value
 
@@ -155,18 +158,29 @@ def _fresh_process_group() -> Iterator[None]:
             dist.destroy_process_group()
 
 
+def _check_alarm(timeout: float | None) -> None:
+    """The in-process timeout is a SIGALRM: only the main thread of a Unix process gets one."""
+    if timeout is None:
+        return
+    thread = threading.current_thread()
+    if thread is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        where = (
+            f"this call runs in thread {thread.name!r}, not the main thread"
+            if hasattr(signal, "setitimer")
+            else "this platform has no SIGALRM"
+        )
+        raise ValueError(
+            f"timeout={timeout!r} with num_processes=1 needs SIGALRM in the main thread of a "
+            f"Unix process, and {where}. Call notebook_launcher from the main thread, pass "
+            "num_processes=2 (ranks in their own processes), or drop timeout=."
+        )
+
+
 @contextlib.contextmanager
 def _alarm(timeout: float | None) -> Iterator[None]:
     if timeout is None:
         yield
         return
-    if threading.current_thread() is not threading.main_thread() or not hasattr(
-        signal, "setitimer"
-    ):
-        raise ValueError(
-            f"timeout={timeout!r} with num_processes=1 needs the main thread of a Unix process; "
-            "use num_processes=2 or drop timeout."
-        )
 
     def expire(signum: int, frame: object) -> None:
         raise _Expired

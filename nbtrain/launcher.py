@@ -20,15 +20,15 @@ from .config import (
     check_function,
 )
 from .display import View, make_view
-from .errors import WorkerError
+from .errors import ResultError, WorkerError
 from .events import Event
 from .inprocess import run_in_process
-from .monitor import RunState
+from .monitor import RunState, Verdict
 from .outcome import Outcome
 from .rendezvous import LocalRendezvous, open_local
 from .runtime import RankInfo
 from .serialization import pack_call
-from .supervisor import Supervisor
+from .supervisor import EXIT_WAIT, Supervisor
 from .worker import RankSpec
 
 GRACE = 2.0  # seconds between SIGTERM and SIGKILL when stopping ranks
@@ -54,7 +54,8 @@ def notebook_launcher(
     return_all: bool = False,
     rdzv_timeout: float = 900.0,
 ) -> Any:
-    """Run ``function(*args, **kwargs)`` on ``num_processes`` ranks and return rank 0's value.
+    """Run ``function(*args, **kwargs)`` on ``num_processes`` ranks and return rank 0's value
+    (on a node of a multi-node launch: its first rank's; ``return_all``: its ranks' values).
 
     See the README for the full contract. Every argument is checked before anything starts.
     """
@@ -74,12 +75,25 @@ def notebook_launcher(
         return_all=return_all,
         rdzv_timeout=rdzv_timeout,
     )
+    return dispatch(config, function, args, kwargs)
+
+
+def dispatch(
+    config: LaunchConfig,
+    function: Callable[..., Any],
+    args: tuple,
+    kwargs: dict[str, Any],
+    *,
+    elastic: bool = False,
+) -> Any:
+    """Run a checked launch the way its configuration needs; ``elastic`` sends it through
+    torch's elastic agent even on one node without restarts (``nbtrain launch`` does)."""
     if config.xla_device:
         from .xla import run_xla  # torch_xla runs the ordinals in a host process (xla.py)
 
         return run_xla(config, pack_call(function, args, kwargs))
-    if config.multi_node or config.max_restarts:
-        from .attempts import run_elastic  # torch elastic rendezvous; restarts (attempts.py)
+    if elastic or config.multi_node or config.max_restarts:
+        from .agent import run_elastic  # torch elastic agent and rendezvous (agent.py)
 
         return run_elastic(config, pack_call(function, args, kwargs))
     if config.num_processes == 1:
@@ -181,6 +195,7 @@ def run_ranks(config: LaunchConfig, payload: bytes) -> Any:
     state = RunState(ranks, title=f"{len(ranks)} ranks, {config.start.method.value}")
     outcome = Outcome(ranks)
     view = _view(config)
+    view.draw(state)  # shown at once, and the text view sees every output line from the first
 
     def emit(event: Event) -> None:
         outcome.apply(event)
@@ -197,7 +212,9 @@ def run_ranks(config: LaunchConfig, payload: bytes) -> Any:
     supervisor: Supervisor | None = None
     try:
         started = processes.start_ranks(config.start.method, ranks, worker.rank_main, make_args)
-        supervisor = Supervisor(started, emit, failed=outcome.has_failure, grace=GRACE)
+        supervisor = Supervisor(
+            started, emit, failed=outcome.has_failure, grace=GRACE, exit_wait=EXIT_WAIT
+        )
         supervisor.run(deadline, _throttled(lambda: view.draw(state)))
         supervisor.drain()
     except BaseException as exc:
@@ -227,14 +244,19 @@ def _finish(
     """``stuck`` is None unless the launch timed out: then where each rank was (stacks.py)."""
     if outcome.has_failure():
         error = outcome.error(node=config.node_rank)
-        state.finish(f"Failed after {state.elapsed:.1f}s: {error}".splitlines()[0])
+        state.finish(f"Failed after {state.elapsed:.1f}s: {error}".splitlines()[0], Verdict.FAILED)
         _close_view(view, state)
         _raise(error)
     if stuck is not None:
-        state.finish(f"Timed out after {config.timeout:g}s")
+        state.finish(f"Timed out after {config.timeout:g}s", Verdict.TIMED_OUT)
         _close_view(view, state)
         raise TimeoutError(_timeout_message(config, state, stuck))
-    results = outcome.results()
+    try:
+        results = outcome.results()
+    except ResultError as error:
+        state.finish(f"Failed after {state.elapsed:.1f}s: {error}".splitlines()[0], Verdict.FAILED)
+        _close_view(view, state)
+        raise
     state.finish(state.done_summary())
     _close_view(view, state)
     if config.return_all:

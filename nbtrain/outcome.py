@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from .errors import WorkerError
+from .errors import ResultError, WorkerError
 from .events import Event, Exited, Failed, Finished, Output
-from .serialization import unpack
+from .serialization import unloadable_global, unpack
 
 _STDERR_TAIL = 60  # last stderr lines kept per rank: the account of a death without exception
 _FATAL_HEADER = "Fatal Python error"
@@ -114,19 +114,30 @@ class Outcome:
         )
 
     def results(self) -> dict[int, object]:
+        """Every returned value; ResultError names the rank whose value the kernel cannot load."""
         return {
-            rank: unpack(record.result)
+            rank: _load_result(rank, record.result)
             for rank, record in self.records.items()
             if record.result is not None
         }
 
 
+def _load_result(rank: int, data: bytes) -> object:
+    try:
+        return unpack(data)
+    except Exception as exc:
+        # Its class lives in a module only the rank imported (a file on the rank's sys.path, a
+        # package installed since the kernel started, ...): the value cannot be rebuilt here.
+        raise ResultError(rank, unloadable_global(data), exc) from exc
+
+
 def _failed(record: RankRecord) -> bool:
     # Any reported exception is a failure, even a mere lost connection: if every rank only lost
     # a peer (gloo could not connect at all, say), the launch failed all the same. Collateral
-    # failures just lose to real ones when the root cause is chosen.
+    # failures just lose to real ones when the root cause is chosen. One raised after the
+    # launcher signalled the rank to stop (its SIGTERM handler raised) is the stop's doing.
     if record.failure is not None:
-        return True
+        return not record.failure.after_stop
     exit_event = record.exit
     if exit_event is None or exit_event.stopped_by_launcher:
         return False

@@ -9,6 +9,7 @@ changes. Strategy modules are imported only when chosen.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from datetime import timedelta
 from enum import Enum
 from importlib import import_module
@@ -102,6 +103,24 @@ class DataParallel:
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
         no_sync = getattr(model, "no_sync", None)
         return no_sync() if callable(no_sync) else contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def trigger_sync(self, model: nn.Module) -> Iterator[None]:
+        """The next backward all-reduces although the forward ran under no_sync: DDP then did
+        not prepare its reducer for that backward, so it is prepared here (DDP's own flags;
+        nothing else is changed)."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        if not isinstance(model, DistributedDataParallel):
+            yield
+            return
+        saved = model.require_backward_grad_sync, model.require_forward_param_sync
+        model.require_backward_grad_sync = model.require_forward_param_sync = True
+        model.reducer.prepare_for_backward([])
+        try:
+            yield
+        finally:
+            model.require_backward_grad_sync, model.require_forward_param_sync = saved
 
     def close(self) -> None:
         """Destroy the process group if this strategy made it (not one the user's code made)."""

@@ -72,6 +72,7 @@ class RankProcess:
     process: BaseProcess
     pipes: RankPipes
     stop_requested_at: float | None = None
+    stop_signalled_at: float | None = None  # wall clock (comparable to events' times)
     reaped: bool = False
     exitcode: int | None = field(default=None)
     signals_sent: set[int] = field(default_factory=set)  # by the launcher, to stop the rank
@@ -198,12 +199,18 @@ def signal_rank(rank_process: RankProcess, signum: int) -> None:
     if not hasattr(os, "killpg"):  # Windows: no process groups or POSIX signals
         # Both end in TerminateProcess, which multiprocessing reports as -SIGTERM.
         rank_process.signals_sent.add(signal.SIGTERM)
+        if rank_process.stop_signalled_at is None:
+            rank_process.stop_signalled_at = time.time()
         if signum == _SIGKILL:
             rank_process.process.kill()
         else:
             rank_process.process.terminate()
         return
     rank_process.signals_sent.add(signum)
+    if rank_process.stop_signalled_at is None:
+        rank_process.stop_signalled_at = time.time()
+    if not _may_signal(rank_process, pid):
+        return
     rank_process.group_pids |= shm.group_members(pid)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signum)
@@ -228,13 +235,37 @@ def kill_overdue(ranks: Iterable[RankProcess], grace: float) -> None:
             signal_rank(rank_process, _SIGKILL)
 
 
+def has_exited(rank_process: RankProcess) -> bool:
+    """Has the rank ended? Never reaps it: reap() needs its zombie to hold the pid."""
+    if rank_process.reaped:
+        return True
+    peeked = _peek_exit(rank_process.process.pid)
+    if peeked is not None:
+        return peeked
+    # Not our child (the forkserver's: it reaps it and tells us the code) or no waitid here.
+    return rank_process.process.exitcode is not None
+
+
+def _peek_exit(pid: int | None, *, block: bool = False) -> bool | None:
+    """True if our child ``pid`` has exited, left unreaped; None where that cannot be known."""
+    if pid is None or not hasattr(os, "waitid"):
+        return None
+    flags = os.WEXITED | os.WNOWAIT | (0 if block else os.WNOHANG)
+    try:
+        return os.waitid(os.P_PID, pid, flags) is not None
+    except ChildProcessError:  # not our child, or already reaped
+        return None
+    except InterruptedError:
+        return None
+
+
 def reap(rank_process: RankProcess) -> int | None:
-    """Collect an exited rank. Stray descendants still in its group are killed first, while
-    the rank's zombie still holds its pid (so the group id cannot have been reused)."""
+    """Collect an exited rank. Stray descendants still in its group (DataLoader workers) are
+    killed first, but only while the group id cannot name anyone else's group."""
     if rank_process.reaped:
         return rank_process.exitcode
     pid = rank_process.process.pid
-    if pid is not None and hasattr(os, "killpg"):
+    if pid is not None and hasattr(os, "killpg") and _group_is_ours(pid):
         rank_process.group_pids |= shm.group_members(pid)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, _SIGKILL)
@@ -246,17 +277,49 @@ def reap(rank_process: RankProcess) -> int | None:
     return rank_process.exitcode
 
 
+def _group_is_ours(pid: int) -> bool:
+    """May killpg(pid) be sent after the rank ended? Our own child's zombie holds the pid until
+    we reap it (waitid with WNOWAIT waits for the exit without reaping it)."""
+    if _peek_exit(pid, block=True):
+        return True
+    return _pid_unused(pid)
+
+
+def _may_signal(rank_process: RankProcess, pid: int) -> bool:
+    """May ``pid`` (and group ``pid``) be signalled? Yes while it is our child (running, or a
+    zombie we have not reaped) or still running; a forkserver rank is reaped by the server."""
+    if _peek_exit(pid) is not None or rank_process.process.exitcode is None:
+        return True
+    return _pid_unused(pid)
+
+
+def _pid_unused(pid: int) -> bool:
+    """No process has this pid: then the number can only name the rank's leftover group (a pid
+    stays reserved while a process group uses it as its id). If a process has it, the pid was
+    reused, and the rank's group is empty: nothing of ours to signal."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
 def stop(ranks: Sequence[RankProcess], grace: float) -> None:
     """Terminate, wait up to ``grace`` seconds, kill, and reap every rank. Always returns."""
     for rank_process in ranks:
         request_stop(rank_process)
     deadline = time.monotonic() + grace
+    # Wait without reaping (not join): reap() kills the group while the zombie holds the pid.
+    running = [rp for rp in ranks if not has_exited(rp)]
+    while running and time.monotonic() < deadline:
+        time.sleep(0.01)
+        running = [rp for rp in running if not has_exited(rp)]
     for rank_process in ranks:
         if not rank_process.reaped:
-            rank_process.process.join(max(0.0, deadline - time.monotonic()))
-    for rank_process in ranks:
-        if not rank_process.reaped:
-            signal_rank(rank_process, _SIGKILL)
+            if not has_exited(rank_process):
+                signal_rank(rank_process, _SIGKILL)
             reap(rank_process)
 
 

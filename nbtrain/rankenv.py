@@ -55,6 +55,11 @@ def default_mixed_precision() -> tuple[str | None, str]:
     return value or None, "the environment variable ACCELERATE_MIXED_PRECISION"
 
 
+def default_log_level() -> str | None:
+    """``accelerate launch`` users set ACCELERATE_LOG_LEVEL for ``get_logger`` (nbtrain.logging)."""
+    return os.environ.get("ACCELERATE_LOG_LEVEL") or None
+
+
 def force_cpu() -> bool:
     """``accelerate launch --cpu`` exports ACCELERATE_USE_CPU; honour it as Accelerate does."""
     return os.environ.get("ACCELERATE_USE_CPU", "").strip().lower() in {"1", "true", "yes", "on"}

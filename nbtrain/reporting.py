@@ -7,12 +7,18 @@ coalesced go through the sink's ``try_send`` when it has one (a write that would
 declined and retried at the next update), so a slow kernel never stalls training; the final step
 of a loop and the metrics logged up to then are sent for sure with ``send``. Outside a launch
 (``runtime.current()`` is None) the same calls draw a text bar and print.
+
+``log()`` outside any loop (raw DDP code logging every step) is coalesced too: a metric not sent
+in the current interval goes out at once, a repeat within it is held and goes out with the next
+update; ``flush()``, which the worker calls before it reports the rank's end, sends what is still
+held, so a rank's final metrics always arrive before its Finished or Failed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import numbers
+import os
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -25,6 +31,7 @@ from .runtime import Runtime
 T = TypeVar("T")
 
 INTERVAL = 0.1  # seconds between updates a rank sends while a loop runs (about 10 per second)
+LOOP_SEPARATOR = " · "  # joins nested loops' descriptions: 'epoch 2/3 · train'
 
 
 def progress(
@@ -128,7 +135,11 @@ class Reporter:
         self.global_step = 0
         self.used_progress = False
         self.log_calls = 0
+        # A sink without try_send (num_processes=1: a call into the kernel) takes every log at
+        # once, as does a forked child such as a DataLoader worker: nobody flushes them later.
+        self.direct = getattr(self.sink, "try_send", None) is None
         self._seen: set[str] = set()  # metric names logged so far
+        self._window: set[str] = set()  # names sent outside a loop in the current interval
         self._sent: tuple[object, ...] | None = None  # the last progress state that went out
 
     def open(self, total: int | None, desc: str | None) -> Bar:
@@ -155,8 +166,7 @@ class Reporter:
             step = self.global_step if self.used_progress else self.log_calls
         self.log_calls += 1
         if not self.bars:
-            # No loop is open to flush these later: send now, for sure.
-            self.sink.send(Log(self.rank, values, step))
+            self._log_outside_a_loop(values, step)
             return
         for name, value in values.items():
             self.pending[name] = (step, value)
@@ -166,6 +176,19 @@ class Reporter:
             self._seen.update(values)
         if first or time.monotonic() >= self.next_due:
             self.flush()
+
+    def _log_outside_a_loop(self, values: dict[str, float], step: int) -> None:
+        if self.direct:
+            self.sink.send(Log(self.rank, values, step))
+            return
+        for name, value in values.items():
+            self.pending[name] = (step, value)
+        if time.monotonic() >= self.next_due:
+            self._window.clear()  # a new interval: every name may go out once more
+        elif self._window.issuperset(values):
+            return  # repeats within the interval: held for the next update or flush()
+        self._window.update(self.pending)
+        self.flush()
 
     def flush(self, *, final: bool = False) -> None:
         """Send what changed since the last update; ``final`` sends even to a slow kernel."""
@@ -199,6 +222,18 @@ class Reporter:
             self.sink.send(event)
             return True
         return offer(self.sink, event)
+
+
+def flush() -> None:
+    """Send what this thread's reporter still holds (metrics, the open loop's step) for sure.
+
+    The worker calls it when the user's function ended, before Finished or Failed.
+    """
+    reporter = _local.reporter
+    if reporter is not None and reporter.runtime is runtime.current():
+        # OSError: the kernel's end of the pipe is gone; this rank is being stopped anyway.
+        with contextlib.suppress(OSError):
+            reporter.flush(final=True)
 
 
 def offer(sink: EventSink, event: Event) -> bool:
@@ -240,6 +275,18 @@ class _ThreadReporter(threading.local):
 _local = _ThreadReporter()
 
 
+def _forked() -> None:
+    # In a forked child (a DataLoader worker) the inherited reporter sends logs at once: the
+    # worker's flush() before Finished runs in the rank, never in its children.
+    reporter = _local.reporter
+    if reporter is not None:
+        reporter.direct = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
+
+
 def reporter_for(current: Runtime) -> Reporter:
     """The reporter of the calling thread's launch context (XLA replicas may be threads)."""
     reporter = _local.reporter
@@ -258,7 +305,7 @@ def _compose_desc(bars: list[Bar]) -> str | None:
         f"{bar.desc or 'loop'} {bar.n + 1}" + (f"/{bar.total}" if bar.total is not None else "")
         for bar in bars[:-1]
     ]
-    return " · ".join([*outer, inner or "loop"])
+    return LOOP_SEPARATOR.join([*outer, inner or "loop"])
 
 
 def _by_step(pending: dict[str, tuple[int, float]]) -> list[tuple[int, dict[str, float]]]:

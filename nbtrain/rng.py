@@ -1,6 +1,12 @@
-"""This process's random number generators: capture and restore (python, numpy, torch, cuda).
+"""This process's random number generators: capture and restore (python, numpy, torch, cuda,
+and the XLA device's in an XLA run).
 
 States are stored as plain containers and tensors, so checkpoints load with weights_only=True.
+
+XLA: the device RNG is a seed that every step mark (``torch_xla.sync``) moves on, whether or not
+the step drew random numbers; random ops inside a step derive from it in the lazy graph. It is
+a plain number only at a step boundary, so capture marks the step first (as Accelerate's
+save_state does) and saves the seed the next step starts from; restore sets it back.
 """
 
 from __future__ import annotations
@@ -27,6 +33,12 @@ def capture() -> dict[str, Any]:
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
+    xm = xla_model()
+    if xm is not None:
+        from .xla_accel import sync
+
+        sync()  # the step boundary: the seed stops depending on the step's pending random ops
+        state["xla"] = int(xm.get_rng_state())
     return state
 
 
@@ -45,6 +57,22 @@ def restore(state: dict[str, Any]) -> None:
         else:  # a different GPU count: restore what lines up (our device first)
             for index, value in enumerate(cuda[: torch.cuda.device_count()]):
                 torch.cuda.set_rng_state(value, index)
+    seed = state.get("xla")
+    xm = xla_model()
+    if seed is not None and xm is not None:
+        xm.set_rng_state(int(seed))  # this ordinal's device (the calling thread's)
+
+
+def xla_model() -> Any | None:
+    """torch_xla's xla_model when this process runs XLA: torch_xla imported and its runtime
+    started. Never imports torch_xla, never starts its runtime (a kernel must not hold the TPU)."""
+    from .tpu import xla_runtime_initialized
+
+    if not xla_runtime_initialized():
+        return None
+    import torch_xla.core.xla_model as xm
+
+    return xm
 
 
 def _as_python_state(value: Any) -> tuple:

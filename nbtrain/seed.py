@@ -1,4 +1,5 @@
-"""set_seed: seed python, numpy and torch (CPU and every GPU) in one call, as Accelerate does."""
+"""set_seed: seed python, numpy and torch (CPU, every GPU, and the XLA device in an XLA run) in
+one call, as Accelerate does."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import random
 import numpy as np
 import torch
 
-from . import rankenv
+from . import rankenv, rng
 
 
 def set_seed(seed: int, device_specific: bool = False, deterministic: bool = False) -> None:
@@ -30,5 +31,8 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
     random.seed(value)
     np.random.seed(value)
     torch.manual_seed(value)  # also seeds every CUDA device, lazily (safe before fork)
+    xm = rng.xla_model()
+    if xm is not None:  # torch.manual_seed leaves the XLA device's own generator alone
+        xm.set_rng_state(value)  # this ordinal's device (the calling thread's)
     if deterministic:
         torch.use_deterministic_algorithms(True)

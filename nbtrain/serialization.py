@@ -6,9 +6,11 @@ same payload works under fork, forkserver and spawn.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import io
 import pickle
+import pickletools
 import types
 from collections.abc import Callable
 from typing import Any
@@ -154,6 +156,50 @@ def pack_result(value: Any) -> bytes:
 
 def unpack(data: bytes) -> Any:
     return pickle.loads(data)
+
+
+_STRING_OPS = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "SHORT_BINSTRING",
+               "BINSTRING", "STRING"}
+
+
+def unloadable_global(data: bytes) -> str | None:
+    """The first class or function named by reference in a pickle that this process cannot
+    import ("module.Name"), or None if every one loads (or the pickle cannot be read)."""
+    memo: dict[int, object] = {}
+    recent: list[object] = []  # the values pushed lately: STACK_GLOBAL takes the last two
+    try:
+        for opcode, arg, _ in pickletools.genops(data):
+            name = opcode.name
+            if name in _STRING_OPS:
+                recent.append(arg)
+            elif name == "MEMOIZE":
+                memo[len(memo)] = recent[-1] if recent else None
+            elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
+                memo[int(arg)] = recent[-1] if recent else None  # type: ignore[arg-type]
+            elif name in ("GET", "BINGET", "LONG_BINGET"):
+                recent.append(memo.get(int(arg)))  # type: ignore[arg-type]
+            elif name in ("GLOBAL", "STACK_GLOBAL", "INST"):
+                module, qualname = (
+                    str(arg).split(" ", 1) if name != "STACK_GLOBAL" else map(str, recent[-2:])
+                )
+                if not _loads(module, qualname):
+                    return f"{module}.{qualname}"
+                recent.append(None)
+            else:
+                recent.append(None)
+    except Exception:
+        return None
+    return None
+
+
+def _loads(module: str, qualname: str) -> bool:
+    try:
+        value: object = importlib.import_module(module)
+        for part in qualname.split("."):
+            value = getattr(value, part)
+    except Exception:
+        return False
+    return True
 
 
 def pack_exception(exc: BaseException) -> bytes | None:

@@ -9,6 +9,8 @@ Semantics follow Accelerate's documented behaviour:
   the start of the epoch, so every rank gets as many full batches. The duplicates are the tail of
   the step in rank order, which is why ``gather_for_metrics`` keeps the first ``remainder``.
 - ``drop_last``: an incomplete last step is dropped.
+- a custom batch sampler whose batches vary in size: as Accelerate's BatchSamplerShard, a step
+  whose last batch is short is dropped mid-epoch, and only the epoch's tail is completed.
 """
 
 from __future__ import annotations
@@ -69,71 +71,104 @@ class ShardSpec:
 
 
 def shard_batches(batches: Iterable[Sequence[T]], spec: ShardSpec) -> Iterator[list[T]]:
-    """This rank's batches, from the original loader's batches (lists of indices)."""
+    """This rank's batches, from the original loader's batches (lists of indices).
+
+    Accelerate's BatchSamplerShard semantics, including for batch samplers whose batches vary
+    in size: only full batches (``len == batch_size``, or any size when the sampler has no
+    ``batch_size``) are guaranteed to be handed out; see ``_whole`` and ``_split``. A single
+    process gets the batches unchanged (Accelerate does not shard it either)."""
+    if spec.world_size == 1:
+        return (list(batch) for batch in batches)
     if spec.split_batches:
         return _split(batches, spec)
     return _whole(batches, spec)
 
 
+def _is_full(batch: Sequence[object], size: int | None) -> bool:
+    return size is None or len(batch) == size
+
+
 def _whole(batches: Iterable[Sequence[T]], spec: ShardSpec) -> Iterator[list[T]]:
+    """Batch i goes to rank i % world. A *step* is each run of ``world`` consecutive batches; it
+    is handed out when its last batch is full, and dropped otherwise (a short batch in the middle
+    of an epoch, from a custom batch sampler, costs its whole step, as in Accelerate). The epoch's
+    tail is then completed by wrapping around (even_batches), or handed out as it is."""
     world, rank, size = spec.world_size, spec.rank, spec.batch_size
-    wrap = spec.evens_out
-    first: list[list[T]] = []  # the first batches, to wrap around to at the end
-    group: list[list[T]] = []
-    for batch in batches:
-        batch = list(batch)
-        if wrap and len(first) < world:
+    first: list[list[T]] = []  # the epoch's first `world` batches, to wrap around to
+    mine: list[T] | None = None  # this rank's batch of the current step, not handed out yet
+    position = -1  # of the last batch seen in its step (0..world-1)
+    batch: list[T] = []
+    for batch_ in batches:
+        batch = list(batch_)
+        position = (position + 1) % world
+        if not spec.drop_last and len(first) < world:
             first.append(batch)
-        group.append(batch)
-        if len(group) == world and (size is None or len(batch) == size):
-            yield group[rank]
-            group = []
-    if not group:
+        if position == rank:
+            mine = batch
+        if position == world - 1 and _is_full(batch, size):
+            yield mine  # type: ignore[misc]  # set: rank <= world - 1 = position
+            mine = None
+    if spec.drop_last or not first:
         return
-    if spec.drop_last:
+    if not spec.even_batches:
+        if mine:  # (Accelerate's rule, also for a batch left over from a dropped step)
+            yield mine
         return
-    if not spec.evens_out:
-        if rank < len(group):
-            yield group[rank]
-        return
-    yield _complete_group(group, first, spec)[rank]
+    if mine and _is_full(mine, size):
+        yield mine
+    yield from _wrap_around(first, batch, position, spec)
 
 
-def _complete_group(group: list[list[T]], first: list[list[T]], spec: ShardSpec) -> list[list[T]]:
-    """Fill a last, incomplete step from the start of the epoch (cycling if it is short)."""
-    world, size = spec.world_size, spec.batch_size
+def _wrap_around(
+    first: list[list[T]], last: list[T], position: int, spec: ShardSpec
+) -> Iterator[list[T]]:
+    """even_batches: complete the last step (and a short last batch) from the epoch's start, so
+    every rank gets a batch in it; the samples are taken in order, cycling when they run short."""
+    world, rank, size = spec.world_size, spec.rank, spec.batch_size
     if size is None:  # batches of varying size: wrap around whole batches
-        cycle_batches = itertools.cycle(first)
-        return group + [list(next(cycle_batches)) for _ in range(world - len(group))]
-    source = itertools.cycle(itertools.chain.from_iterable(first))
-    completed = [*group[:-1], group[-1] + list(itertools.islice(source, size - len(group[-1])))]
-    while len(completed) < world:
-        completed.append(list(itertools.islice(source, size)))
-    return completed
+        source_batches = itertools.cycle(first)
+        for slot in range(position + 1, _next_multiple(position + 1, world)):
+            batch = list(next(source_batches))
+            if slot % world == rank:
+                yield batch
+        return
+    samples = itertools.cycle(itertools.chain.from_iterable(first))
+    slot, pending = position, last
+    if _is_full(last, size):  # the last batch was handed out with its step: start a new slot
+        slot, pending = position + 1, []
+    while slot % world or pending:
+        completed = pending + list(itertools.islice(samples, size - len(pending)))
+        if slot % world == rank:
+            yield completed
+        slot, pending = slot + 1, []
+
+
+def _next_multiple(value: int, world: int) -> int:
+    return -(-value // world) * world
 
 
 def _split(batches: Iterable[Sequence[T]], spec: ShardSpec) -> Iterator[list[T]]:
+    """Each full batch is cut into ``world`` slices; short batches are skipped, except the
+    epoch's last one, which is completed from the epoch's first batch (even_batches) or sliced
+    as it is."""
     size = spec.batch_size
     assert size is not None
     part = size // spec.world_size
     start, end = part * spec.rank, part * (spec.rank + 1)
     first: list[T] | None = None
     last: list[T] = []
-    for batch in batches:
-        batch = list(batch)
+    for batch_ in batches:
+        last = list(batch_)
         if first is None:
-            first = batch
-        if len(batch) == size:
-            yield batch[start:end]
-        else:
-            last = batch  # only the final batch can be short
-    if not last or spec.drop_last:
+            first = last
+        if len(last) == size:
+            yield last[start:end]
+    if first is None or len(last) >= size or spec.drop_last:
         return
-    if not spec.evens_out:
+    if not spec.even_batches:
         if len(last) > start:
             yield last[start:end]
         return
-    assert first is not None
     source = itertools.cycle(first)
     yield (last + list(itertools.islice(source, size - len(last))))[start:end]
 

@@ -1,14 +1,16 @@
 """The kernel's watch loop over running ranks: read pipes, notice exits, stop on failure.
 
 Single-threaded and non-blocking: every pipe is read in whatever chunks are available, so a rank
-that dies mid-message, a chatty rank or a huge result can never stall the loop, and a kernel
-interrupt is handled at once.
+that dies mid-message or a huge result can never stall the loop, and a kernel interrupt is
+handled at once. Each pass reads at most READ_BUDGET bytes per pipe: a rank printing in a tight
+loop cannot keep the loop from its other duties (timeout, peers' failures, redraws).
 """
 
 from __future__ import annotations
 
 import codecs
 import contextlib
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -17,11 +19,17 @@ from multiprocessing.connection import wait
 
 from . import stacks
 from .errors import signal_name
-from .events import Event, Exited, Failed, Finished, FrameDecoder, Output, Started
-from .processes import RankProcess, kill_overdue, reap, request_stop
+from .events import Event, Exited, Failed, Finished, FrameDecoder, Output, Started, now
+from .processes import RankProcess, has_exited, kill_overdue, reap, request_stop
 
 TICK = 0.05  # seconds: the loop wakes at least this often to refresh the view and check limits
 MAX_LINE = 1 << 16  # a "line" longer than this is emitted in pieces rather than held forever
+READ_SIZE = 1 << 16  # bytes per read
+READ_BUDGET = 4 * READ_SIZE  # bytes read from one pipe per pass of the loop (unbounded at the end)
+# Seconds a rank that reported Finished/Failed may take to exit by itself. Interpreter shutdown
+# waits for non-daemon threads (and multiprocessing for non-daemon children): one left running
+# would keep the launch from ever returning.
+EXIT_WAIT = 10.0  # generous: a loaded machine can take seconds to finalize a spawned rank
 
 
 class LineSplitter:
@@ -63,12 +71,15 @@ class Supervisor:
         *,
         failed: Callable[[], bool],
         grace: float,
+        exit_wait: float = EXIT_WAIT,
     ) -> None:
         self.ranks = ranks
         self._emit = emit
         self._failed = failed
         self._grace = grace
+        self._exit_wait = exit_wait
         self._streams: dict[int, _Stream] = {}
+        self._processes = {rank_process.rank: rank_process for rank_process in ranks}
         for rank_process in ranks:
             out, err, evt = rank_process.pipes.reader_fds()
             for kind, fd in (("stdout", out), ("stderr", err), ("events", evt)):
@@ -78,15 +89,31 @@ class Supervisor:
         self._started: set[int] = set()
         self._dumps: dict[int, list[str]] | None = None  # stderr after asking for stacks
         self._dump_until = 0.0
-        self._reported: set[int] = (
-            set()
-        )  # ranks that sent Finished/Failed: already on their way out
+        # Ranks that sent Finished/Failed: already on their way out.
+        self._reported: set[int] = set()
+        # Per process (key: its rank): the ranks its events named as started and as reported
+        # (an XLA host process speaks for several ordinals), when all of them had reported, and
+        # the names of what still ran in it when its function returned.
+        self._speaks_for: dict[int, set[int]] = {rp.rank: set() for rp in ranks}
+        self._done_for: dict[int, set[int]] = {rp.rank: set() for rp in ranks}
+        self._done_at: dict[int, float] = {}
+        self._lingering: dict[int, tuple[str, ...]] = {}
 
     def run(self, deadline: float | None, tick: Callable[[], None]) -> None:
         """Return when every rank has exited and been reaped."""
-        while any(not rp.reaped for rp in self.ranks):
-            self._step(deadline)
+        while self.running:
+            self.step(deadline)
             tick()
+
+    @property
+    def running(self) -> bool:
+        """Some rank has not exited (or not been reaped) yet."""
+        return any(not rp.reaped for rp in self.ranks)
+
+    def step(self, deadline: float | None) -> None:
+        """One turn of the loop (at most about TICK seconds): for callers that own the loop,
+        such as torch's elastic agent (agent.py)."""
+        self._step(deadline)
 
     def _step(self, deadline: float | None) -> None:
         by_sentinel = {rp.sentinel: rp for rp in self.ranks if not rp.reaped}
@@ -94,20 +121,49 @@ class Supervisor:
         for ready in wait(watched, timeout=self._wait_time(deadline)):
             assert isinstance(ready, int)
             if ready in self._streams:
-                self._pump(self._streams[ready])
+                self._pump(self._streams[ready], budget=READ_BUDGET)
         # A failure that arrived as an event stops the others before exits are collected, so a
         # rank that reported it and already exited still counts as asked to stop (the view shows
         # a peer-loss rank as stopped, not failed).
         if not self.stopping and self._failed():
             self.stop_all()
-        for sentinel, rank_process in by_sentinel.items():
-            if rank_process.process.exitcode is not None or _is_ready(sentinel):
+        for rank_process in by_sentinel.values():
+            # Not the sentinel alone: a rank's forked DataLoader workers hold it open. Nor
+            # process.exitcode, which would reap the rank before reap() could use its pid.
+            if has_exited(rank_process):
                 self._collect(rank_process)
         if not self.stopping and self._failed():
             self.stop_all()
         if deadline is not None and not self.stopping and time.monotonic() >= deadline:
             self._time_out()
+        self._stop_lingering()
         kill_overdue(self.ranks, self._grace)
+
+    def _stop_lingering(self) -> None:
+        """Stop a rank that reported but has not exited within ``exit_wait``: its result is in,
+        and only something left running (a non-daemon thread) keeps it alive."""
+        limit = time.monotonic() - self._exit_wait
+        for rank, done_at in list(self._done_at.items()):
+            rank_process = self._processes[rank]
+            if done_at > limit or rank_process.reaped or rank_process.stop_requested_at:
+                continue
+            del self._done_at[rank]
+            names = self._lingering.get(rank, ())
+            suspect = (
+                ", ".join(f"{name} still running" for name in names)
+                if names
+                else "a non-daemon thread or child process still running"
+            )
+            self._emit(
+                Output(
+                    rank,
+                    "stderr",
+                    f"[nbtrain] rank {rank} returned but did not exit within "
+                    f"{self._exit_wait:g}s ({suspect}?); stopped it. Make such threads "
+                    "daemon=True or join them before returning.",
+                )
+            )
+            request_stop(rank_process)
 
     def _time_out(self) -> None:
         """First ask the ranks still running where they are (see stacks.py), then stop them."""
@@ -140,11 +196,24 @@ class Supervisor:
         for rank_process in self.ranks:
             request_stop(rank_process, terminate=rank_process.rank not in self._reported)
 
-    def _emit_event(self, event: Event) -> None:
+    def _emit_event(self, event: Event, process_rank: int) -> None:
+        rank_process = self._processes[process_rank]
+        if isinstance(event, Failed) and _after_stop(event, rank_process):
+            # Its SIGTERM handler raised (some libraries turn SIGTERM into an exception): a
+            # consequence of the stop, shown as stopped, never the root cause.
+            event = dataclasses.replace(event, after_stop=True, collateral=True)
         if isinstance(event, (Finished, Failed)):
             self._reported.add(event.rank)
+            self._done_for[process_rank].add(event.rank)
+            if isinstance(event, Finished) and event.lingering:
+                self._lingering[process_rank] = event.lingering
         elif isinstance(event, Started):
             self._started.add(event.rank)
+            self._speaks_for[process_rank].add(event.rank)
+        if self._speaks_for[process_rank] <= self._done_for[process_rank]:
+            self._done_at.setdefault(process_rank, time.monotonic())
+        else:
+            self._done_at.pop(process_rank, None)  # an XLA host: another ordinal started
         self._emit(event)
 
     def _wait_time(self, deadline: float | None) -> float:
@@ -155,6 +224,7 @@ class Supervisor:
         return max(0.0, min(TICK, deadline - time.monotonic()))
 
     def _collect(self, rank_process: RankProcess) -> None:
+        observed = now()  # when the death was seen: reading the pipes below takes time
         # Everything the rank wrote before it died is already in its pipes: read it first, so
         # its Finished/Failed event is known before its exit is.
         for stream in self._streams.values():
@@ -168,6 +238,7 @@ class Supervisor:
                 exitcode,
                 signal,
                 stopped_by_launcher=rank_process.ended_by_launcher(exitcode),
+                time=observed,
                 stop_requested=rank_process.stop_requested_at is not None,
             )
         )
@@ -180,8 +251,10 @@ class Supervisor:
                 for line in stream.splitter.flush():
                     self._emit(Output(stream.rank, stream.kind, line))
 
-    def _pump(self, stream: _Stream) -> None:
-        while stream.open:
+    def _pump(self, stream: _Stream, budget: int | None = None) -> None:
+        """Read what the pipe holds (at most ``budget`` bytes; all of it when None)."""
+        taken = 0
+        while stream.open and (budget is None or taken < budget):
             try:
                 chunk = _read(stream.fd)
             except BlockingIOError:
@@ -194,21 +267,27 @@ class Supervisor:
                     for line in stream.splitter.flush():
                         self._emit(Output(stream.rank, stream.kind, line))
                 return
+            taken += len(chunk)
             if stream.kind == "events":
-                for event in stream.decoder.feed(chunk):
-                    self._emit_event(event)
+                self._decode(stream, chunk)
             else:
                 for line in stream.splitter.feed(chunk):
                     self._emit(Output(stream.rank, stream.kind, line))
                     if self._dumps is not None and stream.kind == "stderr":
                         self._dumps.get(stream.rank, []).append(line)
 
+    def _decode(self, stream: _Stream, chunk: bytes) -> None:
+        for event in stream.decoder.feed(chunk):
+            self._emit_event(event, stream.rank)
+        for problem in stream.decoder.take_problems():  # the frames after it still count
+            self._emit(Output(stream.rank, "stderr", f"[nbtrain] protocol error: {problem}"))
+
+
+def _after_stop(event: Failed, rank_process: RankProcess) -> bool:
+    """Was this failure raised after the launcher signalled the rank to stop?"""
+    sent = rank_process.stop_signalled_at
+    return sent is not None and event.time >= sent
+
 
 def _read(fd: int) -> bytes:
-    import os
-
-    return os.read(fd, 1 << 16)
-
-
-def _is_ready(sentinel: int) -> bool:
-    return bool(wait([sentinel], timeout=0))
+    return os.read(fd, READ_SIZE)

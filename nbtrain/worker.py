@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-from . import runtime, stacks, teardown
+from . import reporting, runtime, stacks, teardown
 from .events import EventSink, Failed, Finished, PipeWriter, Started
 from .runtime import RankInfo, Runtime
 from .serialization import pack_exception, pack_result, unpack_call
@@ -38,13 +38,19 @@ class RankSpec:
     kernel_env: dict[str, str] | None = None  # forkserver: the kernel's environment at launch
 
 
-# Messages of errors a rank raises only because a *peer* vanished: such a rank is never the
-# root cause (Accelerate blames these ranks today).
+# Errors a rank raises only because a *peer* vanished: such a rank is never the root cause
+# (Accelerate blames these ranks today). torch.distributed's own error types always qualify; a
+# RuntimeError must read like a lost connection *and* come from the collectives' transport
+# (gloo / NCCL / c10d, which name the peer's address), so that a user's own "timed out" or
+# "connection refused" (an HTTP client, a database) is still a root cause.
 _PEER_LOSS = re.compile(
     r"connection (closed|reset) by peer|broken pipe|econnreset|epipe|socket (is )?closed|"
     r"communicator was aborted|connection refused|read error|recv(?:ing)? .* failed|"
     r"connection closed|timed out",
     re.IGNORECASE,
+)
+_TRANSPORT = re.compile(
+    r"gloo|nccl|c10d|processgroup|tcpstore|\[[0-9a-f.:]+\]:\d+", re.IGNORECASE
 )
 _DIST_ERRORS = {"DistBackendError", "DistNetworkError", "DistStoreError", "DistError"}
 
@@ -52,7 +58,12 @@ _DIST_ERRORS = {"DistBackendError", "DistNetworkError", "DistStoreError", "DistE
 def is_collateral(exc: BaseException) -> bool:
     if type(exc).__name__ in _DIST_ERRORS:
         return True
-    return isinstance(exc, (RuntimeError, OSError)) and bool(_PEER_LOSS.search(str(exc)))
+    text = str(exc)
+    return (
+        isinstance(exc, RuntimeError)
+        and bool(_PEER_LOSS.search(text))
+        and bool(_TRANSPORT.search(text))
+    )
 
 
 def failure_event(rank: int, exc: BaseException, exitcode: int) -> Failed:
@@ -81,20 +92,45 @@ def call_and_report(rank: int, payload: bytes, sink: EventSink, send_result: boo
     """Run the function; send Finished or Failed. Returns the exit code for the process."""
     try:
         function, args, kwargs = unpack_call(payload)
-        value = function(*args, **kwargs)
+        try:
+            value = function(*args, **kwargs)
+        finally:
+            reporting.flush()  # metrics progress()/log() still hold go out before the verdict
         data = pack_result(value) if send_result else None
     except SystemExit as exc:
         code = exit_code_of(exc)
         if code == 0:  # a deliberate clean exit: success without a value
-            sink.send(Finished(rank, pack_result(None) if send_result else None))
+            value = pack_result(None) if send_result else None
+            sink.send(Finished(rank, value, lingering=lingering()))
             return 0
         sink.send(failure_event(rank, exc, code))
         return code
     except BaseException as exc:  # KeyboardInterrupt too: an interrupted rank never looks done
         sink.send(failure_event(rank, exc, 1))
         return 1
-    sink.send(Finished(rank, data))
+    sink.send(Finished(rank, data, lingering=lingering()))
     return 0
+
+
+def lingering() -> tuple[str, ...]:
+    """What will keep this process from exiting: interpreter shutdown joins non-daemon threads,
+    and multiprocessing joins non-daemon children. Named so the launcher can say what it had
+    to stop (most end by themselves within the launcher's wait)."""
+    import multiprocessing
+    import threading
+
+    main = threading.main_thread()
+    names = [
+        f"non-daemon thread {thread.name!r}"
+        for thread in threading.enumerate()
+        if thread is not main and not thread.daemon and thread.is_alive()
+    ]
+    names += [
+        f"non-daemon child process {child.name!r} (pid {child.pid})"
+        for child in multiprocessing.active_children()
+        if not child.daemon
+    ]
+    return tuple(names)
 
 
 def _become_group_leader() -> None:
@@ -147,11 +183,38 @@ def _redirect_output(stdout_fd: int, stderr_fd: int) -> None:
     # still buffer belongs to the kernel (flushing here would print it twice).
     os.dup2(stdout_fd, 1)
     os.dup2(stderr_fd, 2)
+    _line_buffer_c_stdout()
     sys.stdout = _line_stream(1)
     sys.stderr = _line_stream(2)
     # Code that bypasses sys.stdout (faulthandler, print(file=sys.__stderr__)) must land here too.
     setattr(sys, "__stdout__", sys.stdout)  # noqa: B010 - typeshed marks these Final
     setattr(sys, "__stderr__", sys.stderr)  # noqa: B010
+
+
+def _line_buffer_c_stdout() -> None:
+    """C code's printf is fully buffered on a pipe: what a rank printed just before crashing in
+    C (SIGSEGV) would die in the buffer. Line buffering sends every line as it is finished.
+    Best effort, where libc's stdout can be found (glibc: ``stdout``, macOS: ``__stdoutp``)."""
+    if sys.platform == "win32":
+        return
+    import ctypes
+
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(None)
+        for symbol in ("stdout", "__stdoutp"):
+            with contextlib.suppress(ValueError):
+                stream = ctypes.c_void_p.in_dll(libc, symbol)
+                if _unbuffered(libc, stream):
+                    return  # PYTHONUNBUFFERED / -u: even a partial line goes out at once
+                line_buffered = 1  # _IOLBF on glibc and macOS
+                libc.setvbuf(stream, None, line_buffered, ctypes.c_size_t(0))
+                return
+
+
+def _unbuffered(libc: Any, stream: Any) -> bool:
+    """glibc: an unbuffered stream has a one-byte buffer (elsewhere: unknown, say no)."""
+    size = getattr(libc, "__fbufsize", None)
+    return size is not None and size(stream) == 1
 
 
 def _line_stream(fd: int) -> io.TextIOWrapper:

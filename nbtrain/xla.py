@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import launcher, processes
+from . import launcher, processes, tpu
 from .config import LaunchConfig
 from .events import Event, Exited
 from .monitor import RunState
@@ -41,6 +41,7 @@ class HostSpec:
     return_all: bool = False
     close_fds: tuple[int, ...] = field(default=())
     kernel_env: dict[str, str] | None = None  # forkserver: the kernel's environment at launch
+    counted: str = ""  # how the kernel arrived at ``ordinals`` (said if torch_xla disagrees)
 
 
 def host_env(config: LaunchConfig) -> dict[str, str]:
@@ -50,6 +51,15 @@ def host_env(config: LaunchConfig) -> dict[str, str]:
     if config.mixed_precision is not None:
         env["ACCELERATE_MIXED_PRECISION"] = config.mixed_precision.value
     return env
+
+
+def counted_from(config: LaunchConfig) -> str:
+    """Why the kernel expects ``config.num_processes`` ordinals, in words for an error."""
+    if config.num_processes == 1:
+        return "num_processes=1"
+    if config.xla_device == "CPU":
+        return f"CPU_NUM_DEVICES={config.num_processes}, from num_processes"
+    return tpu.count_ordinals(tpu.detect()).source
 
 
 def fan_out(ordinals: list[int], outcome: Outcome, forward: Callable[[Event], None]) -> Callable:
@@ -94,6 +104,7 @@ def run_xla(config: LaunchConfig, payload: bytes) -> Any:
         mixed_precision=config.mixed_precision.value if config.mixed_precision else None,
         return_all=config.return_all,
         kernel_env=launcher.current_environment(config),
+        counted=counted_from(config),
     )
     title = (
         f"{len(ordinals)} XLA ordinal(s) on {config.xla_device}, host process by "

@@ -8,12 +8,17 @@ importing this module costs nothing where torch_xla is missing.
   identical whatever each one's RNG drew;
 - optimizers: the gradients are averaged across ordinals just before the optimizer steps (a step
   pre-hook, so accumulation and fp16/bf16 wrappers are unchanged); the step only happens on
-  synchronising micro-steps, so the all-reduce does too;
-- dataloaders: the same sharding as every other strategy, batches moved to the device, and the
-  step boundary (``torch_xla.sync()``, which cuts and runs the lazy graph) when the next batch is
-  asked for, as torch_xla's MpDeviceLoader does;
+  synchronising micro-steps, so the all-reduce does too. Gradient clipping averages them earlier
+  (``reduce_gradients``: the norm must be the full gradient's, the same on every ordinal), and the
+  step then skips what is already averaged;
+- dataloaders: the same sharding as every other strategy; torch_xla's ParallelLoader moves the
+  batches to the device in a background thread (prefetch), and the step boundary
+  (``torch_xla.sync()``, which cuts and runs the lazy graph) comes when the next batch is asked
+  for, so each training step is one graph;
 - collectives: XLA all-gather / all-reduce / broadcast, followed by a sync, so their values are
-  ready when nbtrain reads them.
+  ready when nbtrain reads them. The handshake's all-gather runs in a helper thread, so a rank
+  left alone in a collective (a peer ended, or never makes the call) gets collectives.py's
+  bounded waits and clear errors instead of waiting inside XLA forever.
 
 Every ``torch_xla.sync`` is looked up at call time (tests on XLA:CPU replace it: tests/xla).
 """
@@ -24,13 +29,14 @@ import contextlib
 import os
 import pickle
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
-from .collectives import Collectives, Done, LocalBackend, Pending
+from .collectives import Collectives, LocalBackend, Pending
 from .data import PreparedDataLoader
 from .parallel import DistributedType
 
@@ -77,6 +83,8 @@ class XlaStrategy:
         transport = XlaBackend(device) if self.world_size > 1 else LocalBackend()
         self.collectives = Collectives(transport, device, timeout)
         self.dataloader_class = XlaDataLoader
+        self._averaged: set[int] = set()  # parameters whose .grad is already this step's average
+        self._watched: set[int] = set()  # parameters carrying our accumulate-grad hook
 
     def wrap_model(self, model: nn.Module, ddp_kwargs: dict[str, Any]) -> nn.Module:
         if self.world_size > 1:
@@ -97,34 +105,153 @@ class XlaStrategy:
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Average the gradients across ordinals right before each real optimizer step."""
         if self.world_size > 1:
-            optimizer.register_step_pre_hook(_reduce_gradients)
+            optimizer.register_step_pre_hook(self._before_step)
+
+    def reduce_gradients(self, parameters: Iterable[torch.Tensor]) -> None:
+        """Average these parameters' gradients across ordinals now, for gradient clipping: DDP
+        has averaged them in backward, XLA only does at the optimizer step, and clipping each
+        ordinal's own gradient by its own norm would step every replica differently."""
+        if self.world_size == 1:
+            return
+        fresh = [p for p in parameters if p.grad is not None and id(p) not in self._averaged]
+        _average([p.grad for p in fresh if p.grad is not None], self.world_size)
+        for parameter in fresh:
+            self._averaged.add(id(parameter))
+            self._watch(parameter)
+
+    def _watch(self, parameter: torch.Tensor) -> None:
+        # Another backward pass adds this ordinal's own gradient to the average: from then on
+        # the gradient needs averaging again.
+        if id(parameter) not in self._watched:
+            parameter.register_post_accumulate_grad_hook(lambda p: self._averaged.discard(id(p)))
+            self._watched.add(id(parameter))
+
+    def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        pending = [p.grad for p in params if p.grad is not None and id(p) not in self._averaged]
+        _average(pending, self.world_size)
+        self._averaged.difference_update(id(p) for p in params)
 
     def close(self) -> None:
         return None
 
 
-def _reduce_gradients(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-    import torch_xla.core.xla_model as xm
+def _average(gradients: list[torch.Tensor], world: int) -> None:
+    """In place, across every ordinal (one all-reduce, in the step's graph)."""
+    if gradients:
+        import torch_xla.core.xla_model as xm
 
-    xm.reduce_gradients(optimizer)
+        xm.all_reduce(xm.REDUCE_SUM, gradients, scale=1.0 / world)
+
+
+# ---------------------------------------------------------------------------------------------
+# Dataloaders
 
 
 class XlaDataLoader(PreparedDataLoader):
-    """A prepared loader whose iteration marks the XLA step when the next batch is asked for."""
+    """A prepared loader on XLA: torch_xla's ParallelLoader moves this rank's batches to the
+    device in the background, and the XLA step is marked when the next batch is asked for.
+
+    The prefetching sits under the parent's bookkeeping: position (save_state / load_state),
+    end_of_dataloader and gradient accumulation count the batches handed to the user, not the
+    ones already on their way. No step mark before a pass's first batch: a run resumed by
+    load_state then starts from the XLA RNG state saved, as the uninterrupted run did."""
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         for batch in super().__iter__():
             yield batch
             sync()  # the user's step on this batch is one graph: run it before the next batch
 
+    def _counted(self, batches: Iterator[Any], index: int, total: int) -> Iterator[Any]:
+        return super()._counted(self._on_device(batches), index, total)
+
+    def _looking_ahead(self, batches: Iterator[Any], index: int) -> Iterator[Any]:
+        return super()._looking_ahead(self._on_device(batches), index)
+
+    def _place(self, batch: Any) -> Any:
+        return batch  # on the device already (or device placement is off)
+
+    def _on_device(self, batches: Iterator[Any]) -> Iterator[Any]:
+        return batches if self.device is None else _prefetched(batches, self.device)
+
+
+class _CpuBatches:
+    """The CPU batches, as torch_xla's loader thread reads them. An error there would only end
+    the thread (and so, silently, the pass): it is kept to be raised in the training thread."""
+
+    def __init__(self, batches: Iterator[Any]) -> None:
+        self._batches = batches
+        self.count = 0
+        self.error: Exception | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        try:
+            for batch in self._batches:
+                self.count += 1
+                yield batch
+        except Exception as exc:
+            self.error = exc
+
+
+def _prefetched(batches: Iterator[Any], device: torch.device) -> Iterator[Any]:
+    """One pass of ``batches`` through torch_xla's ParallelLoader onto ``device``."""
+    from torch_xla.distributed.parallel_loader import ParallelLoader
+
+    source = _CpuBatches(batches)
+    loader = ParallelLoader(source, [device])
+    handed = 0
+    try:
+        while (batch := loader.next_item(device)) is not None:
+            handed += 1
+            yield batch
+        if source.error is not None:
+            raise source.error
+        # A failed transfer also just ends the device queue; ParallelLoader keeps its error here
+        # (its own per-device iterator raises it the same way).
+        failed = getattr(loader, "_exception_queue", None)
+        if failed is not None and not failed.empty():
+            raise failed.get()
+        if handed < source.count:
+            raise RuntimeError(
+                f"{source.count - handed} of {source.count} batches never reached {device}: "
+                "torch_xla's ParallelLoader stopped early without saying why."
+            )
+    finally:
+        loader.close()  # also when the loop is left early (break): its threads end here
+
 
 # ---------------------------------------------------------------------------------------------
 # Collectives transport
 
 
+_ENDED_GRACE = 2.0  # seconds a gather may still take to finish once a peer has ended
+
+# Ordinals of this process whose function has ended (reported by the XLA host, xla_host.py): a
+# rank waiting for one of them in a collective waits in vain.
+_ended: set[int] = set()
+_ended_lock = threading.Lock()
+
+
+def ordinal_started(ordinal: int) -> None:
+    with _ended_lock:
+        _ended.discard(ordinal)
+
+
+def ordinal_ended(ordinal: int) -> None:
+    with _ended_lock:
+        _ended.add(ordinal)
+
+
+def ended_peers(rank: int) -> list[int]:
+    with _ended_lock:
+        return sorted(_ended - {rank})
+
+
 class XlaBackend:
-    """XLA collectives across every ordinal. Each call ends with a sync (the step marker), which
-    runs the collective in one graph on every replica before the values are read."""
+    """XLA collectives across every ordinal, each in a graph of its own: a sync (the step mark)
+    first runs the pending work, which may differ between ordinals (e.g. the padding of uneven
+    tensors, the last batch's forward), and one after the collective runs it, the same graph on
+    every replica, before its values are read."""
 
     _OPS = {"sum": "sum", "max": "max", "min": "min"}
 
@@ -136,12 +263,13 @@ class XlaBackend:
         self.world_size = int(xr.world_size())
 
     def all_gather_async(self, tensor: torch.Tensor) -> Pending:
-        return Done(self.all_gather(tensor))
+        return _GatherInThread(self, tensor)
 
     def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         import torch_xla.core.xla_model as xm
 
         flat = tensor.to(self.device).unsqueeze(0)
+        sync()
         # pin_layout=False: the native all-gather, one graph for every replica (the pinned
         # variant builds it from an all-reduce with the ordinal baked in as a constant).
         gathered = xm.all_gather(flat, dim=0, pin_layout=False)
@@ -152,6 +280,7 @@ class XlaBackend:
         import torch_xla.core.xla_model as xm
 
         work = tensor.to(self.device)
+        sync()
         xm.all_reduce(self._OPS[op], [work])
         sync()
         if work is not tensor:
@@ -161,6 +290,7 @@ class XlaBackend:
         import torch_xla.core.xla_model as xm
 
         work = tensor.to(self.device)
+        sync()
         xm.collective_broadcast([work], root_ordinal=src)
         sync()
         if work is not tensor:
@@ -180,6 +310,60 @@ class XlaBackend:
 
     def broadcast_object(self, obj: Any, src: int) -> Any:
         return self.all_gather_object(obj if self.rank == src else None)[src]
+
+
+class _GatherInThread:
+    """An all-gather run by a helper thread, awaited in bounded slices by the ordinal's thread.
+
+    XLA offers no timeout: an ordinal inside a collective its peers never join waits forever (on
+    XLA:CPU, until XLA aborts the whole process). Waiting here instead lets collectives.py time
+    out, announce a stall, and fail at once when a peer ordinal of this process has ended. The
+    helper is left behind if the gather never completes; the failing ordinal ends the process."""
+
+    def __init__(self, backend: XlaBackend, tensor: torch.Tensor) -> None:
+        self._backend = backend
+        self._done = threading.Event()
+        self._value: list[torch.Tensor] = []
+        self._failure: BaseException | None = None  # XLA's own error in the helper
+        self._lost: RuntimeError | None = None  # peers ended while this ordinal waited
+        helper = threading.Thread(
+            target=self._run, args=(tensor,), name=f"nbtrain-xla-gather-{backend.rank}"
+        )
+        helper.daemon = True  # a gather that never completes must not keep the process alive
+        helper.start()
+
+    def _run(self, tensor: torch.Tensor) -> None:
+        try:
+            import torch_xla
+
+            # The default XLA device is per thread: this one must work on the ordinal's.
+            torch_xla.device(self._backend.device.index or 0)
+            self._value = self._backend.all_gather(tensor)
+        except BaseException as exc:
+            self._failure = exc
+        finally:
+            self._done.set()
+
+    def wait(self, seconds: float) -> bool:
+        if self._done.wait(seconds):
+            if self._failure is not None:
+                # Raised from here, not result(): collectives.py reads an error from result()
+                # as a lost peer, and XLA's own error must reach the user as it is.
+                raise self._failure
+            return True
+        gone = ended_peers(self._backend.rank)
+        if not gone:
+            return False
+        # A peer may end right after a gather it completed with this one: let ours finish too.
+        if self._done.wait(_ENDED_GRACE):
+            return self.wait(0)
+        self._lost = RuntimeError(f"ordinal(s) {gone} ended while this one waited for them")
+        return True
+
+    def result(self) -> list[torch.Tensor]:
+        if self._lost is not None:
+            raise self._lost
+        return self._value
 
 
 # ---------------------------------------------------------------------------------------------

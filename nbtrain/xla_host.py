@@ -4,7 +4,8 @@ Started by ``xla.run_xla`` under the kernel's start method. It prepares the proc
 (process group leader, dies with the kernel, fds 1/2 on the kernel's pipes), then hands the
 function to ``xmp.spawn`` (always by fork: this process has never touched the XLA runtime). On
 XLA:CPU the ordinals are threads of one process; on TPUs, processes of their own with device
-threads. Each ordinal:
+threads. torch_xla decides how many: if that is not the count the kernel expects (and shows),
+ordinal 0 fails the launch at once, saying both counts, before any user code runs. Each ordinal:
 
 - installs a thread-local ``Runtime`` (rank = XLA ordinal) whose sink is this process's writer on
   the shared event pipe;
@@ -28,8 +29,9 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, NoReturn
 
 from . import runtime, stacks, worker
 from .events import Output, PipeWriter, Started
@@ -125,17 +127,27 @@ def run_ordinal(index: int, spec: HostSpec, payload: bytes) -> None:
     import torch_xla
     import torch_xla.runtime as xr
 
+    from . import xla_accel
+
     ordinal, world = xr.global_ordinal(), xr.world_size()
-    local = xr.local_ordinal()
     sink = process_sink()
+    if world != spec.ordinals:
+        _wrong_count(ordinal, world, spec, sink)
+    local = xr.local_ordinal()
     info = RankInfo(ordinal, local, world, world)  # one host: local == global
     device = f"{torch_xla.device()} ({spec.device})"
     sink.send(Started(ordinal, os.getpid(), device, socket.gethostname(), local))
-    with (
-        runtime.activate(Runtime(info, sink, spec.mixed_precision), thread_only=True),
-        ordinal_output(ordinal, sink),
-    ):
-        code = worker.call_and_report(ordinal, payload, sink, spec.return_all or ordinal == 0)
+    xla_accel.ordinal_started(ordinal)
+    try:
+        with (
+            runtime.activate(Runtime(info, sink, spec.mixed_precision), thread_only=True),
+            ordinal_output(ordinal, sink),
+        ):
+            code = worker.call_and_report(ordinal, payload, sink, spec.return_all or ordinal == 0)
+    finally:
+        # After its report: a peer waiting for it in a collective now fails fast (collectives
+        # can tell a peer that ended from one that is slow).
+        xla_accel.ordinal_ended(ordinal)
     if code:
         _failures.append(code)
         if world > 1:
@@ -144,6 +156,28 @@ def run_ordinal(index: int, spec: HostSpec, payload: bytes) -> None:
             time.sleep(FAILURE_GRACE)
             _flush()
             os._exit(code)
+
+
+def _wrong_count(ordinal: int, world: int, spec: HostSpec, sink: PipeWriter) -> NoReturn:
+    """torch_xla started another number of ordinals than the kernel counted and shows: stop the
+    launch at once, before any user code, with ordinal 0 (always among them) saying why."""
+    code = 1
+    if ordinal == 0:
+        error = RuntimeError(
+            f"torch_xla started {world} XLA ordinal(s) on this host, but nbtrain expected "
+            f"{spec.ordinals} ({spec.counted}), so the launch was stopped before running your "
+            "function. If this host is one of several in a TPU pod slice, run your script on "
+            "every host with torch_xla's own launcher. Otherwise pass num_processes=1 to use one "
+            "core, or set TPU_ACCELERATOR_TYPE to this TPU's type (e.g. 'v3-8') so nbtrain counts "
+            "the cores as torch_xla does."
+        )
+        sink.send(worker.failure_event(ordinal, error, code))
+    _failures.append(code)
+    # Ordinal 0 reports, then ends the process; the others (their ranks may be unknown to the
+    # kernel) only end theirs, later, if it lives in another process.
+    time.sleep(FAILURE_GRACE if ordinal == 0 else 4 * FAILURE_GRACE)
+    _flush()
+    os._exit(code)
 
 
 def host_main(
@@ -172,7 +206,9 @@ def host_main(
     except BaseException as exc:
         # A process of ordinals ended early (their failure was reported) or torch_xla itself
         # failed to start: the latter is said on stderr, the kernel's account of the host.
-        if not _failures:
+        # torch_xla's pool of ordinal processes breaks when one of them ends early: a failing
+        # ordinal ends its process after reporting, a crash prints its stack (faulthandler).
+        if not _failures and not isinstance(exc, BrokenProcessPool):
             import traceback
 
             print(f"nbtrain XLA host: torch_xla's launcher failed: {exc!r}", file=sys.__stderr__)

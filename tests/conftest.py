@@ -11,31 +11,10 @@ import time
 import psutil
 import pytest
 import torch._dynamo  # noqa: F401 - sets TORCHINDUCTOR_CACHE_DIR once; the launcher imports it too
+from procguard import ProcessWatch
 
 # Threads that libraries start once per process and keep (not per launch).
 _LONG_LIVED_THREADS = ("pydevd", "IPythonHistorySavingThread", "ThreadPoolExecutor")
-
-
-def _children() -> set[int]:
-    me = psutil.Process()
-    alive = set()
-    for child in me.children(recursive=True):
-        try:
-            if child.status() != psutil.STATUS_ZOMBIE and not _is_forkserver(child):
-                alive.add(child.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return alive
-
-
-def _is_forkserver(process: psutil.Process) -> bool:
-    # multiprocessing's forkserver and resource tracker are started once per process and kept
-    # on purpose (warm starts); they are not ranks.
-    try:
-        command = " ".join(process.cmdline())
-    except psutil.Error:
-        return False
-    return "forkserver" in command or "resource_tracker" in command
 
 
 def _threads() -> set[int]:
@@ -56,12 +35,12 @@ def no_leaks(request: pytest.FixtureRequest):
         yield
         return
     env_before = _environment()
-    children_before = _children()
+    processes = ProcessWatch()  # ranks of forkserver launches and orphans count (procguard.py)
     threads_before = _threads()
     yield
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        leaked_children = _children() - children_before
+        leaked_children = processes.leaked()
         leaked_threads = _threads() - threads_before
         if not leaked_children and not leaked_threads:
             break
@@ -70,14 +49,10 @@ def no_leaks(request: pytest.FixtureRequest):
     changed = {k for k in set(env_before) | set(env_after) if env_before.get(k) != env_after.get(k)}
     problems = []
     if leaked_children:
-        described = []
-        for pid in leaked_children:
-            try:
-                described.append(f"{pid}: {' '.join(psutil.Process(pid).cmdline())[:120]}")
-            except psutil.Error:
-                described.append(str(pid))
+        described = processes.describe(leaked_children)
+        for process in leaked_children.values():
             with contextlib.suppress(psutil.Error):
-                psutil.Process(pid).kill()  # do not poison the tests that follow
+                process.kill()  # do not poison the tests that follow
         problems.append(f"leaked child processes: {described}")
     if leaked_threads:
         names = [t.name for t in threading.enumerate() if t.ident in leaked_threads]

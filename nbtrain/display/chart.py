@@ -1,7 +1,11 @@
-"""A metric chart as inline SVG: one polyline per rank, cheap enough to redraw 10 times a second.
+"""A metric chart as inline SVG: one polyline per rank, redrawn live about twice a second.
 
 Pure string building (no plotting library): a few hundred points per line at most, so one chart
-is a few kilobytes of markup.
+is a few kilobytes of markup. Measured at the point budget (2000 points per rank thinned): 0.9 ms
+and 7 KB for 2 ranks, 1.7 ms and 15 KB for 8. The dashboard shows up to three charts and every
+redraw resends their whole markup, so redrawing at the 10 updates a second the ranks send would
+cost the kernel ~5% of a core and the browser ~450 KB/s; widgets.CHART_EVERY (0.5 s) keeps that
+to ~1% and ~90 KB/s while the curves still move visibly, and the final chart is always drawn.
 """
 
 from __future__ import annotations

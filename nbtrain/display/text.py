@@ -1,9 +1,11 @@
 """Text view: rank-prefixed output lines, compact progress lines per rank, a final summary.
 
-For terminals, CI logs, ``nbtrain launch`` and frontends without widgets. Progress is printed as
-whole lines (``[rank 1] train 40/100 12.3 it/s loss 0.52``) at most every ``every`` seconds per
-rank; only on an interactive terminal does one status line redraw in place, and it is erased
-before anything else is printed, so no carriage returns reach logs or files.
+For terminals, CI logs, ``nbtrain launch`` and frontends without widgets. Every output line of
+every rank is printed as it arrives (a listener on the RunState, not its capped deque: a burst
+between two draws loses nothing). Progress is printed as whole lines
+(``[rank 1] train 40/100 12.3 it/s loss 0.52``) at most every ``every`` seconds per rank; only on
+an interactive terminal does one status line redraw in place, and it is erased before anything
+else is printed (output, notes), so no carriage returns reach logs or files.
 """
 
 from __future__ import annotations
@@ -37,9 +39,11 @@ class TextView:
         self._stdout = stdout
         self._stderr = stderr
         self.live = _is_terminal(self.stdout) if live is None else live
-        self._next_line = 0
+        self._attached: RunState | None = None  # the state whose lines stream to us
+        self._last_stream: TextIO | None = None
         self._reported: dict[int, tuple[float, tuple[object, ...]]] = {}
         self._status = ""  # the live status line now on screen
+        self._note = ""
 
     @property
     def stdout(self) -> TextIO:
@@ -50,10 +54,8 @@ class TextView:
         return self._stderr if self._stderr is not None else sys.stderr
 
     def draw(self, state: RunState) -> None:
-        lines = state.lines_since(self._next_line)
-        if lines:
-            self._erase_status()
-            self._print_output(lines)
+        self._attach(state)
+        self._flush()
         if not self.show_progress:
             return
         if self.live:
@@ -63,27 +65,56 @@ class TextView:
             self._print_progress(state, final=False)
 
     def close(self, state: RunState) -> None:
+        self._attach(state)
         self._erase_status()
-        self._print_output(state.lines_since(self._next_line))
+        self._flush()
         if self.show_progress:
             self._print_progress(state, final=True)
             if state.summary:
                 self.stdout.write(state.summary + "\n")
                 self.stdout.flush()
 
+    def note(self, text: str) -> None:
+        """A node-level message: one line on stderr (once per distinct text)."""
+        if not self.show_progress or text == self._note:
+            return
+        self._note = text
+        if text:
+            self._erase_status()
+            self._write(self.stderr, f"[nbtrain] {text}\n")
+            self._flush()
+
     # -- output lines -------------------------------------------------------------------------
 
-    def _print_output(self, lines: list[OutputLine]) -> None:
-        if not lines:
+    def _attach(self, state: RunState) -> None:
+        """Print what arrived before the first draw, then take every line as it arrives."""
+        if self._attached is state:
             return
-        dropped = lines[0].index - self._next_line
-        if dropped > 0:
-            self.stderr.write(f"[nbtrain] {dropped} output lines dropped (too many to keep)\n")
-        for line in lines:
-            if self._shows(line):
-                stream = self.stderr if line.stream == "stderr" else self.stdout
-                stream.write(f"[rank {line.rank}] {line.text}\n")
-        self._next_line = lines[-1].index + 1
+        self._attached = state
+        backlog = state.lines_since(0)
+        dropped = backlog[0].index if backlog else 0
+        if dropped:  # only a flood before the very first draw can do this
+            message = f"[nbtrain] {dropped} output lines dropped (too many to keep)\n"
+            self._write(self.stderr, message)
+        for line in backlog:
+            self._print_line(line)
+        state.add_output_listener(self._print_line)
+
+    def _print_line(self, line: OutputLine) -> None:
+        if not self._shows(line):
+            return
+        self._erase_status()
+        stream = self.stderr if line.stream == "stderr" else self.stdout
+        self._write(stream, f"[rank {line.rank}] {line.text}\n")
+
+    def _write(self, stream: TextIO, text: str) -> None:
+        # Lines are buffered until the next draw, but stdout and stderr keep their order.
+        if self._last_stream is not None and self._last_stream is not stream:
+            self._last_stream.flush()
+        self._last_stream = stream
+        stream.write(text)
+
+    def _flush(self) -> None:
         self.stdout.flush()
         self.stderr.flush()
 
@@ -154,6 +185,8 @@ def format_rank(view: RankView) -> str:
 
 def _compact(view: RankView) -> str:
     text = f"r{view.rank} "
+    if view.note:  # what the rank waits for says more than a step count that does not move
+        return text + view.note
     if view.total is not None:
         text += f"{view.step}/{view.total}"
     else:

@@ -1,30 +1,43 @@
 """Widget view of a RunState: one dashboard per launch, drawn by the kernel process only.
 
-A row per rank (rank and device, bar, steps/rate/ETA, latest metrics, status), a live metric
-chart (inline SVG), the ranks' output (last lines, capped) and a summary line. Each draw
-compares versions kept in the RunState and touches only the widgets whose content changed;
-ipywidgets then sends a message only for traits whose value actually differs.
+A header (title, elapsed time, the launcher's node-level note), a row per rank (rank and device,
+bar, steps/rate/ETA, latest metrics, status), a live metric chart (inline SVG), the ranks' output
+(last lines, capped) and a summary line: green only when the run succeeded, red when it failed or
+timed out, orange when it was interrupted or stopped. Each draw compares versions kept in the
+RunState and touches only the widgets whose content changed; ipywidgets then sends a message only
+for traits whose value actually differs. The chart and the output area are the heavy parts (each
+update resends their whole markup, up to tens of kilobytes): they redraw at most every
+CHART_EVERY / OUTPUT_EVERY seconds, and always at the end.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
 from html import escape
 from typing import Any, Protocol
 
 import ipywidgets as widgets
 
 from ..config import OutputMode
-from ..monitor import OutputLine, RankStatus, RankView, RunState
+from ..monitor import OutputLine, RankStatus, RankView, RunState, Verdict
 from .chart import rank_color, svg_chart
 from .formatting import format_duration, format_metrics, format_status, format_steps
 from .text import format_rank
 
 MAX_OUTPUT_LINES = 200  # lines the browser holds; the kernel keeps more (monitor.OUTPUT_CAP)
 MAX_LINE_CHARS = 400
+TEXT_TAIL_LINES = 12  # output lines kept in the plain-text version (saved notebooks stay small)
+TEXT_TAIL_CHARS = 200
 MAX_CHARTS = 3  # metrics charted side by side (the first ones logged)
-CHART_EVERY = 0.5  # seconds between chart redraws: the chart is most of a draw's cost
+# Seconds between redraws of the chart and of the output area. Each redraw rebuilds and resends
+# the whole markup: up to 3 charts of ~15 KB at full history, 200 output lines of ~40 KB. Twice
+# a second keeps the kernel's share and the traffic to the browser small (see chart.py) while
+# still looking live; rows (a few hundred bytes) follow every draw.
+CHART_EVERY = 0.5
+OUTPUT_EVERY = 0.5
 LIVE_DASHBOARDS = 8  # finished dashboards kept as live widgets; older ones become static HTML
 
 BAR_STYLES = {
@@ -38,6 +51,12 @@ STATUS_COLORS = {
     RankStatus.DONE: "#2e7d32",
     RankStatus.FAILED: "#c62828",
     RankStatus.STOPPED: "#ef6c00",
+}
+VERDICT_COLORS = {
+    Verdict.SUCCEEDED: STATUS_COLORS[RankStatus.DONE],
+    Verdict.FAILED: STATUS_COLORS[RankStatus.FAILED],
+    Verdict.TIMED_OUT: STATUS_COLORS[RankStatus.FAILED],
+    Verdict.STOPPED: STATUS_COLORS[RankStatus.STOPPED],
 }
 
 
@@ -127,6 +146,12 @@ class RankRow:
         self.status.value = _status_html(view)
 
 
+@dataclass
+class _Note:
+    text: str
+    at: float  # wall-clock time it was said: ranks that started later made it stale
+
+
 class WidgetView:
     def __init__(
         self,
@@ -147,33 +172,48 @@ class WidgetView:
         self._drawn = -1  # RunState.version last drawn
         self._metrics_drawn = -1
         self._chart_at = -CHART_EVERY  # monotonic time of the last chart redraw
-        self._output_drawn = 0
-        self._lines: list[OutputLine] = []  # the tail of the output the browser shows
-        self._hidden_lines = 0
+        self._output_drawn = 0  # index of the next output line to take from the RunState
+        self._output_at = -OUTPUT_EVERY  # monotonic time of the last output redraw
+        self._rows_html: deque[str] = deque(maxlen=MAX_OUTPUT_LINES)  # shown lines, as markup
+        self._tail: deque[OutputLine] = deque(maxlen=TEXT_TAIL_LINES)  # for the text version
+        self._output_total = 0  # lines this view showed, or lost to a flood between redraws
+        self._note: _Note | None = None
+        self._state: RunState | None = None
         self._final_text = ""
 
     def draw(self, state: RunState, *, final: bool = False) -> None:
         if self.box is None:
             self._build(state)
+        self._state = state
         self._draw_title(state)  # the elapsed time moves even when nothing else does
         if state.version != self._drawn:
             self._drawn = state.version
             for rank, row in self.rows.items():
                 row.render(state.ranks[rank])
-            if state.output_count != self._output_drawn:
-                self._draw_output(state)
             self._draw_summary(state)
-        if state.metrics_version != self._metrics_drawn:
-            now = time.monotonic()
-            if final or now - self._chart_at >= CHART_EVERY:
-                self._metrics_drawn, self._chart_at = state.metrics_version, now
-                self._draw_charts(state)
+        now = time.monotonic()
+        if state.output_count != self._output_drawn and (
+            final or now - self._output_at >= OUTPUT_EVERY
+        ):
+            self._output_at = now
+            self._draw_output(state)
+        if state.metrics_version != self._metrics_drawn and (
+            final or now - self._chart_at >= CHART_EVERY
+        ):
+            self._metrics_drawn, self._chart_at = state.metrics_version, now
+            self._draw_charts(state)
+
+    def note(self, text: str) -> None:
+        """A node-level message in the header, until ranks start again or the run ends."""
+        self._note = _Note(text, time.time()) if text else None
+        if self.box is not None and self._state is not None:
+            self._draw_title(self._state)
 
     def close(self, state: RunState) -> None:
         self.draw(state, final=True)
         assert self.box is not None
         # Frontends without widget support (and saved notebooks) show this text instead.
-        self._final_text = final_text(state)
+        self._final_text = final_text(state, self._tail, self._output_total - len(self._tail))
         self._display.update(self._bundle(self._final_text))
         _finished.append(self)
         _retire_old_dashboards()
@@ -221,7 +261,24 @@ class WidgetView:
 
     def _draw_title(self, state: RunState) -> None:
         title = escape(state.title) if state.title else f"{len(self.rows)} ranks"
-        self.title.value = f"<b>nbtrain</b> · {title} · {format_duration(state.elapsed)}"
+        note = self._current_note(state)
+        note_html = f' · <span class="nbtrain-note">{escape(note)}</span>' if note else ""
+        self.title.value = (
+            f"<b>nbtrain</b> · {title} · {format_duration(state.elapsed)}{note_html}"
+        )
+
+    def _current_note(self, state: RunState) -> str:
+        note = self._note
+        if note is None:
+            return ""
+        started_since = any(
+            view.started_at is not None and view.started_at > note.at
+            for view in state.ranks.values()
+        )
+        if started_since or state.summary:
+            self._note = None  # said before ranks (re)started, or the summary says the rest
+            return ""
+        return note.text
 
     def _draw_charts(self, state: RunState) -> None:
         names = _metric_names(state)[:MAX_CHARTS]
@@ -243,15 +300,17 @@ class WidgetView:
 
     def _draw_output(self, state: RunState) -> None:
         new = state.lines_since(self._output_drawn)
-        self._hidden_lines += max(0, (new[0].index if new else 0) - self._output_drawn)
+        # Lines the RunState no longer kept (a flood between two redraws) count as not shown.
+        self._output_total += max(0, (new[0].index if new else 0) - self._output_drawn)
         self._output_drawn = state.output_count
-        self._lines.extend(line for line in new if self._shows(line))
-        if len(self._lines) > MAX_OUTPUT_LINES:
-            self._hidden_lines += len(self._lines) - MAX_OUTPUT_LINES
-            del self._lines[:-MAX_OUTPUT_LINES]
-        if not self._lines:
-            return
-        self.log.value = _output_html(self._lines, self._hidden_lines)
+        shown = [line for line in new if self._shows(line)]
+        if not shown:
+            return  # nothing this view shows changed: no rebuild, no message
+        self._output_total += len(shown)
+        self._tail.extend(shown)
+        self._rows_html.extend(_line_html(line) for line in shown[-MAX_OUTPUT_LINES:])
+        hidden = self._output_total - len(self._rows_html)
+        self.log.value = _output_html(self._rows_html, hidden)
         self.log.layout.display = ""
 
     def _shows(self, line: OutputLine) -> bool:
@@ -262,8 +321,7 @@ class WidgetView:
     def _draw_summary(self, state: RunState) -> None:
         if not state.summary:
             return
-        failed = any(v.status is RankStatus.FAILED for v in state.ranks.values())
-        color = STATUS_COLORS[RankStatus.FAILED if failed else RankStatus.DONE]
+        color = summary_color(state)
         self.summary.value = f'<b style="color:{color}">{escape(state.summary)}</b>'
         self.summary.layout.display = ""
 
@@ -276,9 +334,29 @@ def _close(widget: widgets.Widget) -> None:
     widget.close()
 
 
-def final_text(state: RunState) -> str:
-    """The dashboard as plain text: one line per rank and the summary."""
+def summary_color(state: RunState) -> str:
+    """Green only for a run that succeeded with every rank done; never guessed from the text."""
+    if state.succeeded:
+        return VERDICT_COLORS[Verdict.SUCCEEDED]
+    if state.verdict is None or state.verdict is Verdict.SUCCEEDED:
+        return VERDICT_COLORS[Verdict.STOPPED]  # "succeeded" with a rank not done: not green
+    return VERDICT_COLORS[state.verdict]
+
+
+def final_text(state: RunState, tail: Iterable[OutputLine] = (), earlier: int = 0) -> str:
+    """The dashboard as plain text: one line per rank, the output's last lines, the summary.
+
+    ``tail`` is the end of the output this view shows and ``earlier`` how many lines came
+    before it.
+    """
     lines = [format_rank(view) for _, view in sorted(state.ranks.items())]
+    if earlier > 0:
+        lines.append(f"… {earlier} earlier output lines not shown")
+    for line in tail:
+        text = line.text
+        if len(text) > TEXT_TAIL_CHARS:
+            text = text[:TEXT_TAIL_CHARS] + "…"
+        lines.append(f"[rank {line.rank}] {text}")
     if state.summary:
         lines.append(state.summary)
     return "\n".join(lines)
@@ -317,19 +395,21 @@ def _metric_names(state: RunState) -> list[str]:
     return list(names)
 
 
-def _output_html(lines: list[OutputLine], hidden: int) -> str:
+def _line_html(line: OutputLine) -> str:
+    text = line.text if len(line.text) <= MAX_LINE_CHARS else line.text[:MAX_LINE_CHARS] + "…"
+    color = ";color:#c62828" if line.stream == "stderr" else ""
+    return (
+        f'<div style="white-space:pre-wrap{color}">'
+        f'<span style="color:{rank_color(line.rank)}">[rank {line.rank}]</span> '
+        f"{escape(text)}</div>"
+    )
+
+
+def _output_html(lines: Iterable[str], hidden: int) -> str:
+    """The output area from the lines' markup (each made once, when the line arrived)."""
     # column-reverse keeps the scroll position at the newest line as lines arrive.
-    rows = []
-    if hidden:
-        rows.append(f'<div style="color:#888">… {hidden} earlier lines not shown</div>')
-    for line in lines:
-        text = line.text if len(line.text) <= MAX_LINE_CHARS else line.text[:MAX_LINE_CHARS] + "…"
-        color = ";color:#c62828" if line.stream == "stderr" else ""
-        rows.append(
-            f'<div style="white-space:pre-wrap{color}">'
-            f'<span style="color:{rank_color(line.rank)}">[rank {line.rank}]</span> '
-            f"{escape(text)}</div>"
-        )
+    rows = [f'<div style="color:#888">… {hidden} earlier lines not shown</div>'] if hidden else []
+    rows.extend(lines)
     return (
         '<div class="nbtrain-output" style="max-height:220px;overflow-y:auto;display:flex;'
         "flex-direction:column-reverse;font-family:monospace;font-size:12px;line-height:1.35;"

@@ -5,7 +5,9 @@ half second. Both ranks must advance live (several distinct widths mid-run) and 
 green. Screenshots (mid-run, final) go to tests/artifacts/.
 
 Needs: ``apt-get install -y chromium`` and ``pip install jupyterlab playwright`` (Playwright
-cannot download its own browser here; Debian's is used). Skips only when those are missing.
+cannot download its own browser here; Debian's is used). Skips when those are missing, except in
+CI (``CI`` set) or with ``NBTRAIN_REQUIRE_BROWSER=1``: there a missing browser fails the test, so
+a broken CI image cannot pass it silently.
 """
 
 from __future__ import annotations
@@ -84,10 +86,24 @@ def _requirements() -> str | None:
     return None
 
 
+def _browser_required() -> bool:
+    return bool(os.environ.get("CI")) or os.environ.get("NBTRAIN_REQUIRE_BROWSER") == "1"
+
+
+MISSING = _requirements()
+
 pytestmark = [
-    pytest.mark.skipif(_requirements() is not None, reason=str(_requirements())),
+    pytest.mark.skipif(
+        MISSING is not None and not _browser_required(), reason=str(MISSING)
+    ),
     pytest.mark.slow,
 ]
+
+
+@pytest.fixture(autouse=True)
+def _browser_present() -> None:
+    if MISSING is not None:  # only reached when required (CI): otherwise the test is skipped
+        pytest.fail(f"CI or NBTRAIN_REQUIRE_BROWSER=1 requires the browser test: {MISSING}")
 
 
 def _free_port() -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -153,42 +154,71 @@ def test_max_restarts_from_the_command_line(tmp_path: Path):
 
 
 def test_two_nodes_from_the_command_line():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    nodes = [
-        subprocess.Popen(
-            [
-                *NBTRAIN,
-                "launch",
-                "--num-processes",
-                "2",
-                "--num-nodes",
-                "2",
-                "--node-rank",
-                str(node),
-                "--rdzv-endpoint",
-                f"127.0.0.1:{port}",
-                str(SCRIPTS / "hello.py"),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for node in (0, 1)
-    ]
-    try:
-        outputs = [node.communicate(timeout=120) for node in nodes]
-    finally:
-        for node in nodes:
-            if node.poll() is None:
-                node.kill()
-                node.wait()
+    port = _free_port()
+    nodes = [_start_node(node, port, str(SCRIPTS / "hello.py")) for node in (0, 1)]
+    outputs = _finish_nodes(nodes)
     assert [node.returncode for node in nodes] == [0, 0], outputs
     lines = {line for out, _ in outputs for line in out.splitlines() if "hello" in line}
     assert lines == {
         f"[rank {r}] hello from rank {r} of 4 argv=[] main=True sum=10" for r in range(4)
     }
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _start_node(node: int, port: int, *script: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            *NBTRAIN, "launch", "--num-processes", "2", "--num-nodes", "2",
+            "--node-rank", str(node), "--rdzv-endpoint", f"127.0.0.1:{port}", *script,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _finish_nodes(nodes: list[subprocess.Popen]) -> list[tuple[str, str]]:
+    try:
+        return [node.communicate(timeout=120) for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                node.kill()
+                node.wait()
+
+
+def test_text_view_and_launcher_precision_reach_a_script():
+    done = run(
+        "launch", "--num-processes", "2", "--mixed-precision", "bf16", str(SCRIPTS / "progress.py")
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout + done.stderr
+    for rank in (0, 1):
+        assert f"[rank {rank}] precision bf16 matmul torch.bfloat16" in done.stdout, out
+        # The text live view: a compact line per rank with step/total and the metric.
+        assert re.search(rf"\[rank {rank}\] train 20/20 .*loss 0\.05", out), out
+    assert "Done in" in out
+    assert "\r" not in out  # not a terminal: no carriage-return redraws
+
+
+def test_one_process_still_runs_as_a_rank_of_its_own():
+    done = run("launch", str(SCRIPTS / "hello.py"))
+    assert done.returncode == 0, done.stderr
+    assert "[rank 0] hello from rank 0 of 1 argv=[] main=True sum=1" in done.stdout.splitlines()
+
+
+def test_a_failure_on_one_node_ends_both_with_its_exit_code():
+    port = _free_port()
+    nodes = [_start_node(node, port, str(SCRIPTS / "fail.py"), "3") for node in (0, 1)]
+    outputs = _finish_nodes(nodes)
+    assert [node.returncode for node in nodes] == [3, 3], outputs
+    for _, err in outputs:
+        assert "nbtrain: rank 1 failed with SystemExit: 3" in err, outputs  # on node 0
 
 
 def test_env_reports_versions_devices_and_choices():

@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 from jupyter_client import KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
+from procguard import ProcessWatch
 
 KERNEL_NAME = "nbtrain-test"
 
@@ -52,6 +53,7 @@ class Kernel:
         self.client = self.manager.client()
         self.client.start_channels()
         self.client.wait_for_ready(timeout=60)
+        self._watch = ProcessWatch(self.pid)  # what the kernel has at rest: nothing
 
     @property
     def pid(self) -> int:
@@ -99,18 +101,9 @@ class Kernel:
         return eval(out.stdout.strip())
 
     def live_children(self) -> list[psutil.Process]:
-        helpers = ("forkserver", "resource_tracker")
-        kids = psutil.Process(self.pid).children(recursive=True)
-        alive = []
-        for child in kids:
-            try:
-                if child.status() != psutil.STATUS_ZOMBIE and not any(
-                    h in " ".join(child.cmdline()) for h in helpers
-                ):
-                    alive.append(child)
-            except psutil.NoSuchProcess:
-                pass
-        return alive
+        """The kernel's live descendants and orphans of its session, except its own forkserver
+        and resource tracker (its forkserver ranks count: see tests/procguard.py)."""
+        return list(self._watch.alive().values())
 
     def shutdown(self) -> None:
         self.client.stop_channels()

@@ -108,6 +108,9 @@ def test_a_three_rank_run_ends_with_every_bar_full_and_green(run_notebook) -> No
     data = widget_output(cell)
     assert data["text/plain"].splitlines()[0].startswith("[rank 0] train 40/40")
     assert "HBox" not in data["text/plain"] and "VBox" not in data["text/plain"]
+    # A saved notebook keeps what the ranks printed (the end of it) in the text version.
+    assert all(f"[rank {rank}] rank {rank} finished" in data["text/plain"] for rank in range(3))
+    assert data["text/plain"].splitlines()[-1].startswith("Done in")
 
 
 @pytest.mark.timeout(300)

@@ -76,3 +76,10 @@ def lost_peer_everywhere() -> None:
     """Every rank fails with what looks like a lost connection (no rank to blame but these)."""
     time.sleep(0.1 * int(os.environ["RANK"]))
     raise RuntimeError("Connection closed by peer [10.0.0.9]:4242")
+
+
+def only_node_zero_finishes() -> int:
+    """Node 0's ranks return at once; the other nodes' ranks keep working."""
+    if os.environ["GROUP_RANK"] != "0":
+        time.sleep(120)
+    return int(os.environ["RANK"])

@@ -113,6 +113,12 @@ def test_same_cell_in_two_kernels_forms_one_job(sessions: list[Session], endpoin
     assert node0.error is None and node1.error is None, (node0.error, node1.error)
     assert "RESULT [(0, 100.0), (1, 100.0)]" in node0.stdout
     assert "RESULT [(2, 100.0), (3, 100.0)]" in node1.stdout
+    # Each kernel's dashboard has a row for each of its own ranks, and none for the others'.
+    for session, mine, theirs in ((node0, (0, 1), (2, 3)), (node1, (2, 3), (0, 1))):
+        for rank in mine:
+            assert f"<b>rank {rank}</b>" in session.comm_text
+        for rank in theirs:
+            assert f"<b>rank {rank}</b>" not in session.comm_text
 
     # Re-running the cell on both kernels (same endpoint) launches again.
     for session in sessions:

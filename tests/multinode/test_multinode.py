@@ -170,3 +170,16 @@ def test_timeout_on_one_node_stops_both(cluster: Cluster, endpoint: str):
     assert "timeout=4" in r0["text"]
     assert r1["error"] == "TimeoutError"
     assert "Node 0 reached its notebook_launcher(timeout=...) and stopped the run" in r1["text"]
+
+
+def test_a_node_lost_while_the_others_wait_at_the_end_is_noticed(cluster: Cluster, endpoint: str):
+    """Node 1's kernel dies (its ranks die with it) after node 0's ranks finished: node 0 must
+    not wait for it forever (its silence counts once rdzv_timeout passed)."""
+    first = cluster.start(0, [launch("only_node_zero_finishes", endpoint, 0, rdzv_timeout=5)])
+    second = cluster.start(1, [launch("only_node_zero_finishes", endpoint, 1, rdzv_timeout=5)])
+    wait_for_text(first, "finished; waiting for the other nodes (1 of 2 done)", timeout=90)
+    second.process.kill()
+    second.process.wait()
+    (result,) = first.wait(timeout=60)
+    assert result["error"] == "LaunchError", first.describe()
+    assert "node 1 stopped responding before its ranks finished" in result["text"]

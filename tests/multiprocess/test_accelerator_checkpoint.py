@@ -88,6 +88,9 @@ def run_and_resume(directory: str) -> tuple[dict, dict]:
 
 
 def test_resumed_run_matches_uninterrupted_run_bitwise(tmp_path):
+    # The directory already holds a file of the user's: the ranks save next to it (in place).
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "tokenizer.json").write_text("{}")
     results = notebook_launcher(
         run_and_resume,
         (str(tmp_path / "ck"),),
@@ -112,12 +115,14 @@ def test_resumed_run_matches_uninterrupted_run_bitwise(tmp_path):
             "model.safetensors",
             "nbtrain_checkpoint.json",
             "optimizer.bin",
-            "rank_0.pt",
-            "rank_1.pt",
+            "random_states_0.pkl",
+            "random_states_1.pkl",
             "scaler.pt",
             "scheduler.bin",
+            "tokenizer.json",
         ]
     )
+    assert (tmp_path / "ck" / "tokenizer.json").read_text() == "{}"
     assert sorted(os.listdir(tmp_path)) == ["ck"], "no partial or old directory left behind"
 
 

@@ -5,7 +5,9 @@ it saw and the test compares it with what a single process computes here."""
 
 from __future__ import annotations
 
+import itertools
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -37,7 +39,9 @@ class Stream(IterableDataset):
 
 
 def metrics_over_many_sizes():
-    """gather_for_metrics over prepared loaders of many dataset and batch sizes."""
+    """gather_for_metrics over prepared loaders of many dataset and batch sizes; uneven batches;
+    no_sync; all in a process group the user's own code made."""
+    torch.distributed.init_process_group("gloo")  # before the Accelerator, as user code may
     acc = Accelerator()
     world = acc.num_processes
     seen: dict[Any, Any] = {}
@@ -74,6 +78,41 @@ def metrics_over_many_sizes():
     # Worker processes inside a rank.
     loader = acc.prepare(DataLoader(TensorDataset(torch.arange(9)), batch_size=2, num_workers=2))
     seen["workers"] = torch.cat([acc.gather_for_metrics(x) for (x,) in loader]).tolist()
+    # Tensors gathered as objects: every rank's rows in one list, duplicates dropped alike.
+    for length in (5, 7):
+        loader = acc.prepare(DataLoader(TensorDataset(torch.arange(length)), batch_size=2))
+        rows = [acc.gather_for_metrics(x, use_gather_object=True) for (x,) in loader]
+        seen[("object_rows", length)] = [int(row) for step in rows for row in step]
+    # even_batches=False: what each rank gets (no collective inside the loops: ranks get
+    # different numbers of batches), with the end of its dataloader flagged on its last batch.
+    acc.even_batches = False
+    for length, batch, split in itertools.product((5, 7, 9), (1, 2, 3), (False, True)):
+        acc.split_batches = split
+        size = batch * world if split else batch
+        loader = acc.prepare(DataLoader(TensorDataset(torch.arange(length)), batch_size=size))
+        got = [(x.tolist(), loader.end_of_dataloader) for (x,) in loader]
+        seen[("uneven", length, size, split)] = (len(loader), got)
+    acc.even_batches, acc.split_batches = True, False
+    # no_sync(model): gradients stay local inside the block and are averaged outside it.
+    model = acc.prepare(torch.nn.Linear(2, 1, bias=False))
+    x = torch.ones(1, 2) * (acc.process_index + 1)
+    with acc.no_sync(model):
+        model(x).sum().backward()
+    local = acc.unwrap_model(model).weight.grad.clone()
+    model.zero_grad()
+    model(x).sum().backward()
+    synced = acc.unwrap_model(model).weight.grad.clone()
+    # Two forwards without sync; the second backward, triggered, all-reduces both.
+    model.zero_grad()
+    with acc.no_sync(model):
+        first, second = model(x).sum(), model(2 * x).sum()
+    acc.backward(first)
+    with acc.trigger_sync_in_backward(model):
+        acc.backward(second)
+    seen["no_sync"] = (local, synced, acc.unwrap_model(model).weight.grad.clone())
+    acc.end_training()  # the group is the user's: it stays
+    seen["user_group_kept"] = torch.distributed.is_initialized()
+    torch.distributed.destroy_process_group()
     return seen
 
 
@@ -82,7 +121,11 @@ def test_gather_for_metrics_counts_every_sample_once(world):
     seen = notebook_launcher(
         metrics_over_many_sizes, num_processes=world, start_method="fork", return_all=True, **QUIET
     )
-    assert all(s == seen[0] for s in seen), "every rank gathers the same data"
+    per_rank = {"no_sync", "user_group_kept"}
+    gathered = [
+        {k: v for k, v in s.items() if k not in per_rank and k[0] != "uneven"} for s in seen
+    ]
+    assert all(g == gathered[0] for g in gathered), "every rank gathers the same data"
     result = seen[0]
     for key, values in result.items():
         if key[0] == "map" or key[0] == "iterable":
@@ -96,9 +139,29 @@ def test_gather_for_metrics_counts_every_sample_once(world):
     assert first != list(range(11)), "shuffled"
     assert sorted(result["workers"]) == list(range(9))
     assert len(result["sampled"]) == len(set(result["sampled"])) == 5
+    for length in (5, 7):
+        assert result[("object_rows", length)] == list(range(length))
+    for key in [k for k in result if k[0] == "uneven"]:
+        _, length, size, split = key
+        per_rank = [s[key] for s in seen]
+        for count, got in per_rank:
+            assert count == len(got), key
+            assert [end for _, end in got] == [False] * (len(got) - 1) + [True] * bool(got), key
+        batches = [batch for _, got in per_rank for batch, _ in got]
+        assert sorted(i for batch in batches for i in batch) == list(range(length)), key
+        if not split:  # batch i of the original loader goes to rank i % world
+            original = [list(range(i, min(i + size, length))) for i in range(0, length, size)]
+            for rank, (_, got) in enumerate(per_rank):
+                assert [batch for batch, _ in got] == original[rank::world], key
+    for rank, s in enumerate(seen):
+        local, synced, triggered = s["no_sync"]
+        assert torch.equal(local, torch.full((1, 2), rank + 1.0)), "no all-reduce inside no_sync"
+        assert torch.equal(synced, torch.full((1, 2), (world + 1) / 2)), "averaged outside"
+        assert torch.equal(triggered, torch.full((1, 2), 3 * (world + 1) / 2)), "both averaged"
+        assert s["user_group_kept"], "end_training() left the user's process group alone"
 
 
-def every_collective():
+def every_collective(markers: str):
     acc = Accelerator()
     rank, world = acc.process_index, acc.num_processes
     out = {}
@@ -117,6 +180,11 @@ def every_collective():
     # pad
     out["pad"] = acc.pad_across_processes(torch.ones(rank + 1, 2), dim=0, pad_index=-1)
     out["pad_first"] = acc.pad_across_processes(torch.ones(2, rank + 1), dim=1, pad_first=True)
+    # Leaves without the padded dim come back unchanged (a batch of 2-D ids and 1-D lengths).
+    batch = {"ids": torch.ones(2, rank + 1), "lengths": torch.tensor([rank + 1, 1])}
+    out["pad_mixed"] = acc.pad_across_processes(
+        {**batch, "count": torch.tensor(rank)}, dim=1, pad_index=-1
+    )
     # broadcast (in place)
     values = torch.full((3,), float(rank))
     acc.broadcast(values, from_process=world - 1)
@@ -127,14 +195,29 @@ def every_collective():
     assert isinstance(acc._collectives, Collectives)
     out["objects"] = acc._collectives.gather_object([f"r{rank}"])
     acc.wait_for_everyone()
-    order = []
-    with acc.main_process_first():
-        order.append(rank)
+    # The main process runs the block first: the others enter only after it left (it writes a
+    # marker late in the block; a missing or inverted barrier lets them in before it exists).
+    for name, first in (
+        ("main_first", acc.main_process_first),
+        ("local", acc.local_main_process_first),
+    ):
+        marker = Path(markers) / name
+        with first():
+            if rank == 0:
+                time.sleep(0.3)
+                marker.write_text("done")
+            out[name] = marker.exists()
     with acc.split_between_processes(list(range(7))) as mine:
         out["split"] = acc.gather_for_metrics(list(mine))
     decorated = acc.on_main_process(lambda: "main")
     out["on_main"] = decorated()
     out["flags"] = (acc.is_main_process, acc.is_local_main_process, acc.is_last_process)
+    out["state"] = (repr(acc.state), acc.state.num_processes, acc.state.process_index)
+    out["eval_model"] = type(acc.prepare_model(torch.nn.Linear(2, 2), evaluation_mode=True))
+    out["ddp_model"] = type(acc.prepare_model(torch.nn.Linear(2, 2)))
+    if rank == 1:
+        acc.set_trigger()  # e.g. early stopping decided on one rank
+    out["trigger"] = (acc.check_trigger(), acc.check_trigger())
     out["type"] = acc.distributed_type.value
     acc.init_trackers("project", config={"lr": 0.1})  # as in Accelerate without log_with
     acc.end_training()  # releases the process group this Accelerator made
@@ -142,9 +225,14 @@ def every_collective():
     return out
 
 
-def test_every_collective_on_three_ranks():
+def test_every_collective_on_three_ranks(tmp_path):
     results = notebook_launcher(
-        every_collective, num_processes=3, start_method="fork", return_all=True, **QUIET
+        every_collective,
+        (str(tmp_path),),
+        num_processes=3,
+        start_method="fork",
+        return_all=True,
+        **QUIET,
     )
     for rank, out in enumerate(results):
         nested = out["nested"]
@@ -163,11 +251,22 @@ def test_every_collective_on_three_ranks():
         assert out["loss"][0].tolist() == [1.0, 1.0] and out["loss"][1].shape == (6,)
         assert out["pad"].shape == (3, 2) and (out["pad"][rank + 1 :] == -1).all()
         assert out["pad_first"].shape == (2, 3) and (out["pad_first"][:, : 2 - rank] == 0).all()
+        mixed = out["pad_mixed"]
+        assert mixed["ids"].shape == (2, 3) and (mixed["ids"][:, rank + 1 :] == -1).all()
+        assert mixed["lengths"].tolist() == [rank + 1, 1] and mixed["count"].item() == rank
+        assert out["main_first"] and out["local"], "the main process ran the block first"
         assert out["broadcast"].tolist() == [2.0, 2.0, 2.0]
         assert out["objects"] == ["r0", "r1", "r2"]
         assert out["split"] == list(range(7))
         assert out["on_main"] == ("main" if rank == 0 else None)
         assert out["flags"] == (rank == 0, rank == 0, rank == 2)
+        summary, processes, index = out["state"]
+        assert (processes, index) == (3, rank)
+        assert summary.startswith("Distributed environment: MULTI_CPU  Backend: gloo\n")
+        assert f"Num processes: 3\nProcess index: {rank}\n" in summary
+        assert out["eval_model"] is torch.nn.Linear, "evaluation_mode: no DDP wrapper"
+        assert out["ddp_model"].__name__ == "DistributedDataParallel"
+        assert out["trigger"] == (True, False), "every rank sees the trigger, once"
         assert out["type"] == "MULTI_CPU"
         assert out["after_end"] == ([], False)
 

@@ -88,19 +88,30 @@ def test_launcher_precision_reaches_the_ranks_under_spawn():
 
 
 def test_fp16_with_grad_scaler_under_forkserver():
+    """fp16 with a grad scaler on real ranks: clip_grad_norm_ unscales first, so the norm it
+    returns and the weights after each step are those of an fp32-gradient reference (the same
+    fp16 forward, no loss scaling) clipped the same way."""
+
     def run():
-        acc = Accelerator()
+        from nbtrain.handlers import GradScalerKwargs
+
+        # A power-of-two scale small enough not to overflow: scaling is then exact in fp16.
+        acc = Accelerator(kwargs_handlers=[GradScalerKwargs(init_scale=256.0)])
         model = torch.nn.Linear(3, 1)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         model, optimizer = acc.prepare(model, optimizer)
+        start = [p.detach().clone() for p in model.parameters()]
         scale = acc.scaler.get_scale()
         x = torch.ones(4, 3) * (acc.process_index + 1)
+        norms, skipped = [], []
         for _ in range(3):
             acc.backward(model(x).pow(2).mean())
-            acc.clip_grad_norm_(model.parameters(), 1.0)
+            norms.append(float(acc.clip_grad_norm_(model.parameters(), 0.5)))
             optimizer.step()
+            skipped.append(acc.optimizer_step_was_skipped)
             optimizer.zero_grad()
-        return acc.mixed_precision, scale, [p.detach().clone() for p in model.parameters()]
+        params = [p.detach().clone() for p in model.parameters()]
+        return acc.mixed_precision, scale, start, norms, skipped, params
 
     results = notebook_launcher(
         run,
@@ -110,6 +121,26 @@ def test_fp16_with_grad_scaler_under_forkserver():
         return_all=True,
         **QUIET,
     )
-    (mode, scale, params0), (_, _, params1) = results
-    assert mode == "fp16" and scale == 65536.0
+    (mode, scale, start, norms, skipped, params0), (*_, params1) = results
+    assert mode == "fp16" and scale == 256.0 and skipped == [False] * 3
     assert all(torch.equal(a, b) for a, b in zip(params0, params1, strict=True)), "DDP in sync"
+    # The reference: fp32 gradients of the same fp16 forward, averaged over the two ranks.
+    reference = torch.nn.Linear(3, 1)
+    with torch.no_grad():
+        for p, value in zip(reference.parameters(), start, strict=True):
+            p.copy_(value)
+    expected_norms = []
+    for _ in range(3):
+        for rank in range(2):
+            with torch.autocast("cpu", dtype=torch.float16):
+                out = reference(torch.ones(4, 3) * (rank + 1))
+            (out.float().pow(2).mean() / 2).backward()  # DDP averages over 2 ranks
+        expected_norms.append(float(torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.5)))
+        with torch.no_grad():
+            for p in reference.parameters():
+                p -= 0.1 * p.grad
+                p.grad = None
+    assert min(expected_norms) > 0.5, "the reference clips every step"
+    assert norms == pytest.approx(expected_norms, rel=1e-5)
+    for got, want in zip(params0, reference.parameters(), strict=True):
+        torch.testing.assert_close(got, want.detach(), rtol=1e-5, atol=1e-6)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -12,6 +13,7 @@ import psutil
 import pytest
 import torch
 import torch.distributed as dist
+from procguard import ProcessWatch
 
 from nbtrain import WorkerError, debug_launcher, notebook_launcher
 
@@ -152,6 +154,9 @@ def exit_on_last_rank(how):
     dist.init_process_group("gloo")
     if dist.get_rank() == dist.get_world_size() - 1:
         print("about to exit", flush=False)
+        import ctypes
+
+        ctypes.CDLL(None).printf(b"printed by C just before\n")  # never flushed by hand
         if how == "sys.exit":
             sys.exit(3)
         if how == "os._exit":
@@ -176,7 +181,10 @@ def exit_on_last_rank(how):
         ("SIGKILL", -9, "SIGKILL"),
     ],
 )
-def test_hard_exits_and_signals_name_the_right_rank(method, how, exitcode, signal_name, capsys):
+def test_hard_exits_and_signals_name_the_right_rank(
+    method, how, exitcode, signal_name, capsys, monkeypatch
+):
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)  # spawned ranks: C stdout buffered
     with pytest.raises(WorkerError) as info:
         notebook_launcher(
             exit_on_last_rank, (how,), num_processes=3, start_method=method, progress="off"
@@ -192,6 +200,7 @@ def test_hard_exits_and_signals_name_the_right_rank(method, how, exitcode, signa
         assert "exit_on_last_rank" in err.remote_traceback
     out = capsys.readouterr().out
     assert "[rank 2] about to exit" in out, "a line printed just before the crash was lost"
+    assert "[rank 2] printed by C just before" in out, "C's stdout lost its last line"
 
 
 def test_rank_zero_failure_is_root_cause_too(method):
@@ -242,14 +251,26 @@ def test_ranks_see_the_environment_of_the_kernel_now_not_at_first_launch(method,
     )
     assert values == [("fresh", None), ("fresh", None)]
 
-def test_timeout_stops_every_rank(method):
-    def hang():
-        time.sleep(600)
+def hang_and_record(directory):
+    with open(os.path.join(directory, os.environ["RANK"]), "w") as handle:
+        handle.write(f"{os.getpid()} {psutil.Process().create_time()}")
+    time.sleep(600)
 
+
+def test_timeout_stops_every_rank(method, tmp_path):
     t0 = time.monotonic()
-    with pytest.raises(TimeoutError, match=r"timeout=1\.5"):
-        notebook_launcher(hang, num_processes=2, start_method=method, timeout=1.5, **QUIET)
+    with pytest.raises(TimeoutError, match=rf"timeout={HANG_TIMEOUT[method]:g}\b"):
+        notebook_launcher(hang_and_record, (str(tmp_path),), num_processes=2,
+                          start_method=method, timeout=HANG_TIMEOUT[method], **QUIET)
     assert time.monotonic() - t0 < 30
+    ranks = [path.read_text().split() for path in sorted(tmp_path.iterdir())]
+    assert len(ranks) == 2, "a rank never started: the timeout came too early"
+    for pid, created in ranks:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            rank = psutil.Process(int(pid))
+            assert rank.create_time() != float(created) or rank.status() == psutil.STATUS_ZOMBIE, (
+                f"rank pid {pid} still runs after the timeout"
+            )
 
 
 def stuck_in_barrier():
@@ -282,12 +303,16 @@ def chatty(lines):
             sys.stderr.write(f"r{rank}-err{i}\n")
     os.write(1, f"r{rank}-raw-fd-write\n".encode())
     libc = ctypes.CDLL(None)
+    # No fflush: the rank ends with os._exit (as multiprocessing does), which flushes no C
+    # buffer, so the line arrives only because ranks line-buffer C's stdout.
     libc.printf(f"r{rank}-from-c-printf\n".encode())
-    libc.fflush(None)
     return rank
 
 
-def test_output_arrives_in_whole_prefixed_lines(method, capsys):
+def test_output_arrives_in_whole_prefixed_lines(method, capsys, monkeypatch):
+    # C's stdout on a pipe is fully buffered unless Python runs unbuffered: make the printf
+    # check below mean something in spawned ranks even where PYTHONUNBUFFERED is set.
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)
     notebook_launcher(chatty, (300,), num_processes=2, start_method=method, progress="off")
     captured = capsys.readouterr()
     out_lines = captured.out.splitlines()
@@ -303,22 +328,20 @@ def test_output_arrives_in_whole_prefixed_lines(method, capsys):
     assert stray == []
 
 
-def test_output_modes(capsys):
-    notebook_launcher(chatty, (3,), num_processes=2, output="main", progress="off")
+def test_output_modes(method, capsys):
+    notebook_launcher(chatty, (3,), num_processes=2, start_method=method, output="main",
+                      progress="off")
     out = capsys.readouterr().out
     assert "[rank 0] r0-line0000" in out and "[rank 1]" not in out
-    notebook_launcher(chatty, (3,), num_processes=2, output="none", progress="off")
+    notebook_launcher(chatty, (3,), num_processes=2, start_method=method, output="none",
+                      progress="off")
     assert "r0-line" not in capsys.readouterr().out
 
 
 def live_ranks(me):
-    """Child processes other than the long-lived forkserver and resource tracker."""
-    helpers = ("forkserver", "resource_tracker")
-    return [
-        c
-        for c in me.children(recursive=True)
-        if not any(h in " ".join(c.cmdline()) for h in helpers)
-    ]
+    """Live descendants other than the long-lived forkserver and resource tracker themselves
+    (a forkserver launch's ranks count: see tests/procguard.py)."""
+    return sorted(ProcessWatch(me.pid).alive())
 
 
 def _own_state():
@@ -326,7 +349,7 @@ def _own_state():
     return len(live_ranks(me)), me.num_fds(), threading.active_count()
 
 
-def test_relaunch_after_success_failure_and_timeout_leaks_nothing():
+def test_relaunch_after_success_failure_and_timeout_leaks_nothing(method):
     def maybe_fail(kind):
         if kind == "fail" and os.environ["RANK"] == "1":
             raise RuntimeError("planned")
@@ -334,41 +357,44 @@ def test_relaunch_after_success_failure_and_timeout_leaks_nothing():
             time.sleep(600)
         return kind
 
-    notebook_launcher(maybe_fail, ("ok",), num_processes=2, **QUIET)  # warm up imports
+    run = {"num_processes": 2, "start_method": method, **QUIET}
+    notebook_launcher(maybe_fail, ("ok",), **run)  # warm up imports (and the forkserver)
     before = _own_state()
-    for _ in range(4):
-        assert notebook_launcher(maybe_fail, ("ok",), num_processes=2, **QUIET) == "ok"
+    for _ in range(4 if method == "fork" else 2):  # spawn costs seconds per launch
+        assert notebook_launcher(maybe_fail, ("ok",), **run) == "ok"
         with pytest.raises(WorkerError):
-            notebook_launcher(maybe_fail, ("fail",), num_processes=2, **QUIET)
+            notebook_launcher(maybe_fail, ("fail",), **run)
         with pytest.raises(TimeoutError):
-            notebook_launcher(maybe_fail, ("hang",), num_processes=2, timeout=0.5, **QUIET)
+            notebook_launcher(maybe_fail, ("hang",), timeout=HANG_TIMEOUT[method] / 2, **run)
     after = _own_state()
     assert after == before, f"(children, fds, threads) grew from {before} to {after}"
 
 
-def test_keyboard_interrupt_stops_every_rank():
-    started = threading.Event()
-
-    def hang():
-        time.sleep(600)
-
-    def interrupt_soon():
-        started.wait(10)
-        time.sleep(1.0)
+def test_keyboard_interrupt_stops_every_rank(method, tmp_path):
+    def interrupt_once_the_ranks_run():
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
         os.kill(os.getpid(), signal.SIGINT)
 
     me = psutil.Process()
-    thread = threading.Thread(target=interrupt_soon)
+    thread = threading.Thread(target=interrupt_once_the_ranks_run)
     thread.start()
-    started.set()
-    with pytest.raises(KeyboardInterrupt):
-        notebook_launcher(hang, num_processes=2, **QUIET)
-    thread.join()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            notebook_launcher(hang_and_record, (str(tmp_path),), num_processes=2,
+                              start_method=method, **QUIET)
+    finally:
+        thread.join()
     assert live_ranks(me) == []
-    assert notebook_launcher(lambda: "again", num_processes=2, **QUIET) == "again"
+    for pid, created in (path.read_text().split() for path in tmp_path.iterdir()):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            assert psutil.Process(int(pid)).create_time() != float(created), "a rank survived"
+    assert notebook_launcher(lambda: "again", num_processes=2, start_method=method,
+                             **QUIET) == "again"
 
 
-def test_rank_killed_by_sigint_is_not_a_success():
+def test_rank_killed_by_sigint_is_not_a_success(method):
     """Jupyter may SIGINT the whole process group: an interrupted rank must never look done."""
 
     def interrupted():
@@ -378,7 +404,7 @@ def test_rank_killed_by_sigint_is_not_a_success():
         return "done"
 
     with pytest.raises(WorkerError) as info:
-        notebook_launcher(interrupted, num_processes=2, **QUIET)
+        notebook_launcher(interrupted, num_processes=2, start_method=method, **QUIET)
     assert info.value.rank == 1 and info.value.type_name == "KeyboardInterrupt"
 
 
@@ -523,3 +549,241 @@ def test_launch_where_every_rank_only_lost_a_peer_is_a_failure():
         with pytest.raises(WorkerError) as info:
             notebook_launcher(lost_peer, num_processes=2, **QUIET)
         assert "Connection closed by peer" in str(info.value)
+
+
+# --- A rank that returned but cannot exit --------------------------------------------------
+
+
+def leave_something_running():
+    """Rank 0 forgets a non-daemon thread, rank 1 a non-daemon child process: interpreter
+    shutdown would wait for them forever."""
+    import multiprocessing
+
+    if os.environ["RANK"] == "0":
+        threading.Thread(target=time.sleep, args=(600,), name="forgotten-poller").start()
+    else:
+        multiprocessing.get_context("fork").Process(
+            target=time.sleep, args=(600,), name="forgotten-child", daemon=False
+        ).start()
+    return int(os.environ["RANK"]) * 10
+
+
+def test_a_rank_that_returned_but_cannot_exit_is_stopped_and_its_result_kept(
+    method, monkeypatch, capsys
+):
+    import nbtrain.launcher
+
+    monkeypatch.setattr(nbtrain.launcher, "EXIT_WAIT", 1.0)  # the default is a few seconds
+    values = notebook_launcher(leave_something_running, num_processes=2, start_method=method,
+                               return_all=True, progress="off")
+    assert values == [0, 10]
+    err = capsys.readouterr().err
+    assert (
+        "[rank 0] [nbtrain] rank 0 returned but did not exit within 1s (non-daemon thread "
+        "'forgotten-poller' still running?); stopped it" in err
+    ), err
+    assert (
+        "[rank 1] [nbtrain] rank 1 returned but did not exit within 1s (non-daemon child "
+        "process 'forgotten-child'" in err
+    ), err
+    # The autouse guard checks that the forgotten child process went with its rank.
+
+
+# --- A rank that floods its output ---------------------------------------------------------
+
+
+def flood(fail_after=None):
+    """Rank 0 prints in a tight loop forever; rank 1 fails after ``fail_after`` s (or hangs)."""
+    if os.environ["RANK"] == "1":
+        time.sleep(fail_after if fail_after is not None else 600)
+        raise ValueError("rank 1 failed while rank 0 flooded")
+    import fcntl
+
+    with contextlib.suppress(OSError):  # a deep pipe: the kernel never finds it empty
+        fcntl.fcntl(1, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
+    block = b"x\n" * (1 << 16)  # short lines: reading them costs the kernel far more than
+    while True:  # writing them costs the rank
+        os.write(1, block)
+
+
+def test_a_flooding_rank_cannot_hold_off_the_timeout():
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"timeout=2\b"):
+        notebook_launcher(flood, num_processes=2, timeout=2, **QUIET)
+    # Not a speed test: without a per-pass read budget, the loop never leaves rank 0's pipe.
+    assert time.monotonic() - start < 60
+
+
+def test_a_flooding_rank_cannot_hide_a_peers_failure():
+    with pytest.raises(WorkerError) as info:
+        notebook_launcher(flood, (1.0,), num_processes=2, **QUIET)
+    assert info.value.rank == 1 and "while rank 0 flooded" in str(info.value)
+
+
+# --- A SIGTERM handler that raises ---------------------------------------------------------
+
+
+def sigterm_raises(peer_fails):
+    """Like a library that turns SIGTERM into an exception (so a job scheduler's stop becomes
+    a clean shutdown): the launcher's stop request must not become the root cause."""
+
+    def handler(signum, frame):
+        raise RuntimeError("received SIGTERM, shutting down")
+
+    signal.signal(signal.SIGTERM, handler)
+    if peer_fails and os.environ["RANK"] == "1":
+        time.sleep(0.5)
+        raise ValueError("the real failure")
+    time.sleep(600)
+
+
+def test_a_timeout_stays_a_timeout_when_ranks_raise_on_sigterm(method):
+    with pytest.raises(TimeoutError, match=r"timeout=") as info:
+        notebook_launcher(sigterm_raises, (False,), num_processes=2, start_method=method,
+                          timeout=HANG_TIMEOUT[method], **QUIET)
+    assert "rank 0 was in " in str(info.value)
+
+
+def test_a_rank_raising_on_sigterm_is_stopped_not_a_second_failure():
+    with pytest.raises(WorkerError) as info:
+        notebook_launcher(sigterm_raises, (True,), num_processes=2, **QUIET)
+    assert info.value.rank == 1 and info.value.type_name == "ValueError", str(info.value)
+    assert info.value.other_failures == {}, str(info.value)
+
+
+HANG_TIMEOUT = {"fork": 2.0, "forkserver": 3.0, "spawn": 8.0}  # after start-up
+
+
+# --- num_processes=1 -----------------------------------------------------------------------
+
+
+def test_single_process_timeout_off_the_main_thread_is_refused_before_anything_runs():
+    ran, caught = [], []
+
+    def body():
+        try:
+            notebook_launcher(lambda: ran.append(1), num_processes=1, timeout=5, **QUIET)
+        except ValueError as exc:
+            caught.append(str(exc))
+
+    thread = threading.Thread(target=body, name="cell-helper")
+    thread.start()
+    thread.join()
+    assert ran == [], "the function ran although the launch was refused"
+    assert len(caught) == 1 and "timeout=5" in caught[0] and "main thread" in caught[0]
+    assert "num_processes=2" in caught[0]
+
+
+class BrokenView:
+    """A frontend that fails on close (a closed comm, a dead browser tab)."""
+
+    def draw(self, state):
+        pass
+
+    def note(self, text):
+        pass
+
+    def close(self, state):
+        raise RuntimeError("frontend gone")
+
+
+def test_single_process_outcomes_survive_a_broken_frontend(monkeypatch):
+    import nbtrain.launcher
+
+    monkeypatch.setattr(nbtrain.launcher, "_view", lambda config: BrokenView())
+
+    def broken():
+        raise ZeroDivisionError("the real error")
+
+    assert notebook_launcher(lambda: 5, num_processes=1, **QUIET) == 5
+    with pytest.raises(WorkerError, match="the real error"):
+        notebook_launcher(broken, num_processes=1, **QUIET)
+    with pytest.raises(TimeoutError):
+        notebook_launcher(lambda: time.sleep(30), num_processes=1, timeout=0.5, **QUIET)
+
+
+# --- Results the kernel cannot load --------------------------------------------------------
+
+
+def return_an_object_of_a_rank_only_module(directory):
+    sys.path.insert(0, directory)
+    import nbtrain_rank_only_module
+
+    return nbtrain_rank_only_module.Checkpointish(3)
+
+
+def test_a_result_whose_class_exists_only_in_the_rank_gets_a_clear_error(tmp_path):
+    from nbtrain.errors import ResultError
+
+    (tmp_path / "nbtrain_rank_only_module.py").write_text(
+        "class Checkpointish:\n    def __init__(self, step):\n        self.step = step\n"
+    )
+    with pytest.raises(ResultError) as info:
+        notebook_launcher(return_an_object_of_a_rank_only_module, (str(tmp_path),),
+                          num_processes=2, **QUIET)
+    text = str(info.value)
+    assert info.value.rank == 0 and "rank 0" in text
+    assert "nbtrain_rank_only_module.Checkpointish" in text
+    assert "state_dict" in text and "plain data" in text
+    assert isinstance(info.value.__cause__, ModuleNotFoundError)
+
+
+# --- Event transport -----------------------------------------------------------------------
+
+
+def send_a_corrupt_event():
+    from nbtrain import events, runtime
+
+    fd = runtime.current().sink._fd
+    garbage = b"\x80\x05not a pickle"
+    flags = events._FIRST | events._LAST  # one whole frame, whose payload cannot be unpickled
+    os.write(fd, events._PACKET.pack(os.getpid(), len(garbage), flags) + garbage)
+    return "still here"
+
+
+def test_an_undecodable_event_is_reported_and_the_launch_goes_on(capsys):
+    assert notebook_launcher(send_a_corrupt_event, num_processes=2, progress="off") == "still here"
+    err = capsys.readouterr().err
+    assert "[rank 0] [nbtrain] protocol error: an event from process" in err, err
+    assert "could not be decoded" in err
+
+
+# --- Warm forkserver, and a worker path without ipywidgets ---------------------------------
+
+
+def server_of_this_rank():
+    return os.getppid()
+
+
+def test_warm_forkserver_keeps_torch_loaded_for_later_launches():
+    """Later launches reuse the same server, which has torch loaded (its shared libraries are
+    mapped): a rank forked from it does not import torch again."""
+    first = notebook_launcher(server_of_this_rank, num_processes=2, start_method="forkserver",
+                              return_all=True, **QUIET)
+    second = notebook_launcher(server_of_this_rank, num_processes=2, start_method="forkserver",
+                               return_all=True, **QUIET)
+    assert len(set(first + second)) == 1, f"the forkserver changed: {first} then {second}"
+    with open(f"/proc/{first[0]}/maps") as maps:
+        assert "libtorch" in maps.read(), "the forkserver has not imported torch"
+
+
+def train_step_and_report():
+    import nbtrain
+    from nbtrain import Accelerator
+
+    acc = Accelerator()
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = acc.prepare(model, optimizer)
+    loss = model(torch.ones(2, 4)).sum()
+    acc.backward(loss)
+    optimizer.step()
+    for _ in nbtrain.progress(range(3), desc="steps"):
+        nbtrain.log({"loss": float(loss)})
+    return sorted(name for name in sys.modules if name.split(".")[0] in ("ipywidgets", "IPython"))
+
+
+def test_the_worker_path_imports_no_widgets():
+    loaded = notebook_launcher(train_step_and_report, num_processes=2, start_method="spawn",
+                               **QUIET)
+    assert not [name for name in loaded if name.startswith("ipywidgets")], loaded

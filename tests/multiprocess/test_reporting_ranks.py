@@ -66,6 +66,7 @@ def check_rank_events(events: list[Event], rank: int, steps: int) -> None:
     finished = of(events, Finished, rank)
     assert len(finished) == 1
     assert events.index(progress[-1]) < events.index(finished[0])
+    assert events.index(logs[-1]) < events.index(finished[0])  # val_acc, held, then flushed
 
 
 @pytest.mark.timeout(120)
@@ -100,6 +101,47 @@ def test_a_failing_rank_reports_where_it_stopped(received) -> None:
     assert (last.step, last.total) == (17, STEPS)
     assert of(received, Log, 1)[-1].values["loss"] == 17.0  # the metric logged just before
     assert of(received, Failed, 1)[0].message == "boom on rank 1"
+
+
+def raw_loop(steps: int, fail_rank: int | None = None) -> int:
+    """Raw DDP style: log() every step, no progress() loop around it."""
+    import os
+
+    from nbtrain import log
+
+    rank = int(os.environ["RANK"])
+    for i in range(steps):
+        time.sleep(0.003)
+        log({"loss": float(i)}, step=i)
+        if rank == fail_rank and i == steps // 2:
+            raise ValueError(f"boom on rank {rank}")
+    return rank
+
+
+@pytest.mark.timeout(120)
+def test_raw_logs_every_step_are_coalesced_and_the_last_arrives_first(received) -> None:
+    assert notebook_launcher(
+        raw_loop, (STEPS,), num_processes=2, start_method="fork", progress="off",
+        return_all=True,
+    ) == [0, 1]
+    for rank in (0, 1):
+        logs = of(received, Log, rank)
+        assert logs[-1].values == {"loss": STEPS - 1.0} and logs[-1].step == STEPS - 1
+        duration = logs[-1].time - logs[0].time
+        assert len(logs) <= duration / INTERVAL + 4, "logs outside a loop were not coalesced"
+        assert received.index(logs[-1]) < received.index(of(received, Finished, rank)[0])
+
+
+@pytest.mark.timeout(120)
+def test_a_failing_rank_sends_its_last_raw_log_before_failed(received) -> None:
+    with pytest.raises(WorkerError) as caught:
+        notebook_launcher(
+            raw_loop, (STEPS, 1), num_processes=2, start_method="fork", progress="off"
+        )
+    assert caught.value.rank == 1
+    logs = of(received, Log, 1)
+    assert logs[-1].values == {"loss": STEPS // 2}  # logged just before it raised
+    assert received.index(logs[-1]) < received.index(of(received, Failed, 1)[0])
 
 
 def trainer_run(output_dir: str) -> dict:

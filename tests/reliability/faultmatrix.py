@@ -82,6 +82,8 @@ class CaseResult:
         if self.fault == "hang":
             if not isinstance(err, TimeoutError) or "timeout=" not in str(err):
                 return [f"expected TimeoutError naming timeout=, got {err!r}"]
+            if f"rank {self.victim_rank} was in " not in str(err):
+                return [f"the TimeoutError does not say where rank {self.victim_rank} was: {err}"]
             return []
         if not isinstance(err, WorkerError):
             return [f"expected WorkerError, got {err!r}"]

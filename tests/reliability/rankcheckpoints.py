@@ -102,6 +102,7 @@ def trial(report: str, load_dir: str | None, save_dir: str | None, generation: i
         threading.Timer(delay, os.kill, (os.getpid(), signal.SIGKILL)).start()
     saved_at = time.monotonic()
     acc.save_state(save_dir)
+    Path(f"{report}.returned.{rank}").write_text("")  # a victim without one died mid-save
     if rank == 0:
         Path(f"{report}.saved").write_text(repr(time.monotonic() - saved_at))
     if rank == victim:

@@ -6,8 +6,10 @@ DataLoader workers iterate, during save_state} = 144 cases. For each one:
 
 - the root cause is exact: the victim's rank, its exit code or signal, its traceback (a Python
   one, or faulthandler's dump for SIGSEGV), never the peer that lost its connection;
-- control comes back promptly (a generous bound that only catches hangs; the figures are in
-  the summary table and benchmarks/reliability.py);
+- control comes back promptly: the launcher's SIGTERM-to-SIGKILL grace is raised to
+  STOP_GRACE here, and control must be back well before it, so a stop that only SIGKILL ends
+  fails (the bound is still generous for a loaded machine; the figures are in the summary table
+  and benchmarks/reliability.py); a hang's TimeoutError names where the victim was stuck;
 - no process survives: every rank and every DataLoader worker recorded its pid (with its start
   time, against pid reuse) and psutil must find each of them gone;
 - the next launch in the same process works.
@@ -32,7 +34,15 @@ from faultmatrix import all_cases, run_case
 
 pytestmark = [pytest.mark.fault_matrix, pytest.mark.timeout(180)]
 
-CONTROL_BACK_WITHIN = 30.0  # seconds from the fault; the grace before SIGKILL is 2 s
+STOP_GRACE = 30.0  # the launcher's grace before SIGKILL, for the matrix (2 s by default)
+CONTROL_BACK_WITHIN = 15.0  # seconds from the fault (a hang: from the timeout's expiry)
+
+
+@pytest.fixture(autouse=True)
+def stops_must_not_need_sigkill(monkeypatch):
+    import nbtrain.launcher
+
+    monkeypatch.setattr(nbtrain.launcher, "GRACE", STOP_GRACE)
 
 
 class TracebackLost(AssertionError):
@@ -50,7 +60,9 @@ def _cases() -> list:
 def test_fault(method, phase, fault, victim, tmp_path):
     result = run_case(method, phase, fault, victim, tmp_path)
     assert result.problems() == [], repr(result.error)
-    assert result.seconds < CONTROL_BACK_WITHIN, "the kernel did not get control back"
+    assert result.seconds < CONTROL_BACK_WITHIN, (
+        f"control came back after {result.seconds:.1f}s: did the stop wait for SIGKILL?"
+    )
     lost = result.traceback_problems()
     if lost:
         raise TracebackLost(lost)

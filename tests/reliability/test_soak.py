@@ -9,6 +9,8 @@ the kernel's resident memory (growth within 30 MB).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from kernelutil import running_kernel
 
@@ -18,12 +20,17 @@ LAUNCHES = 100
 WARM_UP = 10
 RSS_GROWTH_LIMIT = 30 << 20
 
+TESTS = Path(__file__).resolve().parent.parent
+
 SETUP = """
-import gc, os, threading, time, psutil, torch
+import gc, os, sys, threading, time, psutil, torch
 import torch.distributed as dist
 from nbtrain import notebook_launcher, WorkerError
+sys.path.insert(0, TESTS_DIR)  # procguard
+from procguard import ProcessWatch
 
 me = psutil.Process()
+processes = ProcessWatch()  # forkserver ranks and orphans count, the helpers themselves not
 
 def fd_targets():
     found = {}
@@ -38,12 +45,9 @@ def snapshot():
     # Counts at rest: the least seen over a few samples (the kernel's own machinery opens
     # short-lived descriptors now and then; a leak would add one per launch).
     gc.collect()
-    helpers = ("forkserver", "resource_tracker")
     samples = []
     for _ in range(5):
-        kids = [c for c in me.children(recursive=True)
-                if c.status() != psutil.STATUS_ZOMBIE
-                and not any(h in " ".join(c.cmdline()) for h in helpers)]
+        kids = processes.alive()
         samples.append({"children": len(kids), "fds": len(fd_targets()),
                         "threads": threading.active_count(), "os_threads": me.num_threads(),
                         "shm": len(os.listdir("/dev/shm"))})
@@ -86,7 +90,7 @@ def launch(i):
     if kind == "loader":
         return "ok" if value == sum(range(64)) else f"wrong {value}"
     return "ok" if tuple(value.shape) == (4, 16) else f"wrong {value!r}"
-"""
+""".replace("TESTS_DIR", repr(str(TESTS)))
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@ rules, precision, errors for misuse, checkpoints on disk."""
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import json
 import os
@@ -314,16 +315,19 @@ def test_checkpoint_directories_are_replaced_atomically(tmp_path):
 def test_checkpoint_misuse_is_explained(tmp_path):
     acc = Accelerator()
     acc.prepare(torch.nn.Linear(2, 1))
-    with pytest.raises(ValueError, match="needs output_dir"):
+    with pytest.raises(ValueError, match=r"needs output_dir.*automatic_checkpoint_naming"):
         acc.save_state()
+    with pytest.raises(ValueError, match="needs input_dir"):
+        acc.load_state()
     with pytest.raises(FileNotFoundError, match="no checkpoint at that path"):
         acc.load_state(str(tmp_path / "nothing"))
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "todo.txt").write_text("keep me")
-    with pytest.raises(FileExistsError, match=r"holds other files \(todo.txt\)"):
-        acc.save_state(str(tmp_path / "notes"))
     with pytest.raises(FileNotFoundError, match="not a complete nbtrain checkpoint"):
         acc.load_state(str(tmp_path / "notes"))
+    (tmp_path / "file").write_text("")
+    with pytest.raises(NotADirectoryError, match="that path is a file"):
+        acc.save_state(str(tmp_path / "file"))
     acc.save_state(str(tmp_path / "ck"))
     other = Accelerator()
     other.prepare(torch.nn.Linear(2, 1), torch.nn.Linear(2, 1))
@@ -443,3 +447,232 @@ def test_a_scheduler_made_from_the_prepared_optimizer_steps_with_it():
                 schedule.step()
                 optimizer.zero_grad()
     assert schedule.get_last_lr() == [0.25]
+
+
+# -- checkpoint directories holding other files --------------------------------------------------
+
+
+class Counter:
+    """A registered object; ``fail`` makes its state_dict raise (a save stopped midway)."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+        self.fail = False
+
+    def state_dict(self) -> dict:
+        if self.fail:
+            raise RuntimeError("stopped while saving")
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value = state["value"]
+
+
+def counted(mixed_precision: str = "no") -> tuple[Accelerator, torch.nn.Module, Counter]:
+    acc = Accelerator(mixed_precision=mixed_precision)
+    model = acc.prepare(torch.nn.Linear(2, 1))
+    counter = Counter(0)
+    acc.register_for_checkpointing(counter)
+    return acc, model, counter
+
+
+def generation(acc: Accelerator, model: torch.nn.Module, counter: Counter, value: int) -> None:
+    with torch.no_grad():
+        acc.unwrap_model(model).weight.fill_(float(value))
+    counter.value = value
+
+
+def loaded_generation(directory, mixed_precision: str = "no") -> tuple[float, int]:
+    acc, model, counter = counted(mixed_precision)
+    acc.load_state(str(directory))
+    return float(acc.unwrap_model(model).weight[0, 0].item()), counter.value
+
+
+def user_files(directory) -> dict[str, str]:
+    return {
+        str(path.relative_to(directory)): path.read_text()
+        for path in sorted(directory.rglob("*"))
+        if path.is_file() and path.suffix in {".json", ".txt"} and path.name != checkpoint.MARKER
+    }
+
+
+def test_save_state_into_a_directory_with_other_files_keeps_them(tmp_path):
+    out = tmp_path / "out"
+    (out / "logs").mkdir(parents=True)
+    (out / "tokenizer.json").write_text("{}")
+    (out / "logs" / "run.txt").write_text("epoch 1")
+    theirs = user_files(out)
+    acc, model, counter = counted("fp16")  # (a grad scaler: scaler.pt)
+    generation(acc, model, counter, 1)
+    acc.save_state(str(out))
+    assert user_files(out) == theirs
+    assert (out / "scaler.pt").exists() and not (out / checkpoint.IN_PLACE).exists()
+    assert sorted(os.listdir(tmp_path)) == ["out"], "written in place: nothing next to it"
+    assert loaded_generation(out, "fp16") == (1.0, 1)
+    # Saving again replaces nbtrain's own files only: the user's stay, and a file the previous
+    # save wrote that this one does not (scaler.pt, no fp16 now) goes.
+    acc, model, counter = counted()
+    generation(acc, model, counter, 2)
+    acc.save_state(str(out))
+    assert user_files(out) == theirs and not (out / "scaler.pt").exists()
+    assert loaded_generation(out) == (2.0, 2)
+
+
+def test_an_in_place_save_stopped_before_its_commit_leaves_the_previous_checkpoint(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    acc, model, counter = counted()
+    generation(acc, model, counter, 1)
+    acc.save_state(str(out))
+    generation(acc, model, counter, 2)
+    counter.fail = True
+    with pytest.raises(RuntimeError, match="stopped while saving"):
+        acc.save_state(str(out))
+    assert (out / checkpoint.IN_PLACE).is_dir(), "it had started writing"
+    assert loaded_generation(out) == (1.0, 1)
+    counter.fail = False
+    generation(acc, model, counter, 3)
+    acc.save_state(str(out))  # also clears what the stopped save left
+    assert not (out / checkpoint.IN_PLACE).exists()
+    assert loaded_generation(out) == (3.0, 3) and user_files(out) == {"notes.txt": "mine"}
+
+
+def test_an_in_place_save_stopped_after_its_commit_is_finished_by_the_next_load(
+    tmp_path, monkeypatch
+):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    acc, model, counter = counted()
+    generation(acc, model, counter, 1)
+    acc.save_state(str(out))
+    generation(acc, model, counter, 2)
+    moves = []
+
+    def replace_then_stop(source, target):  # the process dies after moving one file
+        if moves:
+            raise KeyboardInterrupt
+        moves.append(target)
+        os.rename(source, target)
+
+    monkeypatch.setattr(checkpoint.os, "replace", replace_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        acc.save_state(str(out))
+    monkeypatch.undo()
+    assert not checkpoint.is_complete(out), "mid-move: the directory alone is not a checkpoint"
+    assert loaded_generation(out) == (2.0, 2), "committed: the new checkpoint is finished"
+    assert checkpoint.is_complete(out) and not (out / checkpoint.IN_PLACE).exists()
+    assert user_files(out) == {"notes.txt": "mine"}
+
+
+def test_files_added_to_a_checkpoint_while_it_is_replaced_are_carried_over(tmp_path, monkeypatch):
+    ck = tmp_path / "ck"
+    acc, model, counter = counted()
+    generation(acc, model, counter, 1)
+    acc.save_state(str(ck))  # a checkpoint of nbtrain's files only: the next save swaps
+    written = checkpoint._write_shared
+
+    inodes = []
+
+    def write_and_meanwhile(target, state, safe):  # someone writes into ck during the save
+        written(target, state, safe)
+        (ck / "late.txt").write_text("late")
+        (ck / "sub").mkdir()
+        (ck / "sub" / "deep.txt").write_text("deep")
+        inodes.append((ck / "late.txt").stat().st_ino)
+
+    monkeypatch.setattr(checkpoint, "_write_shared", write_and_meanwhile)
+    generation(acc, model, counter, 2)
+    acc.save_state(str(ck))
+    assert user_files(ck) == {"late.txt": "late", "sub/deep.txt": "deep"}
+    assert (ck / "late.txt").stat().st_ino == inodes[0], "hard-linked, not copied"
+    assert sorted(os.listdir(tmp_path)) == ["ck"]
+    assert loaded_generation(ck) == (2.0, 2)
+
+
+def test_checkpoint_files_have_accelerates_names_and_old_checkpoints_load(tmp_path, monkeypatch):
+    monkeypatch.setattr(checkpoint, "safetensors_available", lambda: False)
+    acc, model, counter = counted()
+    generation(acc, model, counter, 4)
+    acc.save_state(str(tmp_path / "ck"))
+    names = set(os.listdir(tmp_path / "ck"))
+    assert {"pytorch_model.bin", "random_states_0.pkl", "custom_checkpoint_0.pkl"} <= names
+    # The layout of format 1 (model.bin, rank_0.pt) still loads.
+    old = tmp_path / "ck"
+    os.rename(old / "pytorch_model.bin", old / "model.bin")
+    os.rename(old / "random_states_0.pkl", old / "rank_0.pt")
+    meta = json.loads((old / checkpoint.MARKER).read_text())
+    (old / checkpoint.MARKER).write_text(json.dumps({**meta, "format": 1}))
+    assert loaded_generation(old) == (4.0, 4)
+
+
+def test_load_state_passes_accelerates_keyword_arguments_on(tmp_path, monkeypatch):
+    class WithExtra(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(2, 1)
+            self.extra = torch.nn.Parameter(torch.zeros(1))
+
+    for safe in (True, False):
+        monkeypatch.setattr(checkpoint, "safetensors_available", lambda safe=safe: safe)
+        directory = str(tmp_path / f"ck{safe}")
+        acc = Accelerator()
+        acc.prepare(torch.nn.Sequential(torch.nn.Linear(2, 1)))
+        acc.save_state(directory)
+        other = Accelerator()
+        wider = other.prepare(WithExtra())
+        with pytest.raises(RuntimeError):  # strict by default: the keys differ
+            other.load_state(directory)
+        other.load_state(directory, strict=False)  # as model.load_state_dict(strict=False)
+        assert torch.equal(wider.extra, torch.zeros(1))
+    # load_kwargs reach torch.load of the other states (here: a stricter weights_only).
+    acc = Accelerator()
+    acc.register_for_checkpointing(Stamp())
+    acc.save_state(str(tmp_path / "stamped"))
+    acc.load_state(str(tmp_path / "stamped"))
+    with pytest.raises(Exception, match="weights_only"):
+        acc.load_state(str(tmp_path / "stamped"), load_kwargs={"weights_only": True})
+
+
+class Stamp:
+    """A registered object whose state holds a plain Python object (loaded only when trusted)."""
+
+    def state_dict(self) -> dict:
+        return {"when": datetime.date(2024, 1, 1)}
+
+    def load_state_dict(self, state: dict) -> None:
+        assert state["when"].year == 2024
+
+
+def test_automatic_checkpoint_naming_keeps_the_newest(tmp_path):
+    from accelerate.utils import ProjectConfiguration
+
+    config = ProjectConfiguration(
+        project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=2
+    )
+    acc = Accelerator(project_config=config)
+    model = acc.prepare(torch.nn.Linear(2, 1))
+    for value in (1.0, 2.0, 3.0):
+        with torch.no_grad():
+            model.weight.fill_(value)
+        acc.save_state()
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["checkpoint_1", "checkpoint_2"]
+    assert acc.save_iteration == config.iteration == 3 and acc.project_dir == str(tmp_path)
+    with torch.no_grad():
+        model.weight.fill_(0.0)
+    assert acc.load_state().endswith("checkpoint_2") and (model.weight == 3.0).all()
+    config.iteration = 2
+    with pytest.raises(FileExistsError, match=r"iteration = 3"):
+        acc.save_state()
+
+
+def test_a_symlinked_checkpoint_directory_stays_a_link(tmp_path):
+    (tmp_path / "disk").mkdir()
+    (tmp_path / "ck").symlink_to(tmp_path / "disk")
+    acc, model, counter = counted()
+    for value in (1, 2):
+        generation(acc, model, counter, value)
+        acc.save_state(str(tmp_path / "ck"))
+    assert (tmp_path / "ck").is_symlink() and checkpoint.is_complete(tmp_path / "disk")
+    assert loaded_generation(tmp_path / "ck") == (2.0, 2)

@@ -211,3 +211,27 @@ def test_fork_refused_when_cuda_would_be_unusable(monkeypatch):
     assert choose_start_method("auto", uses_cuda=True).method is StartMethod.FORKSERVER
     # CPU-only ranks are unaffected by a CUDA context in the parent.
     assert choose_start_method("auto", uses_cuda=False).method is StartMethod.FORK
+
+
+def test_the_precise_cuda_fork_probe_runs_and_clears_fork_here(monkeypatch):
+    """Only the hardware fact is faked (this process 'has initialised CUDA'); the probe itself
+    really forks and asks the child whether torch considers it a bad fork. On this CPU-only
+    machine no CUDA context exists, so the answer is 'not poisoned' and auto keeps fork."""
+    import os
+
+    import nbtrain.environment as environment
+
+    forks = []
+    real_fork = os.fork
+
+    def counting_fork():
+        forks.append(1)
+        return real_fork()
+
+    monkeypatch.setattr(environment, "cuda_initialized", lambda: True)
+    monkeypatch.setattr(os, "fork", counting_fork)  # counts, still forks for real
+    assert environment.fork_poisons_cuda() is False
+    assert forks == [1], "the probe did not fork"
+    choice = choose_start_method("auto", uses_cuda=True)
+    assert choice.method is StartMethod.FORK, choice.reason
+    assert choose_start_method("fork", uses_cuda=True).method is StartMethod.FORK

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from nbtrain import monitor
+from nbtrain.display.formatting import format_status
 from nbtrain.events import Exited, Failed, Finished, Log, Output, Progress, Started, Status
-from nbtrain.monitor import RankStatus, RunState
+from nbtrain.monitor import RankStatus, RunState, Verdict
 
 
 def started(rank: int, t: float = 100.0) -> Started:
@@ -226,3 +227,115 @@ def test_the_done_summary_gives_wall_time_and_the_run_step_rate() -> None:
     quiet = RunState([0])
     quiet.started_at, quiet.ended_at = 0.0, 2.0
     assert quiet.done_summary() == "Done in 2.0s"  # no progress reported: no rate
+
+
+def test_a_note_shows_while_it_holds_and_clears_when_the_rank_moves_on() -> None:
+    state = RunState([0, 1])
+    for rank in (0, 1):
+        state.apply(Status(rank, "all 2 nodes joined; starting ranks"))
+    assert format_status(state.ranks[0]) == "all 2 nodes joined; starting ranks"
+    state.apply(started(0))
+    assert format_status(state.ranks[0]) == "running"  # the rank started: the note is stale
+    assert format_status(state.ranks[1]) == "all 2 nodes joined; starting ranks"
+    state.apply(Progress(0, 5, 100, "train", time=101.0))
+    state.apply(Status(0, "rank 0 has waited 120 s in barrier (peers: rank 1)"))
+    assert format_status(state.ranks[0]).startswith("rank 0 has waited 120 s in barrier")
+    state.apply(Progress(0, 6, 100, "train", time=102.0))  # the wait ended
+    assert format_status(state.ranks[0]) == "running"
+    state.apply(started(1))
+    state.apply(Status(1, "rank 1 has waited 120 s in barrier"))
+    state.apply(Log(1, {"loss": 0.5}))  # a rank that logs without progress() moved on too
+    assert format_status(state.ranks[1]) == "running"
+
+
+def test_a_restart_starts_every_rank_afresh_but_keeps_its_metric_history() -> None:
+    state = RunState([0, 1])
+    for rank in (0, 1):
+        state.apply(started(rank, t=0.0))
+        state.apply(Progress(rank, 0, 100, "train", time=0.0))
+        state.apply(Progress(rank, 40, 100, "train", time=1.0))
+        state.apply(Log(rank, {"loss": 0.5}, step=40))
+    state.apply(failed(1, "boom", t=2.0))
+    state.apply(Exited(1, 1, None, stopped_by_launcher=False, time=2.0))
+    state.apply(Exited(0, -15, "SIGTERM", stopped_by_launcher=True, time=2.1))
+    state.restart()
+    state.apply(Status(0, "restarting every rank (restart 1 of 2): rank 1 failed"))
+    for rank in (0, 1):
+        view = state.ranks[rank]
+        assert view.status is RankStatus.STARTING and view.failure == ""
+        assert (view.step, view.total, view.rate, view.ended_at) == (0, None, None, None)
+        assert view.history["loss"] == [(40, 0.5)]  # the chart spans attempts
+    assert format_status(state.ranks[0]).startswith("restarting every rank")
+    for rank in (0, 1):
+        state.apply(started(rank, t=3.0))
+        state.apply(Progress(rank, 10, 100, "train", time=4.0))
+    assert [format_status(v) for v in state.ranks.values()] == ["running", "running"]
+    assert state.ranks[1].step == 10 and state.ranks[1].iterations == 10
+
+
+def test_started_after_a_rank_ended_is_a_new_attempt_even_without_restart() -> None:
+    state = RunState([0])
+    state.apply(started(0, t=0.0))
+    state.apply(Progress(0, 0, 100, "train", time=0.0))
+    state.apply(Progress(0, 30, 100, "train", time=1.0))
+    state.apply(failed(0, "boom", t=2.0))
+    state.apply(Exited(0, 1, None, stopped_by_launcher=False, time=2.0))
+    state.apply(started(0, t=5.0))
+    view = state.ranks[0]
+    assert view.status is RankStatus.RUNNING and format_status(view) == "running"
+    assert (view.failure, view.ended_at, view.step, view.rate) == ("", None, 0, None)
+    assert view.started_at == 5.0
+
+
+@pytest.mark.parametrize(
+    ("ending", "told", "verdict", "succeeded"),
+    [
+        ("done", None, Verdict.SUCCEEDED, True),
+        ("failed", None, Verdict.FAILED, False),
+        ("stopped", None, Verdict.STOPPED, False),  # an interrupt: nothing failed
+        ("stopped", Verdict.TIMED_OUT, Verdict.TIMED_OUT, False),
+        ("stopped", Verdict.FAILED, Verdict.FAILED, False),  # a rank on another node failed
+        ("stopped", Verdict.SUCCEEDED, Verdict.SUCCEEDED, False),  # not every rank is done
+    ],
+)
+def test_finish_records_the_verdict_told_or_what_the_ranks_show(
+    ending, told, verdict, succeeded
+) -> None:
+    state = RunState([0, 1])
+    state.apply(Finished(0, None))
+    if ending == "done":
+        state.apply(Finished(1, None))
+    elif ending == "failed":
+        state.apply(failed(1))
+    else:
+        state.apply(Exited(1, -15, "SIGTERM", stopped_by_launcher=True))
+    state.finish("summary", told)
+    assert state.verdict is verdict
+    assert state.succeeded is succeeded
+
+
+def test_the_rate_runs_on_across_epochs_of_the_same_loop() -> None:
+    # Epochs of 10 steps in 0.125 s (80 it/s): most coalesced updates (every 0.1 s) land in
+    # the next epoch, whose description differs ('epoch 2/8 · train').
+    state = RunState([0])
+    for update in range(6):
+        t = 0.1 * update
+        epoch, step = divmod(round(t * 80), 10)
+        state.apply(Progress(0, step, 10, f"epoch {epoch + 1}/8 · train", time=t))
+    assert state.ranks[0].desc == "epoch 5/8 · train"
+    assert state.ranks[0].rate == pytest.approx(80.0, rel=0.1)
+    state.apply(Progress(0, 1, 4, "epoch 6/8 · eval", time=0.6))
+    assert state.ranks[0].rate is None  # another loop: its speed is not known yet
+
+
+def test_an_output_listener_gets_every_line_even_beyond_the_cap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(monitor, "OUTPUT_CAP", 10)
+    state = RunState([0])
+    heard: list[str] = []
+    state.add_output_listener(lambda line: heard.append(line.text))
+    for i in range(25):
+        state.apply(Output(0, "stdout", f"line {i}"))
+    assert heard == [f"line {i}" for i in range(25)]
+    assert len(state.lines_since(0)) == 10  # the deque (for the widget) stays capped

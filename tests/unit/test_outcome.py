@@ -95,3 +95,65 @@ def test_a_long_faulthandler_dump_is_kept_whole():
     dump = outcome.error().remote_traceback
     assert dump.startswith("Fatal Python error: Segmentation fault")
     assert "crash_here" in dump and "level_499" in dump
+
+
+def test_a_failure_raised_after_the_launchers_stop_request_is_no_failure():
+    """A SIGTERM handler that raises (after a timeout, or a peer's failure): the stop's doing."""
+    outcome = Outcome([0, 1])
+    stopped = Failed(0, "RuntimeError", "got SIGTERM", "tb", None, 1, True, after_stop=True)
+    outcome.apply(stopped)
+    outcome.apply(Exited(0, 1, None, stopped_by_launcher=False, stop_requested=True))
+    assert not outcome.has_failure()
+    outcome.apply(failed(1, 0.5))
+    outcome.apply(Exited(1, 1, None, stopped_by_launcher=False))
+    assert outcome.root_cause() == 1 and outcome.error().other_failures == {}
+
+
+def test_a_result_the_kernel_cannot_load_names_the_rank_the_type_and_the_fix():
+    import pickle
+    import sys
+    import types
+
+    import pytest
+
+    from nbtrain.errors import ResultError
+
+    module = types.ModuleType("only_in_the_rank")
+    exec("class Weights:\n    pass\n", module.__dict__)
+    sys.modules["only_in_the_rank"] = module
+    try:
+        data = pickle.dumps({"weights": module.Weights()})
+    finally:
+        del sys.modules["only_in_the_rank"]
+    outcome = Outcome([0, 1])
+    outcome.apply(Finished(0, pack_result("fine")))
+    outcome.apply(Finished(1, data))
+    with pytest.raises(ResultError) as info:
+        outcome.results()
+    assert info.value.rank == 1 and info.value.type_name == "only_in_the_rank.Weights"
+    assert "rank 1 returned an object of type only_in_the_rank.Weights" in str(info.value)
+    assert "state_dict" in str(info.value)
+    assert pickle.loads(pickle.dumps(info.value)).rank == 1
+
+
+def test_only_the_collectives_transport_errors_count_as_a_lost_peer():
+    from nbtrain.worker import is_collateral
+
+    lost = [
+        RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by "
+                     "peer [127.0.0.1]:40123"),
+        RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed "
+                     "out waiting 1800000ms for recv operation to complete"),
+        RuntimeError("NCCL communicator was aborted on rank 1."),
+        type("DistBackendError", (RuntimeError,), {})("anything"),
+    ]
+    own = [
+        TimeoutError("timed out"),
+        RuntimeError("request timed out after 3 retries"),
+        ConnectionRefusedError(111, "Connection refused"),
+        RuntimeError("database: connection refused"),
+        OSError("Connection reset by peer"),
+        ValueError("connection closed by peer"),
+    ]
+    assert [is_collateral(exc) for exc in lost] == [True] * len(lost)
+    assert [is_collateral(exc) for exc in own] == [False] * len(own)

@@ -7,6 +7,7 @@ tests/multiprocess/test_reporting_ranks.py checks the same through real ranks.
 from __future__ import annotations
 
 import io
+import os
 import time
 from collections.abc import Iterator
 
@@ -30,6 +31,14 @@ class RecordingSink:
 
     def of(self, kind: type) -> list:
         return [e for e in self.events if isinstance(e, kind)]
+
+
+class PipeSink(RecordingSink):
+    """Like a rank's pipe with room to spare: offered updates are taken."""
+
+    def try_send(self, event: Event) -> bool:
+        self.send(event)
+        return True
 
 
 class FullPipeSink(RecordingSink):
@@ -133,9 +142,82 @@ def test_logs_in_a_loop_are_coalesced_and_the_last_values_arrive(sink) -> None:
     assert logs[0].values == {"loss": 0.0, "lr": 0.1}  # first values at once: charts start there
 
 
-def test_logs_outside_a_loop_go_out_at_once(sink) -> None:
+@pytest.fixture
+def pipe() -> Iterator[PipeSink]:
+    recording = PipeSink()
+    with runtime.activate(Runtime(RankInfo(3, 1, 4, 2), recording)):
+        yield recording
+
+
+def test_logs_outside_a_loop_are_coalesced_and_the_final_values_arrive(pipe) -> None:
     log({"val_acc": 0.9}, step=12)
-    assert sink.events == [Log(3, {"val_acc": 0.9}, 12, time=sink.events[0].time)]
+    assert pipe.events == [Log(3, {"val_acc": 0.9}, 12, time=pipe.events[0].time)]  # at once
+    start = time.monotonic()
+    for step in range(2000):  # raw DDP code: log() every step, no progress()
+        log({"loss": float(step), "lr": 0.1}, step=step)
+        if step == 1000:
+            log({"grad_norm": 2.0})  # a new metric goes out at once, even mid-interval
+            assert pipe.of(Log)[-1].values["grad_norm"] == 2.0
+    elapsed = time.monotonic() - start
+    assert len(pipe.of(Log)) <= elapsed / reporting.INTERVAL + 4  # not 2000
+    reporting.flush()  # what the worker does before it reports the rank's end
+    last: dict[str, float] = {}
+    for event in pipe.of(Log):
+        last.update(event.values)
+    assert last == {"val_acc": 0.9, "loss": 1999.0, "lr": 0.1, "grad_norm": 2.0}
+    assert pipe.of(Log)[-1].step == 1999
+    count = len(pipe.events)
+    reporting.flush()
+    assert len(pipe.events) == count  # nothing held: nothing sent twice
+
+
+def test_a_repeat_after_the_interval_goes_out_without_a_flush(pipe) -> None:
+    log({"loss": 1.0})
+    log({"loss": 0.9})  # within the interval: held
+    assert [e.values for e in pipe.of(Log)] == [{"loss": 1.0}]
+    time.sleep(reporting.INTERVAL * 1.5)
+    log({"loss": 0.8})
+    assert pipe.of(Log)[-1].values == {"loss": 0.8}
+
+
+def test_logs_outside_a_loop_never_block_on_a_full_pipe() -> None:
+    full = FullPipeSink()
+    with runtime.activate(Runtime(RankInfo(0, 0, 1, 1), full)):
+        for step in range(200):
+            log({"loss": float(step)})
+        assert full.events == [] and full.refused >= 1  # only offered, never a blocking send
+        reporting.flush()
+    assert full.of(Log)[-1].values == {"loss": 199.0}
+
+
+def test_in_the_kernels_process_logs_go_out_at_once(sink) -> None:
+    # num_processes=1: the sink is a call into the kernel (no pipe, nothing to coalesce for).
+    log({"val_acc": 0.9}, step=12)
+    log({"val_acc": 0.8}, step=13)
+    assert [(e.values, e.step) for e in sink.of(Log)] == [({"val_acc": 0.9}, 12),
+                                                          ({"val_acc": 0.8}, 13)]
+
+
+def test_a_forked_child_sends_its_logs_at_once(pipe) -> None:
+    # A DataLoader worker logging: nothing flushes the child before it exits.
+    log({"loss": 1.0})
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        try:
+            log({"loss": 0.5})
+            log({"loss": 0.25})
+            sent = [e.values["loss"] for e in pipe.of(Log)]
+            os.write(write_end, repr(sent).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as reader:
+        sent_in_child = reader.read()
+    os.waitpid(pid, 0)
+    assert sent_in_child == "[1.0, 0.5, 0.25]"
+    log({"loss": 0.75})  # the rank itself still coalesces
+    assert [e.values["loss"] for e in pipe.of(Log)] == [1.0]
 
 
 def test_default_step_counts_loop_steps_or_log_calls(sink) -> None:

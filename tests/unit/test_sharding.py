@@ -4,11 +4,13 @@ the documented semantics (it is a dev dependency); our own invariants are checke
 
 from __future__ import annotations
 
+import copy
 import itertools
+import random
 
 import pytest
 import torch
-from torch.utils.data import BatchSampler, SequentialSampler
+from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset
 
 from nbtrain import sharding
 from nbtrain.sharding import ShardSpec
@@ -117,6 +119,71 @@ def test_varying_batch_sizes_wrap_whole_batches():
     assert sharding.remainder(6, ShardSpec(2, 0)) == -1, "unknown batch size: unknown remainder"
 
 
+class SizedBatches:
+    """A custom batch sampler yielding batches of the given sizes (consecutive indices)."""
+
+    def __init__(self, sizes: list[int], batch_size: int | None, drop_last: bool = False) -> None:
+        self.sizes = sizes
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+
+    def __iter__(self):
+        start = 0
+        for size in self.sizes:
+            yield list(range(start, start + size))
+            start += size
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+
+def test_custom_batch_samplers_with_short_batches_match_accelerate():
+    """Short batches anywhere in the epoch (bucketing samplers, the last batch of each bucket):
+    every rank gets what Accelerate's BatchSamplerShard gives it, for 2000 seeded cases."""
+    from accelerate.data_loader import BatchSamplerShard
+
+    rng = random.Random(3)
+    for _ in range(2000):
+        world, split = rng.choice([2, 3]), rng.random() < 0.3
+        size = rng.choice([1, 2, 3, 4]) * (world if split else 1)
+        sizes = [rng.choice([size, size, rng.randint(1, size)]) for _ in range(rng.randint(1, 8))]
+        declared = None if not split and rng.random() < 0.2 else size  # no batch_size attribute
+        even, drop_last = rng.random() < 0.5, rng.random() < 0.2
+        for rank in range(world):
+            spec = ShardSpec(world, rank, split, even, drop_last, declared)
+            got = list(sharding.shard_batches(SizedBatches(sizes, declared, drop_last), spec))
+            sampler = SizedBatches(sizes, declared, drop_last)
+            want = list(BatchSamplerShard(sampler, world, rank, split, even))
+            assert got == want, (sizes, spec)
+    # One process: the batches as they come (Accelerate does not shard a single process).
+    spec = ShardSpec(1, 0, batch_size=2)
+    assert list(sharding.shard_batches(SizedBatches([2, 1, 2], 2), spec)) == [[0, 1], [2], [3, 4]]
+
+
+def test_a_short_batch_mid_epoch_still_ends_the_epoch_on_every_rank():
+    """World 2, batches [0,1] [2] [3,4] [5,6] [7,8]: the step holding the short batch is dropped
+    (as in Accelerate), every later step is handed out, and the last batch of each rank is
+    flagged as the end of the dataloader (the final accumulation sync, gather_for_metrics)."""
+    from nbtrain import data
+    from nbtrain.accumulation import GradientState
+
+    dataset = TensorDataset(torch.arange(9))
+    seen = []
+    for rank in range(2):
+        loader = data.prepare_data_loader(
+            DataLoader(dataset, batch_sampler=SizedBatches([2, 1, 2, 2, 2], 2)),
+            world_size=2,
+            rank=rank,
+            split_batches=False,
+            even_batches=True,
+            seed=0,
+            device=None,
+            gradient_state=GradientState(),
+        )
+        seen.append([(x.tolist(), loader.end_of_dataloader) for (x,) in loader])
+    assert seen == [[([3, 4], False), ([7, 8], True)], [([5, 6], False), ([0, 1], True)]]
+
+
 def test_skipping_is_slicing():
     spec = ShardSpec(2, 1, batch_size=2)
     full = list(sharding.shard_batches(batches(11, 2, False), spec))
@@ -149,10 +216,42 @@ def test_split_between_processes_lists():
             assert all(p[: len(q)] == q for p, q in zip(padded, parts, strict=True))
 
 
+def accelerates_split(inputs, world: int, rank: int, apply_padding: bool):
+    """Accelerate's PartialState.split_between_processes for an explicit rank (its generator,
+    called with a stand-in for the state: it reads only these three attributes)."""
+    from types import SimpleNamespace
+
+    from accelerate.state import PartialState
+
+    state = SimpleNamespace(num_processes=world, process_index=rank, device=torch.device("cpu"))
+    return next(PartialState.split_between_processes.__wrapped__(state, inputs, apply_padding))
+
+
+def test_split_between_processes_matches_accelerate():
+    for length, world, pad in itertools.product(range(1, 9), (1, 2, 3, 4), (False, True)):
+        for rank in range(world):
+            items = [f"x{i}" for i in range(length)]
+            assert share(items, world, rank, pad) == accelerates_split(items, world, rank, pad)
+            both = {"a": list(range(length)), "b": items}
+            want = accelerates_split(copy.deepcopy(both), world, rank, pad)  # (it edits it)
+            assert share(both, world, rank, pad) == want, (length, world, rank, pad)
+            # Nested dicts are split value by value too (Accelerate recurses into them, but its
+            # length check counts a nested dict's keys, so it refuses most of them).
+            assert share({"n": both}, world, rank, pad) == {"n": want}
+            # Tensors: Accelerate pads them across processes (a collective, which one test
+            # process cannot run); its padding value is the input's last row, as for lists.
+            rows = torch.arange(length * 2).reshape(length, 2)
+            picked = accelerates_split(list(range(length)), world, rank, pad)
+            assert torch.equal(share(rows, world, rank, pad), rows[picked])
+
+
 def test_split_between_processes_tensors_tuples_and_dicts():
     t = torch.arange(10).reshape(5, 2)
     assert torch.equal(share(t, 2, 1), t[3:])
     assert torch.equal(share(t, 2, 1, apply_padding=True), torch.cat([t[3:], t[4:]]))
+    # Padding repeats the input's last item, also on a rank whose share is not the last.
+    assert torch.equal(share(t[:4], 3, 1, apply_padding=True), torch.stack([t[2], t[3]]))
+    assert share([1, 2, 3, 4], 3, 1, apply_padding=True) == [3, 4]
     assert share((1, 2, 3), 2, 0) == (1, 2)
     assert share((1, 2, 3), 2, 1, apply_padding=True) == (3, 3)
     got = share({"a": [1, 2, 3], "b": torch.tensor([4, 5, 6]), "c": "kept"}, 3, 2)

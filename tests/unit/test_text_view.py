@@ -6,7 +6,7 @@ import io
 
 from nbtrain.config import OutputMode
 from nbtrain.display.text import TextView, format_rank
-from nbtrain.events import Exited, Failed, Finished, Log, Output, Progress, Started
+from nbtrain.events import Exited, Failed, Finished, Log, Output, Progress, Started, Status
 from nbtrain.monitor import RunState
 
 
@@ -112,7 +112,7 @@ def test_progress_off_prints_output_but_no_progress_or_summary() -> None:
     assert out.getvalue() == "[rank 0] epoch 1\n"
 
 
-def test_dropped_output_lines_are_counted() -> None:
+def test_a_flood_before_the_first_draw_is_counted_if_lines_were_dropped() -> None:
     from nbtrain import monitor
 
     state = running_state()
@@ -152,3 +152,65 @@ def test_on_a_terminal_one_status_line_redraws_and_is_erased_before_output() -> 
     state.finish("Done in 1.0s")
     view.close(state)
     assert out.getvalue().endswith("Done in 1.0s\n")
+
+
+def test_every_output_line_is_printed_even_a_burst_beyond_the_kept_lines() -> None:
+    from nbtrain import monitor
+
+    state = running_state()
+    view, out, err = make_view()
+    view.draw(state)
+    burst = 2 * monitor.OUTPUT_CAP + 3  # between two draws: more than the RunState keeps
+    for i in range(burst):
+        state.apply(Output(i % 2, "stdout", f"line {i}"))
+    view.draw(state)
+    printed = out.getvalue().splitlines()
+    assert printed == [f"[rank {i % 2}] line {i}" for i in range(burst)]
+    assert err.getvalue() == ""  # nothing dropped
+
+
+def test_stdout_and_stderr_lines_keep_their_order_on_a_shared_terminal() -> None:
+    shared = io.StringIO()
+    view = TextView(output=OutputMode.ALL, show_progress=True, live=False, stdout=shared,
+                    stderr=shared)
+    state = running_state()
+    view.draw(state)
+    for i in range(6):
+        state.apply(Output(0, "stderr" if i % 3 else "stdout", f"line {i}"))
+    view.draw(state)
+    assert shared.getvalue().splitlines() == [f"[rank 0] line {i}" for i in range(6)]
+
+
+def test_a_node_note_erases_the_status_line_and_prints_once() -> None:
+    shared = io.StringIO()
+    view = TextView(output=OutputMode.ALL, show_progress=True, live=True, stdout=shared,
+                    stderr=shared)
+    state = running_state()
+    state.apply(Progress(0, 3, 10, None, time=1.0))
+    view.draw(state)
+    assert shared.getvalue() == "\rr0 3/10 | r1 running"
+    view.note("restarting every rank (restart 1 of 2): rank 1 failed")
+    view.note("restarting every rank (restart 1 of 2): rank 1 failed")  # said again: once
+    blank = "\r" + " " * len("r0 3/10 | r1 running") + "\r"
+    assert shared.getvalue() == (
+        "\rr0 3/10 | r1 running" + blank
+        + "[nbtrain] restarting every rank (restart 1 of 2): rank 1 failed\n"
+    )
+    view.draw(state)  # the status line comes back under the note
+    assert shared.getvalue().endswith("failed\n\rr0 3/10 | r1 running")
+    quiet, out, err = make_view(show_progress=False)
+    quiet.note("waiting for nodes (1 of 2 joined)")
+    assert out.getvalue() == err.getvalue() == ""  # progress="off": no notes either
+
+
+def test_the_status_line_shows_a_ranks_note_until_it_moves_on() -> None:
+    view, out, _ = make_view(live=True)
+    state = running_state()
+    state.apply(Progress(0, 3, 10, None, time=1.0))
+    state.apply(Status(0, "rank 0 has waited 120 s in barrier"))
+    view.draw(state)
+    waiting = "r0 rank 0 has waited 120 s in barrier | r1 running"
+    assert out.getvalue().endswith("\r" + waiting)
+    state.apply(Progress(0, 4, 10, None, time=2.0))
+    view.draw(state)
+    assert out.getvalue().endswith("\r" + "r0 4/10 | r1 running".ljust(len(waiting)))

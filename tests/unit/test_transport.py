@@ -117,3 +117,59 @@ def test_try_send_never_blocks_on_a_full_pipe_and_send_still_delivers():
     assert events == [Log(0, {"final": 1.0}, events[0].step, time=events[0].time)]
     os.close(read_fd)
     os.close(write_fd)
+
+
+def test_a_frame_cut_short_is_dropped_not_glued_to_the_next_one():
+    big, small = Log(0, {f"m{i}": float(i) for i in range(3000)}), Log(0, {"after": 1.0})
+    first_packets = encode(big, writer=7)
+    assert len(first_packets) > 2
+    decoder = FrameDecoder()
+    events = decoder.feed(b"".join(first_packets[:2]))  # the sender was interrupted here
+    events += decoder.feed(b"".join(encode(small, writer=7)))
+    assert events == [small]
+    assert decoder.take_problems() == ["an event from process 7 was cut short and dropped"]
+    assert decoder.pending == 0
+
+
+def test_an_undecodable_frame_is_reported_and_the_next_one_still_decodes():
+    good = Progress(1, 5, 10)
+    header = encode(good, writer=3)[0][:9]  # a one-packet frame's header: same length
+    garbage = b"\x80" * (len(encode(good)[0]) - 9)
+    decoder = FrameDecoder()
+    events = decoder.feed(header + garbage + b"".join(encode(good, writer=3)))
+    assert events == [good]
+    [problem] = decoder.take_problems()
+    assert problem.startswith("an event from process 3 could not be decoded")
+
+
+def test_a_keyboard_interrupt_in_the_middle_of_a_send_spoils_only_that_event():
+    """The rank's main thread is interrupted (Ctrl-C reaching the rank) while a multi-packet
+    frame waits for room in a full pipe; the events it sends afterwards must still arrive."""
+    import signal
+    import time
+
+    read_fd, write_fd = os.pipe()
+    big = Log(0, {f"m{i}": float(i) for i in range(30000)})  # far more than a pipe holds
+    after = Log(0, {"after": 1.0})
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the sending rank
+        os.close(read_fd)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        writer = PipeWriter(write_fd)
+        try:
+            writer.send(big)
+            os._exit(2)  # the interrupt never came
+        except KeyboardInterrupt:
+            writer.send(after)
+        os._exit(0)
+    os.close(write_fd)
+    time.sleep(0.5)  # the pipe is full and the sender blocked inside send()
+    os.kill(pid, signal.SIGINT)
+    decoder, events = FrameDecoder(), []
+    while chunk := os.read(read_fd, 65536):
+        events.extend(decoder.feed(chunk))
+    os.close(read_fd)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert events == [after]
+    assert decoder.take_problems() == [f"an event from process {pid} was cut short and dropped"]

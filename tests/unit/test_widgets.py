@@ -19,9 +19,18 @@ from nbtrain.config import OutputMode, ProgressMode
 from nbtrain.display import make_view
 from nbtrain.display import widgets as widgets_module
 from nbtrain.display.text import TextView
-from nbtrain.display.widgets import MAX_OUTPUT_LINES, WidgetView
-from nbtrain.events import Exited, Failed, Finished, Log, Output, Progress, Started
-from nbtrain.monitor import RunState
+from nbtrain.display.widgets import (
+    MAX_OUTPUT_LINES,
+    STATUS_COLORS,
+    TEXT_TAIL_CHARS,
+    TEXT_TAIL_LINES,
+    WidgetView,
+)
+from nbtrain.events import Exited, Failed, Finished, Log, Output, Progress, Started, Status
+from nbtrain.monitor import RankStatus, RunState, Verdict
+
+GREEN, RED, ORANGE = (STATUS_COLORS[s] for s in (RankStatus.DONE, RankStatus.FAILED,
+                                                 RankStatus.STOPPED))
 
 
 class Frontend:
@@ -225,7 +234,10 @@ def test_the_chart_redraws_at_most_every_chart_interval_and_at_the_end(
     assert ">0.5</text>" in frontend.state_of(view.charts)["value"]  # the final chart is whole
 
 
-def test_output_lines_are_escaped_filtered_and_capped(frontend) -> None:
+def test_output_lines_are_escaped_filtered_and_capped(
+    frontend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(widgets_module, "OUTPUT_EVERY", 0.0)
     view, _ = dashboard(output=OutputMode.MAIN)
     state = state_with()
     state.apply(Output(0, "stdout", "<b>not bold</b>"))
@@ -316,3 +328,156 @@ def test_old_dashboards_become_static_html_and_release_their_widgets(frontend) -
     newest_view, newest_display = views[-1]
     assert newest_view.box is not None  # the newest ones stay live
     assert "application/vnd.jupyter.widget-view+json" in newest_display.updates[-1]
+
+
+def summary_color(frontend, view) -> str:
+    markup = frontend.state_of(view.summary)["value"]
+    found = re.search(r"color:(#[0-9a-f]{6})", markup)
+    assert found, markup
+    return found.group(1)
+
+
+def ended(ending: str) -> RunState:
+    """Rank 0 done; rank 1 done, failed, or stopped by the launcher."""
+    state = state_with()
+    state.apply(Finished(0, None))
+    if ending == "done":
+        state.apply(Finished(1, None))
+    elif ending == "failed":
+        state.apply(Failed(1, "ValueError", "boom", "tb", None, 1, False))
+        state.apply(Exited(1, 1, None, stopped_by_launcher=False))
+    else:
+        state.apply(Exited(1, -15, "SIGTERM", stopped_by_launcher=True))
+    return state
+
+
+@pytest.mark.parametrize(
+    ("ending", "summary", "verdict", "color"),
+    [
+        ("done", "Done in 1.0s", None, GREEN),
+        ("failed", "Failed after 1.0s: rank 1 raised ValueError: boom", None, RED),
+        ("stopped", "Timed out after 5s", Verdict.TIMED_OUT, RED),
+        ("stopped", "Interrupted after 1.0s: every rank was stopped", None, ORANGE),
+        # Multi-node, on the node where nothing failed: its ranks were only stopped.
+        ("stopped", "Failed after 1.0s: rank 3 (node 1) failed", Verdict.FAILED, RED),
+        ("stopped", "Done in 1.0s", Verdict.SUCCEEDED, ORANGE),  # not every rank is done
+    ],
+)
+def test_the_summary_is_green_only_when_the_run_succeeded(
+    frontend, ending, summary, verdict, color
+) -> None:
+    view, _ = dashboard()
+    state = ended(ending)
+    state.finish(summary, verdict)
+    view.close(state)
+    assert summary_color(frontend, view) == color
+
+
+def test_a_ranks_note_shows_mid_run_only_until_it_moves_on(frontend) -> None:
+    view, _ = dashboard()
+    state = RunState([0, 1], title="2 ranks, fork")
+    for rank in (0, 1):
+        state.apply(Status(rank, "all 2 nodes joined; starting ranks"))
+    view.draw(state)
+    status = [text(frontend.state_of(view.rows[r].status)["value"]) for r in (0, 1)]
+    assert status == ["all 2 nodes joined; starting ranks"] * 2
+    for rank in (0, 1):
+        state.apply(Started(rank, 100 + rank, "cpu", "host", rank))
+    state.apply(Progress(0, 1, 10, "train"))
+    state.apply(Status(1, "rank 1 has waited 120 s in barrier"))
+    view.draw(state)
+    assert text(frontend.state_of(view.rows[0].status)["value"]) == "running"
+    assert text(frontend.state_of(view.rows[1].status)["value"]).startswith("rank 1 has waited")
+    state.apply(Progress(1, 2, 10, "train"))
+    view.draw(state)
+    assert text(frontend.state_of(view.rows[1].status)["value"]) == "running"
+
+
+def test_a_restarted_rank_is_shown_running_again_not_failed(frontend) -> None:
+    view, _ = dashboard()
+    state = state_with()
+    state.apply(Progress(1, 7, 10, "train"))
+    state.apply(Failed(1, "ValueError", "boom", "tb", None, 1, False))
+    state.apply(Exited(1, 1, None, stopped_by_launcher=False))
+    view.draw(state)
+    assert frontend.state_of(view.rows[1].bar)["bar_style"] == "danger"
+    state.restart()
+    state.apply(Status(1, "restarting every rank (restart 1 of 2): rank 1 failed"))
+    view.draw(state)
+    assert text(frontend.state_of(view.rows[1].status)["value"]).startswith("restarting every")
+    assert frontend.state_of(view.rows[1].steps)["value"] == ""  # not the last attempt's 7/10
+    for rank in (0, 1):
+        state.apply(Started(rank, 200 + rank, "cpu", "host", rank))
+        state.apply(Progress(rank, 3, 10, "train"))
+    view.draw(state)
+    for rank in (0, 1):
+        assert text(frontend.state_of(view.rows[rank].status)["value"]) == "running"
+        assert frontend.state_of(view.rows[rank].bar)["bar_style"] == ""
+
+
+def test_a_node_note_shows_in_the_header_until_ranks_start(frontend) -> None:
+    view, _ = dashboard()
+    state = RunState([0, 1], title="node 0 of 2")
+    view.draw(state)
+    view.note("waiting for nodes (1 of 2 joined)")
+    assert "waiting for nodes (1 of 2 joined)" in text(frontend.state_of(view.title)["value"])
+    view.note("all 2 nodes joined; starting ranks")
+    title = text(frontend.state_of(view.title)["value"])
+    assert "all 2 nodes joined" in title and "waiting" not in title
+    state.apply(Started(0, 100, "cpu", "host", 0))  # started after the note: it is stale
+    view.draw(state)
+    assert "joined" not in text(frontend.state_of(view.title)["value"])
+    view.note("finished; waiting for the other nodes (1 of 2 done)")
+    view.draw(state)
+    assert "1 of 2 done" in text(frontend.state_of(view.title)["value"])
+    state.finish("Done in 1.0s")
+    view.close(state)
+    assert "1 of 2 done" not in text(frontend.state_of(view.title)["value"])
+
+
+def test_the_output_area_redraws_only_for_shown_lines_and_at_most_every_interval(
+    frontend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(widgets_module, "OUTPUT_EVERY", 3600.0)
+    view, _ = dashboard(output=OutputMode.MAIN)
+    state = state_with()
+    state.apply(Output(0, "stdout", "first"))
+    view.draw(state)  # the first lines show at once
+    assert "first" in frontend.state_of(view.log)["value"]
+    sent = len(frontend.messages)
+    for i in range(50):
+        state.apply(Output(0, "stdout", f"later {i}"))
+        view.draw(state)
+    assert view.log.model_id not in {m[1] for m in frontend.messages[sent:]}  # held back
+    state.finish("Done")
+    view.close(state)
+    assert "later 49" in frontend.state_of(view.log)["value"]  # the final draw shows all
+
+    monkeypatch.setattr(widgets_module, "OUTPUT_EVERY", 0.0)
+    quiet, _ = dashboard(output=OutputMode.MAIN)
+    state = state_with()
+    state.apply(Output(0, "stdout", "from rank 0"))
+    quiet.draw(state)
+    sent = len(frontend.messages)
+    state.apply(Output(1, "stdout", "rank 1 is not shown"))
+    quiet.draw(state)
+    assert quiet.log.model_id not in {m[1] for m in frontend.messages[sent:]}
+
+
+def test_the_text_version_keeps_a_bounded_tail_of_the_output(frontend) -> None:
+    view, display = dashboard()
+    state = state_with()
+    for i in range(50):
+        state.apply(Output(i % 2, "stdout", f"line {i}"))
+    state.apply(Output(1, "stderr", "x" * 1000))
+    for rank in (0, 1):
+        state.apply(Finished(rank, None))
+    state.finish("Done in 1.0s")
+    view.close(state)
+    lines = display.updates[-1]["text/plain"].splitlines()
+    assert lines[:2] == ["[rank 0] done", "[rank 1] done"]
+    assert lines[2] == f"… {51 - TEXT_TAIL_LINES} earlier output lines not shown"
+    tail = [f"[rank {i % 2}] line {i}" for i in range(51 - TEXT_TAIL_LINES, 50)]
+    assert lines[3:-2] == tail
+    assert lines[-2] == "[rank 1] " + "x" * TEXT_TAIL_CHARS + "…"
+    assert lines[-1] == "Done in 1.0s"

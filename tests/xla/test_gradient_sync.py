@@ -1,6 +1,7 @@
 """Gradient sync across 4 XLA:CPU ordinals with nbtrain's Accelerator (issue #5): after training,
 every ordinal holds the same parameters, equal to a plain-torch CPU reference that averages the
-ordinals' per-shard gradients at each step.
+ordinals' per-shard gradients at each step; with gradient clipping, the clipped gradient is the
+average's (the same norm on every ordinal), as with DDP.
 
 The ordinals are threads of one host process, and their collectives need the test-only
 workaround in support.py (torch_xla 2.9.0 only). What the test must respect for it:
@@ -126,3 +127,95 @@ def test_accelerator_gradient_sync_matches_a_gradient_averaging_reference(monkey
     # Not vacuous: averaging matters (ordinal 0 alone, without the others' gradients, differs).
     alone = reference(results[0]["initial"], [[r_batches[0]] for r_batches in steps])
     assert not torch.allclose(alone["weight"], final["weight"], rtol=1e-3, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------
+# Gradient clipping: the average is clipped, not each ordinal's own gradient
+
+MAX_NORM, CLIP_VALUE = 0.5, 0.2
+
+
+def train_clipped() -> dict:
+    """One epoch with clip_grad_norm_, then one with clip_grad_value_ (fresh models)."""
+    from nbtrain import Accelerator
+
+    lock = support.install()
+    accelerator = Accelerator()
+    rank = accelerator.process_index
+    out: dict = {"rank": rank}
+    for mode in ("norm", "value"):
+        with lock:
+            model = make_model(seed=rank)
+        out[f"{mode}_initial"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+        loader = torch.utils.data.DataLoader(dataset(), batch_size=2)
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+        batches, norms = [], []
+        for x, y in loader:
+            accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+            if mode == "norm":
+                norms.append(accelerator.clip_grad_norm_(model.parameters(), MAX_NORM))
+            else:
+                accelerator.clip_grad_value_(model.parameters(), CLIP_VALUE)
+            optimizer.step()
+            optimizer.zero_grad()
+            batches.append((x, y))
+        # Read after the epoch: every value is computed by then (no implicit sync: support.py).
+        out[f"{mode}_batches"] = [(x.cpu(), y.cpu()) for x, y in batches]
+        out[f"{mode}_final"] = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+        out[f"{mode}_norms"] = [n.cpu() for n in norms]
+    return out
+
+
+def clipped_reference(initial: dict, steps: list, mode: str) -> tuple[dict, list[float]]:
+    """Plain torch: average the ordinals' gradients, clip the average, step."""
+    model = torch.nn.Linear(3, 1)
+    model.load_state_dict(initial)
+    norms = []
+    for batches in steps:
+        grads = []
+        for x, y in batches:
+            model.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            grads.append([p.grad.clone() for p in model.parameters()])
+        for i, p in enumerate(model.parameters()):
+            p.grad = torch.stack([g[i] for g in grads]).mean(dim=0)
+        if mode == "norm":
+            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)))
+        else:
+            torch.nn.utils.clip_grad_value_(model.parameters(), CLIP_VALUE)
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= LR * p.grad
+    return {k: v.detach() for k, v in model.state_dict().items()}, norms
+
+
+def test_clipping_acts_on_the_averaged_gradient_like_ddp(monkeypatch):
+    for name, value in support.ENV.items():
+        monkeypatch.setenv(name, value)
+    results = notebook_launcher(
+        train_clipped, num_processes=ORDINALS, return_all=True, progress="off"
+    )
+    assert [r["rank"] for r in results] == list(range(ORDINALS))
+    for mode in ("norm", "value"):
+        steps = [
+            [r[f"{mode}_batches"][s] for r in results]
+            for s in range(len(results[0][f"{mode}_batches"]))
+        ]
+        expected, norms = clipped_reference(results[0][f"{mode}_initial"], steps, mode)
+        for r in results:  # every replica stepped with the same clipped gradient
+            for name, value in expected.items():
+                torch.testing.assert_close(
+                    r[f"{mode}_final"][name], value, rtol=1e-5, atol=1e-6, msg=f"{mode} {name}"
+                )
+        if mode == "norm":
+            # The norm returned is the averaged gradient's, identical on every ordinal, and
+            # large enough that every step was clipped (the test would not see clipping else).
+            for r in results:
+                assert [float(n) for n in r["norm_norms"]] == [
+                    float(n) for n in results[0]["norm_norms"]
+                ]
+            torch.testing.assert_close(
+                torch.stack(results[0]["norm_norms"]), torch.tensor(norms), rtol=1e-5, atol=1e-6
+            )
+            assert min(norms) > MAX_NORM

@@ -1,6 +1,7 @@
 """Several XLA:CPU ordinals (threads of one host process): every ordinal is a rank of its own for
-results, output and failures. No cross-replica collectives here (see support.py for why those
-need a test-only workaround on XLA:CPU)."""
+results, output and failures; the host checks that torch_xla started the ordinals the kernel
+expects. No cross-replica collectives here (see support.py for why those need a test-only
+workaround on XLA:CPU)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 
 import pytest
 
-from nbtrain import WorkerError, notebook_launcher
+from nbtrain import WorkerError, notebook_launcher, xla
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -49,4 +50,24 @@ def test_a_failing_ordinal_is_the_root_cause_and_ends_the_launch():
     with pytest.raises(WorkerError) as info:
         notebook_launcher(one_fails, num_processes=4, progress="off")
     assert info.value.rank == 2 and "ordinal 2 broke" in str(info.value)
+    assert time.monotonic() - started < 45
+
+
+def test_more_ordinals_than_the_kernel_expects_fail_fast_by_name(monkeypatch):
+    # Stands in for a TPU host where torch_xla finds other chips than nbtrain counted in the
+    # kernel (or one host of a pod slice): the host's runtime starts 3 devices for 2 ordinals.
+    real = xla.host_env
+
+    def three_devices(config):
+        return {**real(config), "CPU_NUM_DEVICES": "3"}
+
+    monkeypatch.setattr(xla, "host_env", three_devices)
+    started = time.monotonic()
+    with pytest.raises(WorkerError) as info:
+        notebook_launcher(whoami, (1,), num_processes=2, progress="off")
+    text = str(info.value)
+    assert info.value.rank == 0
+    assert "torch_xla started 3 XLA ordinal(s) on this host, but nbtrain expected 2" in text
+    assert "CPU_NUM_DEVICES=2, from num_processes" in text and "num_processes=1" in text
+    assert "line from ordinal" not in text  # stopped before the function ran
     assert time.monotonic() - started < 45

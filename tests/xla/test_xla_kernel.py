@@ -1,6 +1,7 @@
 """The XLA launch path from a REAL Jupyter kernel (this interpreter: .venv-xla), single ordinal:
-train with the Accelerator, results, failure, interrupt + relaunch, checkpoint round trip, bf16,
-and equality with the CPU Accelerator's result. The kernel never imports torch_xla."""
+train with the Accelerator, results, failure, interrupt + relaunch, checkpoint round trip (with
+dropout drawing on the device), bf16, and equality with the CPU Accelerator's result. The kernel
+never imports torch_xla."""
 
 from __future__ import annotations
 
@@ -15,12 +16,17 @@ pytestmark = pytest.mark.timeout(300)
 SETUP = """
 import os, sys, time, torch
 os.environ["PJRT_DEVICE"] = "CPU"
-from nbtrain import Accelerator, WorkerError, debug_launcher, notebook_launcher
+from nbtrain import Accelerator, WorkerError, debug_launcher, notebook_launcher, set_seed
 
-def train(steps, cpu=False, save=None, load=None, mixed_precision=None):
+def train(steps, cpu=False, save=None, load=None, mixed_precision=None, dropout=0.0):
     accelerator = Accelerator(cpu=cpu, mixed_precision=mixed_precision)
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    set_seed(0)
+    layers = [torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)]
+    if dropout:
+        layers.insert(2, torch.nn.Dropout(dropout))  # draws from the device's generator
+    model = torch.nn.Sequential(*layers)
+    inner = set()  # the dtype the first matmul really runs in
+    model[0].register_forward_hook(lambda module, args, out: inner.add(str(out.dtype)))
     optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
     g = torch.Generator().manual_seed(1)
     data = torch.utils.data.TensorDataset(torch.randn(48, 4, generator=g),
@@ -45,10 +51,13 @@ def train(steps, cpu=False, save=None, load=None, mixed_precision=None):
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     return {"device": str(accelerator.device), "type": str(accelerator.distributed_type.value),
             "precision": accelerator.mixed_precision, "state": state,
-            "losses": [float(l) for l in losses]}
+            "losses": [float(l) for l in losses], "inner": sorted(inner)}
 
 def same(a, b, atol=1e-5):
     return all(torch.allclose(a[k], b[k], atol=atol) for k in a) and a.keys() == b.keys()
+
+def same_bits(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 """
 
 
@@ -148,17 +157,23 @@ notebook_launcher(forever, progress="text")
 def test_checkpoint_round_trip_resumes_exactly(kernel, tmp_path):
     ckpt = tmp_path / "ckpt"
     out = kernel.run(f"""
-straight = notebook_launcher(train, args=(9,), progress="off")
-first = notebook_launcher(train, args=(4,), kwargs=dict(save={str(ckpt)!r}), progress="off")
-resumed = notebook_launcher(train, args=(5,), kwargs=dict(load={str(ckpt)!r}), progress="off")
+straight = notebook_launcher(train, args=(9,), kwargs=dict(dropout=0.3), progress="off")
+first = notebook_launcher(
+    train, args=(4,), kwargs=dict(save={str(ckpt)!r}, dropout=0.3), progress="off"
+)
+resumed = notebook_launcher(
+    train, args=(5,), kwargs=dict(load={str(ckpt)!r}, dropout=0.3), progress="off"
+)
+plain = notebook_launcher(train, args=(9,), progress="off")
 """)
     assert out.error is None, out.traceback_text
     assert (ckpt / "model.safetensors").is_file() and (ckpt / "optimizer.bin").is_file()
-    # Model, Adam moments and the shuffled loader's position all came back: 4 + 5 == 9.
-    assert kernel.value("same(resumed['state'], straight['state'])") is True
-    assert kernel.value("resumed['losses'] == straight['losses'][4:]") or kernel.value(
-        "max(abs(a - b) for a, b in zip(resumed['losses'], straight['losses'][4:])) < 1e-5"
-    )
+    # Model, Adam moments, the shuffled loader's position and the device's dropout generator
+    # all came back: 4 + 5 == 9, bit for bit.
+    assert kernel.value("same_bits(resumed['state'], straight['state'])") is True
+    assert kernel.value("resumed['losses'] == straight['losses'][4:]") is True
+    assert kernel.value("first['losses'] == straight['losses'][:4]") is True
+    assert kernel.value("straight['losses'] != plain['losses']") is True  # dropout did draw
 
 
 def test_bf16_mixed_precision(kernel):
@@ -167,5 +182,10 @@ bf16 = notebook_launcher(train, args=(6,), mixed_precision="bf16", progress="off
 """)
     assert out.error is None, out.traceback_text
     assert kernel.value("bf16['precision']") == "bf16"
+    assert kernel.value("bf16['inner']") == ["torch.bfloat16"]  # the matmul ran in bf16 ...
+    # ... and the outputs, weights and losses are float32 (Accelerate's convert_to_fp32).
     assert kernel.value("all(v.dtype == torch.float32 for v in bf16['state'].values())") is True
     assert kernel.value("all(l == l for l in bf16['losses'])") is True  # no NaN
+    full = kernel.run('fp32 = notebook_launcher(train, args=(1,), progress="off")')
+    assert full.error is None, full.traceback_text
+    assert kernel.value("fp32['inner']") == ["torch.float32"]

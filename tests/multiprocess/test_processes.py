@@ -1,0 +1,57 @@
+"""processes.py: a rank's exit is noticed without reaping it, so its group is killed while the
+rank's zombie still holds the pid (a reaped pid may be reused: killpg would hit a stranger)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+import pytest
+
+from nbtrain import processes
+from nbtrain.config import StartMethod
+
+
+def exit_leaving_a_worker(stdout, stderr, events):
+    """Like a rank whose DataLoader worker outlives it: a child in the rank's process group."""
+    os.setpgid(0, 0)
+    if os.fork() == 0:
+        time.sleep(600)
+        os._exit(0)
+    os._exit(3)
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as handle:
+        return handle.read().rsplit(")", 1)[1].split()[0]
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_exit_is_seen_without_reaping_and_the_group_dies_before_the_pid_is_freed(method):
+    def make_args(rank, pipes, close):
+        return (pipes.stdout_w, pipes.stderr_w, pipes.events_w)
+
+    [rank] = processes.start_ranks(StartMethod(method), [0], exit_leaving_a_worker, make_args)
+    try:
+        deadline = time.monotonic() + 60
+        while not processes.has_exited(rank):
+            assert time.monotonic() < deadline, "the rank never exited"
+            time.sleep(0.01)
+        assert _state(rank.pid) == "Z", "noticing the exit reaped the rank: its pid is free"
+        workers = [p for p in psutil.process_iter() if _pgid(p.pid) == rank.pid]
+        assert [p.pid for p in workers if p.pid != rank.pid], "the worker did not start"
+        assert processes.reap(rank) == 3
+        assert not os.path.exists(f"/proc/{rank.pid}"), "reap() left the zombie"
+        _, alive = psutil.wait_procs([p for p in workers if p.pid != rank.pid], timeout=10)
+        assert alive == [], "the rank's worker survived it"
+    finally:
+        processes.stop([rank], grace=0.0)
+        processes.close([rank])
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
