@@ -74,6 +74,7 @@ EXIT_BARRIER_TIMEOUT = 60.0  # torch's own exit barrier: every node reported don
 
 def run_elastic(config: LaunchConfig, payload: bytes) -> Any:
     """Entry point from ``notebook_launcher`` for ``num_nodes > 1`` or ``max_restarts > 0``."""
+    __tracebackhide__ = True  # see launcher.notebook_launcher
     coordinator: Coordinator
     if config.multi_node:
         coordinator = NodeCoordinator(config, check_endpoint_here(config))
@@ -126,22 +127,26 @@ class NodeAgent(SimpleElasticAgent):
     # -- the launch as a whole -------------------------------------------------------------
 
     def launch(self) -> Any:
+        __tracebackhide__ = True
         try:
             self.view.draw(self.state)  # shown at once; the text view sees every output line
             self.coordinator.connect(self.say)
             self._worker_group.spec.rdzv_handler = self.coordinator.handler
             with _quiet_agent_log():
                 result = self.run()
+            if result is None:  # torch: the rendezvous was closed gracefully under us
+                self._fail(self.verdict or News.stop(0, "the rendezvous was closed"))
+            if result.is_failed():
+                assert self.verdict is not None
+                self._fail(self.verdict)
+            return self._succeed()
+        except _Ended as ended:
+            # Raised from inside torch's loop: the user sees the error, not torch's frames.
+            raise ended.error.with_traceback(None) from ended.cause
         except BaseException as exc:
             if not self.ended:
                 self._abandon(exc)
             raise
-        if result is None:  # torch: the rendezvous was closed gracefully under us
-            self._fail(self.verdict or News.stop(0, "the rendezvous was closed"))
-        if result.is_failed():
-            assert self.verdict is not None
-            self._fail(self.verdict)
-        return self._succeed()
 
     def release_stores(self) -> None:
         """Drop every reference to the rendezvous stores (torch's agent keeps some), so that
@@ -354,7 +359,8 @@ class NodeAgent(SimpleElasticAgent):
     def _time_out(self, supervisor: Supervisor) -> NoReturn:
         self.coordinator.publish(News.stop(self.config.node_rank, "timeout"))
         self._end(f"Timed out after {self.config.timeout:g}s", Verdict.TIMED_OUT)
-        raise TimeoutError(_timeout_message(self.config, self.state, supervisor.stuck_frames()))
+        stuck = supervisor.stuck_frames()
+        raise _Ended(TimeoutError(_timeout_message(self.config, self.state, stuck)))
 
     # -- endings -----------------------------------------------------------------------------
 
@@ -369,14 +375,14 @@ class NodeAgent(SimpleElasticAgent):
         if news.kind == "stopped":
             verdict = Verdict.TIMED_OUT if news.reason == "timeout" else Verdict.STOPPED
             self._end(f"Stopped after {self.state.elapsed:.1f}s: {news.summary()}", verdict)
-            raise _stopped_error(news, self.config)
+            raise _Ended(_stopped_error(news, self.config))
         local = news.node == self.config.node_rank and self.outcome.root_cause() == news.rank
         error = self._local_error() if local else news.error(others=self._local_failures())
         self._end(
             f"Failed after {self.state.elapsed:.1f}s: {error}".splitlines()[0], Verdict.FAILED
         )
         cause = RemoteTraceback(error.remote_traceback) if error.remote_traceback else None
-        raise error from cause
+        raise _Ended(error, cause)
 
     def _failed(self) -> bool:
         # Outcome forgets a peer-loss failure of a rank the launcher then stopped; here that
@@ -430,6 +436,16 @@ class NodeAgent(SimpleElasticAgent):
         with contextlib.suppress(Exception):  # a status line must never break a launch
             self.view.note(text)
         self.draw()
+
+
+class _Ended(Exception):
+    """The launch's outcome, raised from inside torch's agent loop and re-raised by
+    ``NodeAgent.launch`` as ``error`` (whose traceback then starts there)."""
+
+    def __init__(self, error: Exception, cause: BaseException | None = None) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.cause = cause
 
 
 def _stopped_error(news: News, config: LaunchConfig) -> Exception:

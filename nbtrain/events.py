@@ -80,6 +80,7 @@ class Output:
     stream: str
     line: str
     time: float = field(default_factory=now)
+    dump: bool = False  # part of a stack dump the launcher asked for (a timeout)
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,6 +59,9 @@ def notebook_launcher(
 
     See the README for the full contract. Every argument is checked before anything starts.
     """
+    # IPython (and pytest) hide frames that set this: a failure shows the cell and the
+    # rank's own traceback, not the launcher's internals.
+    __tracebackhide__ = True
     args, kwargs = check_function(function, args, kwargs)
     config = build_config(
         num_processes=num_processes,
@@ -88,6 +91,7 @@ def dispatch(
 ) -> Any:
     """Run a checked launch the way its configuration needs; ``elastic`` sends it through
     torch's elastic agent even on one node without restarts (``nbtrain launch`` does)."""
+    __tracebackhide__ = True
     if config.xla_device:
         from .xla import run_xla  # torch_xla runs the ordinals in a host process (xla.py)
 
@@ -103,6 +107,7 @@ def dispatch(
 
 def debug_launcher(function: Callable[..., Any], args: tuple = (), num_processes: int = 2) -> Any:
     """CPU-only launch for debugging distributed code on a laptop (as in Accelerate)."""
+    __tracebackhide__ = True
     args, kwargs = check_function(function, args, None)
     config = build_config(
         num_processes=num_processes,
@@ -167,6 +172,10 @@ def rank_specs(config: LaunchConfig, rendezvous: LocalRendezvous) -> dict[int, R
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in config.gpu_ids)
         if precision:
             env["ACCELERATE_MIXED_PRECISION"] = precision  # honoured by HF Accelerate too
+        if threads is not None:
+            # Said in the environment too, as torchrun does: libraries that read it (HF
+            # Accelerate would otherwise set 1 and warn) keep the rank's share of the cores.
+            env["OMP_NUM_THREADS"] = str(threads)
         info = RankInfo(
             rank, local_rank, config.world_size, local, config.node_rank, config.num_nodes
         )
@@ -189,6 +198,7 @@ def current_environment(config: LaunchConfig) -> dict[str, str] | None:
 
 
 def run_ranks(config: LaunchConfig, payload: bytes) -> Any:
+    __tracebackhide__ = True
     rendezvous = open_local(config.world_size)
     specs = rank_specs(config, rendezvous)
     ranks = list(specs)
@@ -242,6 +252,7 @@ def _finish(
     stuck: dict[int, list[str]] | None,
 ) -> Any:
     """``stuck`` is None unless the launch timed out: then where each rank was (stacks.py)."""
+    __tracebackhide__ = True
     if outcome.has_failure():
         error = outcome.error(node=config.node_rank)
         state.finish(f"Failed after {state.elapsed:.1f}s: {error}".splitlines()[0], Verdict.FAILED)
@@ -265,6 +276,7 @@ def _finish(
 
 
 def _raise(error: WorkerError) -> None:
+    __tracebackhide__ = True
     from .errors import RemoteTraceback
 
     cause = RemoteTraceback(error.remote_traceback) if error.remote_traceback else None

@@ -87,6 +87,7 @@ class OutputLine:
     rank: int
     stream: str
     text: str
+    dump: bool = False  # a stack dump the launcher asked for (see events.Output)
 
 
 OutputListener = Callable[["OutputLine"], None]
@@ -116,7 +117,9 @@ class RunState:
             return
         self.version += 1
         if isinstance(event, Output):
-            line = OutputLine(self.output_count, event.rank, event.stream, event.line)
+            line = OutputLine(
+                self.output_count, event.rank, event.stream, event.line, event.dump
+            )
             self.output.append(line)
             self.output_count += 1
             for listener in self._listeners:

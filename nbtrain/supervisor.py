@@ -271,9 +271,10 @@ class Supervisor:
             if stream.kind == "events":
                 self._decode(stream, chunk)
             else:
+                dumping = self._dumps is not None and stream.kind == "stderr"
                 for line in stream.splitter.feed(chunk):
-                    self._emit(Output(stream.rank, stream.kind, line))
-                    if self._dumps is not None and stream.kind == "stderr":
+                    self._emit(Output(stream.rank, stream.kind, line, dump=dumping))
+                    if self._dumps is not None and dumping:
                         self._dumps.get(stream.rank, []).append(line)
 
     def _decode(self, stream: _Stream, chunk: bytes) -> None:

@@ -16,6 +16,7 @@ import sys
 import traceback
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from types import TracebackType
 from typing import Any
 
 from . import reporting, runtime, stacks, teardown
@@ -67,7 +68,8 @@ def is_collateral(exc: BaseException) -> bool:
 
 
 def failure_event(rank: int, exc: BaseException, exitcode: int) -> Failed:
-    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    tb = _from_the_users_code(exc.__traceback__)
+    text = "".join(traceback.format_exception(type(exc), exc, tb))
     return Failed(
         rank=rank,
         type_name=type(exc).__qualname__,
@@ -77,6 +79,15 @@ def failure_event(rank: int, exc: BaseException, exitcode: int) -> Failed:
         exitcode=exitcode,
         collateral=is_collateral(exc),
     )
+
+
+def _from_the_users_code(tb: TracebackType | None) -> TracebackType | None:
+    """The traceback from the first frame that is not this module's: the rank's traceback
+    starts where the user's function does (when nothing of theirs ran, it stays whole)."""
+    first = tb
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    return tb if tb is not None else first
 
 
 def exit_code_of(exc: SystemExit) -> int:

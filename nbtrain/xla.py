@@ -96,6 +96,7 @@ def fan_out(ordinals: list[int], outcome: Outcome, forward: Callable[[Event], No
 
 
 def run_xla(config: LaunchConfig, payload: bytes) -> Any:
+    __tracebackhide__ = True  # IPython shows the cell and the ordinal's traceback, not ours
     ordinals = list(range(config.num_processes))
     spec = HostSpec(
         ordinals=len(ordinals),

@@ -307,7 +307,9 @@ class WidgetView:
         if not shown:
             return  # nothing this view shows changed: no rebuild, no message
         self._output_total += len(shown)
-        self._tail.extend(shown)
+        # The text version's tail is what the ranks printed last; a timeout's stack dumps are
+        # summed up in the TimeoutError already (and shown whole in the output area).
+        self._tail.extend(line for line in shown if not line.dump)
         self._rows_html.extend(_line_html(line) for line in shown[-MAX_OUTPUT_LINES:])
         hidden = self._output_total - len(self._rows_html)
         self.log.value = _output_html(self._rows_html, hidden)

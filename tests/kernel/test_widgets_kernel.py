@@ -164,3 +164,29 @@ def test_text_progress_in_a_kernel_prints_lines_and_no_widget(tmp_path) -> None:
         assert final and final[-1].endswith(f"loss {1 / 40 + rank:.4g} done")
     assert lines[-1].startswith("Done in") and "\r" not in out.stdout
     assert "HBox" not in out.stdout and "VBox" not in out.stdout
+
+
+@pytest.mark.timeout(300)
+def test_a_timeout_keeps_its_stack_dumps_out_of_the_saved_text(run_notebook) -> None:
+    """On a timeout each rank's stack is dumped into the output area; the text version (what a
+    saved notebook shows) keeps only what the ranks printed themselves."""
+    notebook = run_notebook(
+        [
+            "import time\n"
+            "from nbtrain import notebook_launcher\n"
+            "def sleepy():\n"
+            "    print('about to sleep')\n"
+            "    time.sleep(600)",
+            "try:\n"
+            "    notebook_launcher(sleepy, num_processes=2, start_method='fork', timeout=3)\n"
+            "except TimeoutError as exc:\n"
+            "    print('raised TimeoutError')",
+        ]
+    )
+    assert any("raised TimeoutError" in o.get("text", "") for o in notebook.cells[1].outputs)
+    markup = text("\n".join(Dashboard(notebook).html_values()))
+    assert "in sleepy" in markup  # the dumps are in the output area
+    saved = widget_output(notebook.cells[1])["text/plain"]
+    assert "[rank 0] about to sleep" in saved and "[rank 1] about to sleep" in saved
+    assert "File " not in saved and "in sleepy" not in saved, saved
+    assert saved.splitlines()[-1].startswith("Timed out after 3s")

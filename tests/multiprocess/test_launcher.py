@@ -67,7 +67,9 @@ def read_env():
     keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"]
     import multiprocessing
 
-    return {k: os.environ[k] for k in keys}, multiprocessing.current_process().daemon
+    env = {k: os.environ[k] for k in keys}
+    env["threads"] = f"{os.environ.get('OMP_NUM_THREADS')} {torch.get_num_threads()}"
+    return env, multiprocessing.current_process().daemon
 
 
 def test_rank_environment_and_fresh_port_per_launch(method):
@@ -84,6 +86,10 @@ def test_rank_environment_and_fresh_port_per_launch(method):
     assert envs[0]["MASTER_PORT"] != "29500"
     assert second[0]["MASTER_PORT"] != envs[0]["MASTER_PORT"]
     assert not any(daemon for _, daemon in first), "ranks must not be daemonic"
+    # The kernel sets no OMP_NUM_THREADS: each rank gets its share of the cores, in torch and
+    # in the variable libraries read (HF Accelerate would otherwise force 1 thread).
+    share = max(1, len(os.sched_getaffinity(0)) // 2)
+    assert {e["threads"] for e in envs} == {f"{share} {share}"}
 
 
 def loader_with_workers():
@@ -124,6 +130,10 @@ def test_root_cause_is_the_rank_that_raised_not_the_waiting_peer(method, capsys)
     assert isinstance(err.original, ValueError) and str(err.original) == "boom on rank 1"
     assert "rank 1" in str(err) and "ValueError" in str(err) and "boom on rank 1" in str(err)
     assert "raise ValueError" in err.remote_traceback
+    # The rank's traceback starts at the user's function: no launcher frame above it.
+    first_frame = err.remote_traceback.splitlines()[1]
+    assert first_frame.startswith(f'  File "{__file__}"'), err.remote_traceback
+    assert "in raise_on_rank_one_while_peer_waits" in first_frame
     assert err.exitcode == 1 and err.signal is None
     assert isinstance(err.__cause__, Exception) and "boom on rank 1" in str(err.__cause__)
     assert time.monotonic() - t0 < 60

@@ -481,3 +481,17 @@ def test_the_text_version_keeps_a_bounded_tail_of_the_output(frontend) -> None:
     assert lines[3:-2] == tail
     assert lines[-2] == "[rank 1] " + "x" * TEXT_TAIL_CHARS + "…"
     assert lines[-1] == "Done in 1.0s"
+
+
+def test_the_text_version_leaves_out_the_launchers_stack_dumps(frontend) -> None:
+    view, display = dashboard()
+    state = state_with()
+    state.apply(Output(0, "stdout", "what the rank printed"))
+    state.apply(Output(1, "stderr", '  File "train.py", line 3 in train', dump=True))
+    view.draw(state)
+    state.finish("Timed out after 1s", Verdict.TIMED_OUT)
+    view.close(state)
+    text = display.updates[-1]["text/plain"]
+    assert "[rank 0] what the rank printed" in text
+    assert "train.py" not in text
+    assert "train.py" in html.unescape(view.log.value)  # the output area still shows it
