@@ -187,6 +187,8 @@ def rank_specs(config: LaunchConfig, rendezvous: LocalRendezvous) -> dict[int, R
             torch_threads=threads,
             device=f"cuda:{local_rank}" if gpus else "cpu",
             kernel_env=kernel_env,
+            # fork and forkserver children end in os._exit: no interpreter finalization.
+            finalizes=config.start.method is StartMethod.SPAWN,
         )
     return specs
 

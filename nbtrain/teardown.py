@@ -47,9 +47,15 @@ def install() -> None:
     dist.destroy_process_group = destroy_process_group
 
 
-def release() -> None:
+def release(*, finalizing: bool) -> None:
     """After the user's function returned: destroy the groups it left initialized and free the
-    kept ones, so none is left for interpreter shutdown (see the module docstring)."""
+    kept ones, so none is left for interpreter shutdown (see the module docstring).
+
+    Only a process that will run interpreter finalization (spawn) needs it: fork and forkserver
+    children end in ``os._exit``, which frees nothing, so there the groups are simply left as
+    they are (saving the drain's pause on every launch)."""
+    if not finalizing:
+        return
     dist = sys.modules.get("torch.distributed")
     leftover = dist is not None and dist.is_available() and dist.is_initialized()
     if not _kept and not leftover:

@@ -37,6 +37,7 @@ class RankSpec:
     device: str = "cpu"
     close_fds: tuple[int, ...] = field(default=())
     kernel_env: dict[str, str] | None = None  # forkserver: the kernel's environment at launch
+    finalizes: bool = True  # the process runs interpreter finalization at exit (spawn)
 
 
 # Errors a rank raises only because a *peer* vanished: such a rank is never the root cause
@@ -271,7 +272,7 @@ def rank_main(
     sink.send(Started(info.rank, os.getpid(), spec.device, socket.gethostname(), info.local_rank))
     with runtime.activate(Runtime(info, sink, spec.mixed_precision)):
         code = call_and_report(info.rank, payload, sink, spec.send_result)
-    teardown.release()
+    teardown.release(finalizing=spec.finalizes)
     _flush_streams()
     sys.exit(code)
 
