@@ -18,14 +18,22 @@ def alternate(
     cases: dict[str, Callable[[], object]], rounds: int
 ) -> dict[str, list[float]]:
     """Wall time of every case, once per round in turn, so drift on a shared machine hits all
-    cases alike."""
+    cases alike; the order rotates every round, so no case always runs first (or right after
+    the same other case)."""
     samples: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(rounds):
-        for name, case in cases.items():
+    for round_ in range(rounds):
+        for name in rotation(list(cases), round_):
+            case = cases[name]
             start = time.perf_counter()
             case()
             samples[name].append(time.perf_counter() - start)
     return samples
+
+
+def rotation(names: list[str], round_: int) -> list[str]:
+    """The order of the cases in round ``round_``: each round starts one case later."""
+    shift = round_ % len(names)
+    return names[shift:] + names[:shift]
 
 
 def table(samples: dict[str, list[float]], baseline: str, unit: str = "s") -> str:

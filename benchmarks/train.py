@@ -9,8 +9,9 @@
                  its ranks like the baseline measures the Accelerator's training loop itself.
 
 Each case runs WARMUP steps, then times STEPS steps inside the ranks (launch and setup are not
-timed; rank 0 reports). The cases alternate within each round, so drift on a shared machine hits
-all alike; the table shows medians and ratios. Every rank uses one torch thread (two cores).
+timed; rank 0 reports). The cases alternate within each round (each round starting one case
+later), so drift on a shared machine hits all alike; the table shows medians and ratios.
+Every rank uses one torch thread (two cores).
 
 A second table isolates the Accelerator's own cost from launch-to-launch noise: in ONE pair of
 ranks (nbtrain launch), an nbtrain-prepared model and a hand-wrapped DDP model train alternately.
@@ -30,7 +31,7 @@ import torch
 import torch._dynamo  # (DDP imports it; loading it before forking keeps setup fast)
 import torch.distributed as dist
 import torch.multiprocessing as torch_mp
-from common import free_port
+from common import free_port, rotation
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from nbtrain import notebook_launcher
@@ -200,11 +201,12 @@ def same_ranks(steps: int, rounds: int) -> tuple[list[float], list[float]]:
         raw_optimizer.zero_grad()
 
     ours, theirs = batches(loader), batches(raw_loader, sampler.set_epoch)
-    rates: tuple[list[float], list[float]] = ([], [])
-    for _ in range(rounds):
-        rates[0].append(timed(nbtrain_step, ours, steps))
-        rates[1].append(timed(ddp_step, theirs, steps))
-    return rates
+    rates: dict[str, list[float]] = {"nbtrain": [], "ddp": []}
+    runs = {"nbtrain": (nbtrain_step, ours), "ddp": (ddp_step, theirs)}
+    for round_ in range(rounds):
+        for name in rotation(list(runs), round_):
+            rates[name].append(timed(*runs[name], steps))
+    return rates["nbtrain"], rates["ddp"]
 
 
 def main() -> None:
@@ -218,21 +220,23 @@ def main() -> None:
         "accelerate": lambda: run_mp("accelerate", options.steps),
     }
     rates: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(options.rounds):
-        for name, case in cases.items():
-            rates[name].append(case())
+    for round_ in range(options.rounds):
+        for name in rotation(list(cases), round_):  # no case always first
+            rates[name].append(cases[name]())
     medians = {name: statistics.median(values) for name, values in rates.items()}
     print(
         f"N=2 CPU ranks, {options.steps} timed steps x {options.rounds} rounds, "
         f"batch {BATCH}/rank, MLP {FEATURES}-{HIDDEN}-{HIDDEN}-{CLASSES}"
     )
-    print("| case | median steps/s | min | max | vs ddp | vs accelerate |")
-    print("|---|---|---|---|---|---|")
+    print("| case | median steps/s | min | max | vs ddp | vs accelerate | paired vs ddp |")
+    print("|---|---|---|---|---|---|---|")
     for name, values in rates.items():
+        # Paired: the median of this case's rate over ddp's in the same round (less noise).
+        paired = statistics.median(v / d for v, d in zip(values, rates["ddp"], strict=True))
         print(
             f"| {name} | {medians[name]:.1f} | {min(values):.1f} | {max(values):.1f} | "
             f"{medians[name] / medians['ddp']:.3f}x | "
-            f"{medians[name] / medians['accelerate']:.3f}x |"
+            f"{medians[name] / medians['accelerate']:.3f}x | {paired:.3f}x |"
         )
     ours, theirs = notebook_launcher(
         same_ranks,
