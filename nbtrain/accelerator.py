@@ -630,7 +630,12 @@ class Accelerator:
         ``output_dir`` may hold other files (a tokenizer, save_model output): they are kept.
         Without ``output_dir``, the project configuration's automatic naming picks
         ``<project_dir>/checkpoints/checkpoint_<n>``. ``save_model_func_kwargs`` (options for
-        DeepSpeed's saving in Accelerate) are accepted and unused."""
+        DeepSpeed's saving in Accelerate) are accepted and unused.
+
+        On XLA saving marks steps (its barriers sync), and every mark moves the device's random
+        seed on: a run that saves and continues draws other device random numbers afterwards
+        than one that never saved; a run resumed from the checkpoint matches the one that never
+        saved."""
         automatic = output_dir is None
         target = self._automatic_checkpoint() if output_dir is None else output_dir
         path = checkpoint.save_state(
@@ -643,7 +648,9 @@ class Accelerator:
             config = self.project_configuration
             config.iteration += 1
             if config.total_limit is not None and self.is_main_process:
-                checkpoint.prune_automatic(self.project_dir or ".", int(config.total_limit))
+                checkpoint.prune_automatic(
+                    self.project_dir or ".", int(config.total_limit), Path(path)
+                )
         return str(path)
 
     def _automatic_checkpoint(self) -> Path:
@@ -735,6 +742,9 @@ class Accelerator:
         they held; returns a None for each object given, to rebind your names to:
         ``model, optimizer = accelerator.free_memory(model, optimizer)``."""
         self._models, self._optimizers, self._schedulers, self._dataloaders = [], [], [], []
+        forget = getattr(self._strategy, "forget", None)  # XLA: its hooks on the parameters
+        if forget is not None:
+            forget()
         self.gradient_state.step = 0
         released = [None for _ in objects]
         del objects

@@ -3,7 +3,7 @@
 Used for ``num_nodes > 1`` and for ``max_restarts > 0`` (and by ``nbtrain launch``). torch's
 ``SimpleElasticAgent`` owns the attempt loop, exactly as under ``torchrun``: a rendezvous round,
 start the workers, monitor them, restart every worker after a failure while restarts remain,
-restart on membership changes, an exit barrier. NodeAgent fills in its hooks with what every
+restart on membership changes. NodeAgent fills in its hooks with what every
 nbtrain launch has (``processes``, ``Supervisor``, ``Outcome``, the live view), so the ranks
 keep whole-line rank-prefixed output, results, the root-cause rule and an interrupt that stops
 them at once:
@@ -15,6 +15,8 @@ them at once:
   ended after a failure here or anywhere (the "news" every node reads, see ``elastic.py``), so
   every node counts the same restarts; SUCCEEDED when every node's ranks succeeded.
 - ``_stop_workers`` / ``_shutdown``: terminate, then kill after the launcher's grace period.
+- ``_exit_barrier``: already passed when SUCCEEDED is reported (every node said it is done), in
+  a wait that hears Ctrl-C and the news, which torch's blocking store barrier does not.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+import traceback
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any, NoReturn
@@ -49,7 +52,7 @@ from .elastic import (
     check_endpoint_here,
     first_line,
 )
-from .errors import LaunchError, RemoteTraceback, WorkerError
+from .errors import LaunchError, RemoteTraceback, ResultError, WorkerError
 from .events import Event, Failed
 from .launcher import (
     GRACE,
@@ -69,7 +72,6 @@ from .worker import RankSpec
 
 MONITOR_INTERVAL = 0.01  # torch's loop sleeps this between monitor calls; the slice does the wait
 SLICE = 0.25  # seconds one monitor call supervises the ranks before torch's loop looks around
-EXIT_BARRIER_TIMEOUT = 60.0  # torch's own exit barrier: every node reported done before it
 
 
 def run_elastic(config: LaunchConfig, payload: bytes) -> Any:
@@ -99,7 +101,7 @@ class NodeAgent(SimpleElasticAgent):
             monitor_interval=MONITOR_INTERVAL,
             local_addr=coordinator.local_address,
         )
-        super().__init__(spec, exit_barrier_timeout=EXIT_BARRIER_TIMEOUT)
+        super().__init__(spec)  # (its exit barrier is replaced: see _exit_barrier)
         self.config = config
         self.payload = payload
         self.coordinator = coordinator
@@ -122,7 +124,6 @@ class NodeAgent(SimpleElasticAgent):
         self.supervisor: Supervisor | None = None
         self._published = False
         self._done = False
-        self._settle_until: float | None = None
 
     # -- the launch as a whole -------------------------------------------------------------
 
@@ -134,18 +135,20 @@ class NodeAgent(SimpleElasticAgent):
             self._worker_group.spec.rdzv_handler = self.coordinator.handler
             with _quiet_agent_log():
                 result = self.run()
-            if result is None:  # torch: the rendezvous was closed gracefully under us
-                self._fail(self.verdict or News.stop(0, "the rendezvous was closed"))
+            # (torch's run() returns None only for a rendezvous closed gracefully, which
+            # joining() turns into StaleRendezvous before torch sees it.)
             if result.is_failed():
                 assert self.verdict is not None
                 self._fail(self.verdict)
             return self._succeed()
         except _Ended as ended:
             # Raised from inside torch's loop: the user sees the error, not torch's frames.
+            _forget_locals(ended)
             raise ended.error.with_traceback(None) from ended.cause
         except BaseException as exc:
             if not self.ended:
                 self._abandon(exc)
+            _forget_locals(exc)
             raise
 
     def release_stores(self) -> None:
@@ -171,6 +174,7 @@ class NodeAgent(SimpleElasticAgent):
                 return
             except StaleRendezvous as stale:
                 if attempt == 0:  # a previous launch's rendezvous: wait for the fresh one
+                    self.release_stores()  # (node 0 reopens the endpoint's port)
                     self.coordinator.connect(self.say)
                     worker_group.spec.rdzv_handler = self.coordinator.handler
                     continue
@@ -251,12 +255,15 @@ class NodeAgent(SimpleElasticAgent):
         supervisor = self.supervisor
         assert supervisor is not None
         end = time.monotonic() + SLICE
-        # Once stopping began, finish it here: torch's loop must not see HEALTHY meanwhile and
-        # take another node's new round for a membership change (restarts would go uncounted).
-        while supervisor.running and (time.monotonic() < end or supervisor.stopping):
+        while supervisor.running:
             supervisor.step(self.deadline)
             self._tick()
-        if supervisor.running:
+            # Once stopping began, finish it here: torch's loop must not see HEALTHY meanwhile.
+            if supervisor.stopping or time.monotonic() < end:
+                continue
+            if self._round_abandoned():
+                supervisor.stop_all()  # then FAILED below, the restart counted like the others
+                continue
             return RunResult(state=WorkerState.HEALTHY)
         self._close_ranks()
         if supervisor.timed_out:
@@ -265,15 +272,35 @@ class NodeAgent(SimpleElasticAgent):
             return self._await_other_nodes()
         return self._settle()
 
+    def _round_abandoned(self) -> bool:
+        """Before torch's loop sees HEALTHY: has another node failed? It publishes the news
+        first, then joins torch's wait list for a new round, which torch would take for a
+        membership change and restart every rank without counting a restart; so a node that
+        looks at both first ends this attempt as FAILED instead, like every other node. (With
+        min_nodes == max_nodes a waiting node is always one whose attempt ended.)"""
+        if self.coordinator.news(fresh=True) is not None:
+            return True
+        try:
+            return bool(self.coordinator.handler.num_nodes_waiting())
+        except Exception:  # node 0 gone: the next store operation says so properly
+            return False
+
     def _tick(self) -> None:
         self.draw()
         self._publish_root_cause()
 
     def _close_ranks(self) -> None:
-        if self.supervisor is not None and self.started:
+        if not self.started:
+            return
+        if self.supervisor is not None:  # (None: interrupted before it existed)
             self.supervisor.drain()
-            processes.close(self.started)
-            self.started = []
+        processes.close(self.started)
+        self.started = []
+
+    def _exit_barrier(self) -> None:
+        """torch's exit barrier (a blocking store wait, deaf to Ctrl-C) is already done:
+        SUCCEEDED comes only once every node reported done (_await_other_nodes), and node 0
+        keeps its stores up until the others have left (elastic.NodeCoordinator.close)."""
 
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
         self._stop_ranks()
@@ -309,14 +336,17 @@ class NodeAgent(SimpleElasticAgent):
         self._publish_root_cause()
         news = self.coordinator.news(fresh=True)
         if news is None and self.config.multi_node:
-            # Only peer-loss failures here: give the node with the real cause time to speak.
-            if self._settle_until is None:
-                self._settle_until = time.monotonic() + COLLATERAL_GRACE
-            while news is None and time.monotonic() < self._settle_until:
+            # Only peer-loss failures here (or none: another node left the round): give the
+            # node with the real cause time to speak.
+            until = time.monotonic() + COLLATERAL_GRACE
+            while news is None and time.monotonic() < until:
                 time.sleep(0.1)
                 news = self.coordinator.news(fresh=True)
-        if news is None:
+        if news is None and self._failed():
             news = self.coordinator.publish(News.failure(self._local_error(), collateral=True))
+        if news is None:
+            reason = "another node left the round without saying why"
+            news = self.coordinator.publish(News.stop(self.config.node_rank, reason))
         if news.kind == "stopped":
             self._fail(news)
         self.verdict = news
@@ -337,24 +367,34 @@ class NodeAgent(SimpleElasticAgent):
         total = self.config.num_nodes
         end = time.monotonic() + SLICE
         while True:
+            expired = self.deadline is not None and time.monotonic() > self.deadline
             done = self.coordinator.done_count()
-            news = self.coordinator.news(fresh=True)
-            if news is not None:
-                return self._settle()
             if done >= total:
-                # The values themselves stay packed in the Outcome until launch() returns them.
-                placeholders: dict[int, Any] = dict.fromkeys(self.ranks)
-                return RunResult(state=WorkerState.SUCCEEDED, return_values=placeholders)
-            if self.deadline is not None and time.monotonic() > self.deadline:
-                self._fail(self.coordinator.publish(News.stop(self.config.node_rank, "timeout")))
+                return self._succeeded()
+            if self._round_abandoned():
+                return self._settle()
+            if expired:
+                self._stop_waiting("timeout")
             silent = self.coordinator.silent_nodes()
             if silent:
-                reason = f"node {silent[0]} stopped responding before its ranks finished"
-                self._fail(self.coordinator.publish(News.stop(self.config.node_rank, reason)))
+                self._stop_waiting(f"node {silent[0]} stopped responding before its ranks finished")
             self.say(f"finished; waiting for the other nodes ({done} of {total} done)")
             if time.monotonic() > end:
                 return RunResult(state=WorkerState.HEALTHY)
             time.sleep(0.1)
+
+    def _succeeded(self) -> RunResult:
+        # The values themselves stay packed in the Outcome until launch() returns them.
+        placeholders: dict[int, Any] = dict.fromkeys(self.ranks)
+        return RunResult(state=WorkerState.SUCCEEDED, return_values=placeholders)
+
+    def _stop_waiting(self, reason: str) -> None:
+        """End the wait at the end with ``reason``, unless the last node finished meanwhile
+        (then every node succeeds alike: one must not time out while another returns)."""
+        news = self.coordinator.publish(News.stop(self.config.node_rank, reason))
+        if news.kind == "stopped" and self.coordinator.done_count() >= self.config.num_nodes:
+            return
+        self._fail(news)
 
     def _time_out(self, supervisor: Supervisor) -> NoReturn:
         self.coordinator.publish(News.stop(self.config.node_rank, "timeout"))
@@ -365,7 +405,11 @@ class NodeAgent(SimpleElasticAgent):
     # -- endings -----------------------------------------------------------------------------
 
     def _succeed(self) -> Any:
-        results = self.outcome.results()
+        try:
+            results = self.outcome.results()
+        except ResultError as exc:  # a value the kernel cannot load (as in launcher._finish)
+            self._end(f"Failed after {self.state.elapsed:.1f}s: {exc}", Verdict.FAILED)
+            raise
         self._end(self.state.done_summary())
         if self.config.return_all:
             return [results.get(rank) for rank in self.ranks]
@@ -375,7 +419,7 @@ class NodeAgent(SimpleElasticAgent):
         if news.kind == "stopped":
             verdict = Verdict.TIMED_OUT if news.reason == "timeout" else Verdict.STOPPED
             self._end(f"Stopped after {self.state.elapsed:.1f}s: {news.summary()}", verdict)
-            raise _Ended(_stopped_error(news, self.config))
+            raise _Ended(_stopped_error(news, self.config, finished=self._done))
         local = news.node == self.config.node_rank and self.outcome.root_cause() == news.rank
         error = self._local_error() if local else news.error(others=self._local_failures())
         self._end(
@@ -448,8 +492,12 @@ class _Ended(Exception):
         self.cause = cause
 
 
-def _stopped_error(news: News, config: LaunchConfig) -> Exception:
-    where = f"every rank of this node (node {config.node_rank}) was stopped"
+def _stopped_error(news: News, config: LaunchConfig, *, finished: bool) -> Exception:
+    where = (
+        f"this node's ranks (node {config.node_rank}) had finished, the run as a whole did not"
+        if finished
+        else f"every rank of this node (node {config.node_rank}) was stopped"
+    )
     if news.reason == "timeout" and news.node == config.node_rank:
         return TimeoutError(
             f"notebook_launcher(timeout={config.timeout:g}) expired on this node "
@@ -462,6 +510,15 @@ def _stopped_error(news: News, config: LaunchConfig) -> Exception:
             f"the run; {where}."
         )
     return LaunchError(f"The run was stopped: {news.summary()}; {where}.")
+
+
+def _forget_locals(exc: BaseException) -> None:
+    """Clear the finished frames an exception leaving the launch carries: torch's loop holds
+    the rendezvous handler (and through it node 0's store) in a local, and IPython keeps the
+    last exception with its frames; what the launch closed must not be kept alive there."""
+    for error in (exc, exc.__cause__, exc.__context__):
+        if error is not None:
+            traceback.clear_frames(error.__traceback__)
 
 
 def _title(config: LaunchConfig, ranks: list[int]) -> str:

@@ -274,8 +274,9 @@ def finish_interrupted(directory: Path, discard: bool = False) -> None:
 def _carry_over(source: Path, target: Path) -> None:
     """Entries of the checkpoint being replaced that its save did not write go into the new
     one: hard links where the filesystem allows them (no copy, open files stay shared), else
-    copies; directories recursively."""
-    if not is_complete(source):
+    copies; directories recursively. ``source`` may be no checkpoint at all (a directory that
+    appeared while the save ran): then all of it is carried over, and nothing is lost."""
+    if not source.is_dir():
         return
     for name in _foreign_entries(source):
         entry, destination = source / name, target / name
@@ -331,9 +332,12 @@ def _meta(state: TrainingState, world: int, safe: bool) -> dict[str, Any]:
 
 
 def _write_marker(target: Path, meta: dict[str, Any]) -> None:
-    path = target / MARKER
-    path.write_text(json.dumps(meta, indent=1))
-    _fsync(path)
+    """Write aside, then rename: the marker is the commit point of an in-place save, so it is
+    either absent or whole, never a torn file that would make the checkpoint unreadable."""
+    path, aside = target / MARKER, target / f".{MARKER}.tmp"
+    aside.write_text(json.dumps(meta, indent=1))
+    _fsync(aside)
+    os.replace(aside, path)
     _fsync(target)
 
 
@@ -478,9 +482,14 @@ def latest_automatic(project_dir: str | os.PathLike[str]) -> Path:
     return found[-1]
 
 
-def prune_automatic(project_dir: str | os.PathLike[str], keep: int) -> None:
-    """(Main process, after a save completed.) Keep the ``keep`` newest checkpoints."""
-    for old in automatic_checkpoints(project_dir)[:-keep]:
+def prune_automatic(project_dir: str | os.PathLike[str], keep: int, saved: Path) -> None:
+    """(Main process, after the save of ``saved`` completed.) Keep ``saved`` and the newest
+    others, ``keep`` in all (at least ``saved``: Accelerate's total_limit=0 keeps the new one).
+    ``saved`` is never deleted, even when a fresh Accelerator restarted the numbering below
+    older checkpoints."""
+    saved = saved.resolve()
+    others = [entry for entry in automatic_checkpoints(project_dir) if entry.resolve() != saved]
+    for old in others[: max(0, len(others) - max(0, keep - 1))]:
         shutil.rmtree(old, ignore_errors=True)
 
 
@@ -519,7 +528,7 @@ def read_model(
     if safe and _on_xla(model):
         from .xla_accel import read_safetensors
 
-        read_safetensors(model, str(path))
+        read_safetensors(model, str(path), **options)  # strict=; loads where the model is
     elif safe:
         from safetensors.torch import load_model
 

@@ -25,12 +25,14 @@ if TYPE_CHECKING:
 _WARNED: set[str] = set()
 
 
-def warn_once(key: str, text: str) -> None:
-    """A warning shown once per process (a notebook builds many Accelerators)."""
+def warn_once(key: str, text: str, stacklevel: int = 4) -> None:
+    """A warning shown once per process (a notebook builds many Accelerators). ``stacklevel``
+    counts from this function: the default, 4, names the caller of ``Accelerator(...)`` when
+    called from check_unsupported; other call sites pass their own depth."""
     if key in _WARNED:
         return
     _WARNED.add(key)
-    warnings.warn(text, UserWarning, stacklevel=4)
+    warnings.warn(text, UserWarning, stacklevel=stacklevel)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -64,6 +64,7 @@ class LaunchConfig:
     return_all: bool
     rdzv_timeout: float = 900.0  # seconds each node waits for the others at a rendezvous
     xla_device: str = ""  # "TPU" or "CPU": ranks are XLA ordinals run by torch_xla (nbtrain.xla)
+    xla_counted: str = ""  # how num_processes was counted for XLA (tpu.check_launch), in words
 
     @property
     def world_size(self) -> int:
@@ -352,8 +353,10 @@ def build_config(
         # from the forkserver, a clean process that is warm after the first launch.
         start = StartChoice(StartMethod.FORKSERVER, "forkserver: XLA host from a clean process")
     _check_xla_runtime(start, xla)
+    counted = ""
     if xla is not None:
-        tpu.check_launch(xla, processes, nodes, restarts, precision.value if precision else None)
+        mode = precision.value if precision else None
+        counted = tpu.check_launch(xla, processes, nodes, restarts, mode)
     return LaunchConfig(
         num_processes=processes,
         start=start,
@@ -369,6 +372,7 @@ def build_config(
         return_all=return_all,
         rdzv_timeout=_check_rdzv_timeout(rdzv_timeout),
         xla_device=xla.device if xla is not None else "",
+        xla_counted=counted,
     )
 
 

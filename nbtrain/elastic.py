@@ -380,6 +380,9 @@ class NodeCoordinator:
         self._beats: dict[int, tuple[int, float]] = {}  # node -> (last beat seen, when it moved)
         self._deadline: float | None = None  # of the first join (rdzv_timeout)
         self._silent: set[int] = set()  # nodes found silent
+        self._formed = False  # a round completed: the rendezvous is ours to close on leaving
+        self._silence_checked = 0.0
+        self._last_silent: list[int] = []
         self._interface = interface_of(local_address)
 
     @property
@@ -474,13 +477,21 @@ class NodeCoordinator:
         turn torch's errors into ones that say what to do."""
         self._news, self._round = None, None
         status = lambda: say(self._waiting_text(attempt))  # noqa: E731
+        arrived = f"{_KEY}arrived/{attempt}"
         try:
             if self._handler.is_closed():  # a previous launch's rendezvous, being closed
                 raise StaleRendezvous
-            self._store.add(f"{_KEY}arrived/{attempt}", 1)
+            self._store.add(arrived, 1)
             self._store.append(f"{_KEY}arrived_nodes/{attempt}", f"{self.node},")
-            with _every(POLL, status):
-                yield
+            try:
+                with _every(POLL, status):
+                    yield
+            except BaseException:
+                with contextlib.suppress(Exception):  # no longer waiting: not counted in
+                    self._store.add(arrived, -1)
+                raise
+        except LaunchError:  # (a RuntimeError) ours, from the round's own checks: as it is
+            raise
         except api.RendezvousTimeoutError:
             raise RendezvousTimeout(self._timeout_text(attempt)) from None
         except (api.RendezvousError, RuntimeError, OSError) as exc:
@@ -518,6 +529,7 @@ class NodeCoordinator:
         """The round formed: check that every node was launched alike, and give this
         attempt's ranks their fresh worker store."""
         self._round, self._news, self._beats = store, None, {}
+        self._formed = True
         self._check_nodes(store, group_rank, group_size)
         return self._worker_store(store)
 
@@ -608,8 +620,12 @@ class NodeCoordinator:
         if shorter: waiting for the others at the end is the last rendezvous. (Measured by this
         node's clock: the nodes' clocks need not agree.)"""
         assert self._round is not None
+        now = time.monotonic()
+        if now - self._silence_checked < POLL:  # two store reads per node: not every 0.1 s
+            return self._last_silent
+        self._silence_checked = now
         limit = min(NODE_SILENCE, self.config.rdzv_timeout)
-        now, silent = time.monotonic(), []
+        silent: list[int] = []
         for node in range(self.config.num_nodes):
             if node == self.node:
                 continue
@@ -625,20 +641,23 @@ class NodeCoordinator:
             elif now - since > limit:
                 silent.append(node)
         self._silent.update(silent)  # gone: node 0 will not wait for them to leave
+        self._last_silent = silent
         return silent
 
     # -- leaving ---------------------------------------------------------------------------
 
     def close(self) -> None:
         """Leave the rendezvous. Node 0 keeps its stores up until the others have left."""
-        # Only after a completed round: a node that gives up while others are still joining
-        # must not close the rendezvous under them (no heartbeats run before a round completes).
-        if self._handler is not None and self._round is not None:
-            if self.is_host:
+        # Only once a round completed: a node that gives up while the others are still joining
+        # the first round must not close the rendezvous under them (they would only see it
+        # closed). After that, closing it is how the others waiting to rejoin for a restart
+        # learn that this node gave up, at once rather than after rdzv_timeout.
+        if self._handler is not None and self._formed:
+            if self.is_host and self._round is not None:
                 self._await_leavers()
             with _quiet_rendezvous_log(), contextlib.suppress(Exception):
                 self._handler.shutdown()  # stops heartbeats; marks the rendezvous closed
-            if not self.is_host:
+            if not self.is_host and self._round is not None:
                 with contextlib.suppress(RuntimeError, OSError, ValueError):
                     self._round.add(f"{_KEY}left", 1)
         self._drop()

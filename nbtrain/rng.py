@@ -6,7 +6,9 @@ States are stored as plain containers and tensors, so checkpoints load with weig
 XLA: the device RNG is a seed that every step mark (``torch_xla.sync``) moves on, whether or not
 the step drew random numbers; random ops inside a step derive from it in the lazy graph. It is
 a plain number only at a step boundary, so capture marks the step first (as Accelerate's
-save_state does) and saves the seed the next step starts from; restore sets it back.
+save_state does) and saves the seed the next step starts from; restore sets it back. The marks
+a save makes after capturing move the seed on, so a run that saves and continues differs from
+one that never saved, and the resumed run matches the latter.
 """
 
 from __future__ import annotations

@@ -170,6 +170,8 @@ def unloadable_global(data: bytes) -> str | None:
     try:
         for opcode, arg, _ in pickletools.genops(data):
             name = opcode.name
+            if name in ("FRAME", "PROTO"):  # framing only: they push nothing
+                continue
             if name in _STRING_OPS:
                 recent.append(arg)
             elif name == "MEMOIZE":

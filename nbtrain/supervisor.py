@@ -111,11 +111,8 @@ class Supervisor:
         return any(not rp.reaped for rp in self.ranks)
 
     def step(self, deadline: float | None) -> None:
-        """One turn of the loop (at most about TICK seconds): for callers that own the loop,
-        such as torch's elastic agent (agent.py)."""
-        self._step(deadline)
-
-    def _step(self, deadline: float | None) -> None:
+        """One turn of the loop (at most about TICK seconds); callers that own the loop, such
+        as torch's elastic agent (agent.py), call it themselves."""
         by_sentinel = {rp.sentinel: rp for rp in self.ranks if not rp.reaped}
         watched = [s.fd for s in self._streams.values() if s.open] + list(by_sentinel)
         for ready in wait(watched, timeout=self._wait_time(deadline)):

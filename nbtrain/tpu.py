@@ -297,8 +297,10 @@ def xla_runtime_initialized() -> bool:
 
 def check_launch(
     target: XlaTarget, ordinals: int, num_nodes: int, max_restarts: int, precision: str | None
-) -> None:
-    """What an XLA launch supports, checked in the kernel before anything starts."""
+) -> str:
+    """What an XLA launch supports, checked in the kernel before anything starts. Returns how
+    the kernel arrived at ``ordinals``, in words (the XLA host says them if torch_xla starts
+    another number), so the launch does not detect and count the TPU chips again."""
     where = "on this TPU host" if target.tpu else "with PJRT_DEVICE=CPU"
     if num_nodes > 1:
         raise ValueError(
@@ -322,10 +324,14 @@ def check_launch(
             "with pip install 'torch_xla[tpu]' (matching torch_xla's version), or set "
             "PJRT_DEVICE=CPU to run the XLA path on the CPU."
         )
-    if target.tpu:
-        every = default_ordinals(target)
-        if ordinals not in (1, every):
-            raise ValueError(
-                f"num_processes={ordinals} {where}: torch_xla runs either one ordinal or every "
-                f"TPU core ({every} here). Pass num_processes=None (all {every}) or 1."
-            )
+    if ordinals == 1:
+        return "num_processes=1"
+    if not target.tpu:
+        return f"CPU_NUM_DEVICES={ordinals}, from num_processes"
+    every = count_ordinals(target)
+    if ordinals != every.count:
+        raise ValueError(
+            f"num_processes={ordinals} {where}: torch_xla runs either one ordinal or every "
+            f"TPU core ({every.count} here). Pass num_processes=None (all {every.count}) or 1."
+        )
+    return every.source

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import launcher, processes, tpu
+from . import launcher, processes
 from .config import LaunchConfig
 from .events import Event, Exited
 from .monitor import RunState
@@ -54,12 +54,9 @@ def host_env(config: LaunchConfig) -> dict[str, str]:
 
 
 def counted_from(config: LaunchConfig) -> str:
-    """Why the kernel expects ``config.num_processes`` ordinals, in words for an error."""
-    if config.num_processes == 1:
-        return "num_processes=1"
-    if config.xla_device == "CPU":
-        return f"CPU_NUM_DEVICES={config.num_processes}, from num_processes"
-    return tpu.count_ordinals(tpu.detect()).source
+    """Why the kernel expects ``config.num_processes`` ordinals, in words for an error: as
+    config.py's check counted them (tpu.check_launch), not detected and counted again."""
+    return config.xla_counted or f"num_processes={config.num_processes}"
 
 
 def fan_out(ordinals: list[int], outcome: Outcome, forward: Callable[[Event], None]) -> Callable:

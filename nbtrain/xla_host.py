@@ -12,7 +12,8 @@ ordinal 0 fails the launch at once, saying both counts, before any user code run
 - writes ``print`` output through ``OrdinalStream``, which turns each whole line of the ordinal's
   thread into an ``Output`` event with its ordinal (threads share fds 1/2, so lines could not be
   told apart there); output of other threads and of C code still reaches the kernel on fds 1/2;
-- reports Started, then Finished or Failed, like any rank.
+- reports Started, then Finished or Failed, like any rank (Failed also when its function
+  returned after giving up on an XLA collective: ``xla_accel.XlaCollectiveAbandoned``).
 
 An ordinal that fails takes its process down after a short grace (the others may wait for it in a
 collective forever); the kernel then stops whatever is left.
@@ -34,7 +35,7 @@ from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
 from . import runtime, stacks, worker
-from .events import Output, PipeWriter, Started
+from .events import Event, Finished, Output, PipeWriter, Started
 from .runtime import RankInfo, Runtime
 from .supervisor import LineSplitter
 from .xla import HostSpec
@@ -138,16 +139,20 @@ def run_ordinal(index: int, spec: HostSpec, payload: bytes) -> None:
     device = f"{torch_xla.device()} ({spec.device})"
     sink.send(Started(ordinal, os.getpid(), device, socket.gethostname(), local))
     xla_accel.ordinal_started(ordinal)
+    verdict = _Verdict(ordinal, sink)
     try:
         with (
             runtime.activate(Runtime(info, sink, spec.mixed_precision), thread_only=True),
             ordinal_output(ordinal, sink),
         ):
-            code = worker.call_and_report(ordinal, payload, sink, spec.return_all or ordinal == 0)
+            code = worker.call_and_report(
+                ordinal, payload, verdict, spec.return_all or ordinal == 0
+            )
     finally:
         # After its report: a peer waiting for it in a collective now fails fast (collectives
         # can tell a peer that ended from one that is slow).
         xla_accel.ordinal_ended(ordinal)
+    code = code or verdict.code
     if code:
         _failures.append(code)
         if world > 1:
@@ -156,6 +161,27 @@ def run_ordinal(index: int, spec: HostSpec, payload: bytes) -> None:
             time.sleep(FAILURE_GRACE)
             _flush()
             os._exit(code)
+
+
+class _Verdict:
+    """Where the ordinal's Finished or Failed goes. A function that returned after giving up on
+    an XLA collective (it caught the timeout or lost-peers error) has left that collective
+    pending inside XLA: it is reported as failed, and its process ends like a failed one's."""
+
+    def __init__(self, ordinal: int, sink: PipeWriter) -> None:
+        self.ordinal = ordinal
+        self.sink = sink
+        self.code = 0
+
+    def send(self, event: Event) -> None:
+        if isinstance(event, Finished):
+            from . import xla_accel
+
+            error = xla_accel.abandoned(self.ordinal, "returned")
+            if error is not None:
+                self.code = 1
+                event = worker.failure_event(self.ordinal, error, self.code)
+        self.sink.send(event)
 
 
 def _wrong_count(ordinal: int, world: int, spec: HostSpec, sink: PipeWriter) -> NoReturn:

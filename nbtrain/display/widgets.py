@@ -177,6 +177,7 @@ class WidgetView:
         self._rows_html: deque[str] = deque(maxlen=MAX_OUTPUT_LINES)  # shown lines, as markup
         self._tail: deque[OutputLine] = deque(maxlen=TEXT_TAIL_LINES)  # for the text version
         self._output_total = 0  # lines this view showed, or lost to a flood between redraws
+        self._dump_lines = 0  # of those, stack dumps: not "earlier lines" of the text version
         self._note: _Note | None = None
         self._state: RunState | None = None
         self._final_text = ""
@@ -213,7 +214,8 @@ class WidgetView:
         self.draw(state, final=True)
         assert self.box is not None
         # Frontends without widget support (and saved notebooks) show this text instead.
-        self._final_text = final_text(state, self._tail, self._output_total - len(self._tail))
+        earlier = self._output_total - self._dump_lines - len(self._tail)
+        self._final_text = final_text(state, self._tail, earlier)
         self._display.update(self._bundle(self._final_text))
         _finished.append(self)
         _retire_old_dashboards()
@@ -309,7 +311,9 @@ class WidgetView:
         self._output_total += len(shown)
         # The text version's tail is what the ranks printed last; a timeout's stack dumps are
         # summed up in the TimeoutError already (and shown whole in the output area).
-        self._tail.extend(line for line in shown if not line.dump)
+        printed = [line for line in shown if not line.dump]
+        self._dump_lines += len(shown) - len(printed)
+        self._tail.extend(printed)
         self._rows_html.extend(_line_html(line) for line in shown[-MAX_OUTPUT_LINES:])
         hidden = self._output_total - len(self._rows_html)
         self.log.value = _output_html(self._rows_html, hidden)

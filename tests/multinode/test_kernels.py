@@ -136,3 +136,44 @@ def test_same_cell_in_two_kernels_forms_one_job(sessions: list[Session], endpoin
     assert node0.error is None and node1.error is None, (node0.error, node1.error)
     assert "AGAIN (0, 10.0)" in node0.stdout  # rank 0's value
     assert "AGAIN (2, 10.0)" in node1.stdout  # node 1: its first rank's value
+
+
+FAILING_CELL = """
+import os
+from nbtrain import notebook_launcher
+
+def fail_on_rank_three():
+    if os.environ["RANK"] == "3":
+        raise ValueError("boom on rank 3")
+    import time
+    time.sleep(30)
+
+notebook_launcher(fail_on_rank_three, num_processes=2, num_nodes=2, node_rank=NODE_RANK,
+                  rdzv_endpoint=ENDPOINT, progress="off")
+"""
+
+
+def run_on_both(sessions: list[Session], code: str, timeout: float) -> None:
+    for session in sessions:
+        session.stdout, session.error, session.idle = "", None, False
+        session.execute(code)
+    deadline = time.monotonic() + timeout
+    while not all(session.idle for session in sessions):
+        assert time.monotonic() < deadline, [session.stdout for session in sessions]
+        for session in sessions:
+            session.pump()
+
+
+def test_the_cell_runs_again_after_a_failure(sessions: list[Session], endpoint: str):
+    """IPython keeps the last exception (and the frames it went through): a failed launch must
+    still leave node 0's endpoint free for the next one."""
+    for rank, session in enumerate(sessions):
+        session.execute(f"NODE_RANK, ENDPOINT = {rank}, {endpoint!r}")
+    run_on_both(sessions, FAILING_CELL, timeout=150)
+    for session in sessions:
+        assert session.error is not None and "boom on rank 3" in session.error
+    run_on_both(sessions, CELL, timeout=150)
+    node0, node1 = sessions
+    assert node0.error is None and node1.error is None, (node0.error, node1.error)
+    assert "RESULT [(0, 100.0), (1, 100.0)]" in node0.stdout
+    assert "RESULT [(2, 100.0), (3, 100.0)]" in node1.stdout

@@ -183,3 +183,25 @@ def test_a_node_lost_while_the_others_wait_at_the_end_is_noticed(cluster: Cluste
     (result,) = first.wait(timeout=60)
     assert result["error"] == "LaunchError", first.describe()
     assert "node 1 stopped responding before its ranks finished" in result["text"]
+
+
+def test_a_node_that_gives_up_while_rejoining_ends_the_others_at_once(
+    cluster: Cluster, endpoint: str, tmp_path: Path
+):
+    """After a failure both nodes rejoin for the restart; one is interrupted meanwhile. The
+    other must not wait out rdzv_timeout for it: the first failure is the verdict."""
+    marker = str(tmp_path / "failed-once")
+    for node in (0, 1):
+        cluster.start(
+            node,
+            [launch("fail_once", endpoint, node, args=(marker, 2), max_restarts=1,
+                    rdzv_timeout=120)],
+        )
+    wait_for_text(cluster.nodes[1], "restarting every rank", timeout=90)
+    cluster.nodes[1].process.send_signal(signal.SIGINT)
+    started = time.monotonic()
+    (r0,), (r1,) = cluster.wait_all(timeout=100)
+    assert time.monotonic() - started < 60, "node 0 waited for a node that had left"
+    assert r1["error"] == "KeyboardInterrupt", cluster.describe()
+    assert r0["error"] in ("WorkerError", "LaunchError"), cluster.describe()
+    assert "transient failure on the first attempt" in r0["text"] or "interrupted" in r0["text"]

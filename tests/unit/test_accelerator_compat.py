@@ -64,6 +64,17 @@ def test_tracker_rng_and_compile_arguments_are_accepted_with_one_warning(tmp_pat
         Accelerator(dynamo_backend="inductor")
 
 
+def test_one_time_warnings_point_at_the_line_that_made_the_accelerator():
+    from accelerate.utils import ProfileKwargs
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Accelerator(kwargs_handlers=[ProfileKwargs()])  # handlers.py warns
+        Accelerator(log_with="tensorboard")  # compat.py warns
+    assert [w.filename for w in caught] == [__file__, __file__], [str(w) for w in caught]
+    assert "ProfileKwargs is not used" in str(caught[0].message)
+
+
 def test_parallelism_plugins_and_fp8_are_refused_clearly():
     from accelerate.utils import (
         DDPCommunicationHookType,
@@ -136,6 +147,15 @@ def test_free_memory_forgets_the_prepared_objects():
     acc.prepare(torch.nn.Linear(3, 1))
     assert len(acc._training_state().models) == 1  # what save_state would write now
     assert acc.clear() == []
+
+
+def test_free_memory_lets_the_strategy_forget_its_parameters():
+    # XLA's strategy keeps hooks and per-parameter state (tests/xla covers what it drops).
+    acc = Accelerator()
+    forgotten = []
+    acc._strategy.forget = lambda: forgotten.append(True)  # type: ignore[attr-defined]
+    acc.free_memory()
+    assert forgotten == [True]
 
 
 def test_model_helpers_triggers_and_main_process_decorators(tmp_path):

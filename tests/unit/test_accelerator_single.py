@@ -551,9 +551,11 @@ def test_an_in_place_save_stopped_after_its_commit_is_finished_by_the_next_load(
     moves = []
 
     def replace_then_stop(source, target):  # the process dies after moving one file
-        if moves:
+        moving = checkpoint.IN_PLACE in str(source) and checkpoint.IN_PLACE not in str(target)
+        if moving and moves:
             raise KeyboardInterrupt
-        moves.append(target)
+        if moving:
+            moves.append(target)
         os.rename(source, target)
 
     monkeypatch.setattr(checkpoint.os, "replace", replace_then_stop)
@@ -676,3 +678,77 @@ def test_a_symlinked_checkpoint_directory_stays_a_link(tmp_path):
         acc.save_state(str(tmp_path / "ck"))
     assert (tmp_path / "ck").is_symlink() and checkpoint.is_complete(tmp_path / "disk")
     assert loaded_generation(tmp_path / "ck") == (2.0, 2)
+
+
+def test_pruning_never_deletes_the_checkpoint_just_saved(tmp_path):
+    """A fresh Accelerator restarts the numbering below older checkpoints: its new save is the
+    one to keep, with the newest of the others (Accelerate's total_limit counts the new one)."""
+    from accelerate.utils import ProjectConfiguration
+
+    def config() -> ProjectConfiguration:
+        return ProjectConfiguration(
+            project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=2
+        )
+
+    first = Accelerator(project_config=config())
+    first.prepare(torch.nn.Linear(2, 1))
+    for _ in range(3):
+        first.save_state()
+    again = Accelerator(project_config=config())  # numbering starts at 0 again
+    again.prepare(torch.nn.Linear(2, 1))
+    saved = again.save_state()
+    assert saved.endswith("checkpoint_0")
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["checkpoint_0", "checkpoint_2"]
+    limit_zero = Accelerator(
+        project_config=ProjectConfiguration(
+            project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=0,
+            iteration=7,
+        )
+    )
+    limit_zero.prepare(torch.nn.Linear(2, 1))
+    limit_zero.save_state()
+    assert os.listdir(tmp_path / "checkpoints") == ["checkpoint_7"]
+
+
+def test_a_commit_marker_is_whole_or_absent(tmp_path, monkeypatch):
+    """The marker of an in-place save is its commit point: a save stopped while writing it
+    leaves no marker (never a torn one), so the previous checkpoint still loads."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")  # in-place mode
+    acc, model, counter = counted()
+    generation(acc, model, counter, 1)
+    acc.save_state(str(out))
+    generation(acc, model, counter, 2)
+    real_replace = os.replace
+
+    def crash_on_the_marker(source, destination):
+        if str(destination).endswith(checkpoint.MARKER):
+            raise KeyboardInterrupt  # stopped between writing the marker and committing it
+        real_replace(source, destination)
+
+    monkeypatch.setattr(os, "replace", crash_on_the_marker)
+    with pytest.raises(KeyboardInterrupt):
+        acc.save_state(str(out))
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert not (out / checkpoint.IN_PLACE / checkpoint.MARKER).exists()
+    assert loaded_generation(out) == (1.0, 1)
+    acc.save_state(str(out))
+    assert loaded_generation(out) == (2.0, 2) and user_files(out) == {"notes.txt": "mine"}
+
+
+def test_a_directory_that_appears_during_a_save_is_kept(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    acc, model, counter = counted()
+    generation(acc, model, counter, 1)
+    real_write = checkpoint._write_shared
+
+    def someone_else_creates_it(target, state, safe):
+        real_write(target, state, safe)
+        out.mkdir()
+        (out / "notes.txt").write_text("made meanwhile")
+
+    monkeypatch.setattr(checkpoint, "_write_shared", someone_else_creates_it)
+    acc.save_state(str(out))
+    assert user_files(out) == {"notes.txt": "made meanwhile"}
+    assert loaded_generation(out) == (1.0, 1)

@@ -136,6 +136,29 @@ def test_a_result_the_kernel_cannot_load_names_the_rank_the_type_and_the_fix():
     assert pickle.loads(pickle.dumps(info.value)).rank == 1
 
 
+def test_a_frame_boundary_between_module_and_name_still_names_the_class():
+    """Pickles over 64 KiB are cut into frames; a FRAME opcode may fall between the module and
+    the name that STACK_GLOBAL takes: it pushes nothing."""
+    import pickle
+    import struct
+
+    from nbtrain.serialization import unloadable_global
+
+    def frame(body: bytes) -> bytes:
+        return b"\x95" + struct.pack("<Q", len(body)) + body
+
+    def short(text: str) -> bytes:
+        return b"\x8c" + bytes([len(text)]) + text.encode()
+
+    data = (
+        b"\x80\x04"  # PROTO 4
+        + frame(short("only_in_the_rank") + b"\x94")  # module name, MEMOIZE
+        + frame(short("Weights") + b"\x94" + b"\x93" + b"\x94" + b")\x81." )
+    )  # name, MEMOIZE, STACK_GLOBAL, MEMOIZE, EMPTY_TUPLE, NEWOBJ, STOP
+    assert unloadable_global(data) == "only_in_the_rank.Weights"
+    assert unloadable_global(pickle.dumps([1, "two"], protocol=4)) is None
+
+
 def test_only_the_collectives_transport_errors_count_as_a_lost_peer():
     from nbtrain.worker import is_collateral
 

@@ -251,3 +251,28 @@ def test_initialised_runtime_refuses_fork_even_off_tpu(monkeypatch):
     with pytest.raises(ValueError, match="start_method='spawn'"):
         _config(num_processes=2, start_method="fork")
     assert _config(num_processes=2, start_method="spawn").start.method.value == "spawn"
+
+
+def test_the_launch_counts_the_ordinals_once(tpu_host, monkeypatch):
+    from nbtrain import xla
+
+    config = _config()
+    assert config.xla_counted == "TPU_ACCELERATOR_TYPE=v3-8"
+    assert _config(num_processes=1).xla_counted == "num_processes=1"
+
+    def second_look(*args, **kwargs):
+        raise AssertionError("the launch detected or counted the TPU again")
+
+    # The host's "expected N (why)" comes from the kernel's own count, not a second detection.
+    monkeypatch.setattr(tpu, "detect", second_look)
+    monkeypatch.setattr(tpu, "count_ordinals", second_look)
+    assert xla.counted_from(config) == "TPU_ACCELERATOR_TYPE=v3-8"
+
+
+def test_an_xla_cpu_launch_says_where_its_ordinal_count_comes_from(tpu_host, monkeypatch):
+    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    config = _config(num_processes=4)
+    assert (config.xla_device, config.xla_counted) == (
+        "CPU",
+        "CPU_NUM_DEVICES=4, from num_processes",
+    )

@@ -8,6 +8,7 @@ that do complete.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from datetime import timedelta
 
@@ -58,6 +59,76 @@ def barrier_while_peers_are_busy() -> None:
         accelerator.wait_for_everyone()
     else:
         time.sleep(60)  # alive, and never making the call
+
+
+def leave_right_after_a_barrier(slow: float) -> str:
+    """Every ordinal meets in a barrier; the others then end at once, while ordinal 0's helper
+    thread is still finishing its side of the gather (its syncs made slow, as on a loaded
+    host)."""
+    import threading
+
+    from nbtrain import Accelerator, xla_accel
+
+    support.install()
+    accelerator = Accelerator()
+    if accelerator.process_index == 0:
+        real = xla_accel.sync
+
+        def slow_sync() -> None:
+            real()
+            if threading.current_thread().name == "nbtrain-xla-gather-0":
+                time.sleep(slow)
+
+        xla_accel.sync = slow_sync  # the gather's syncs, around the meeting point
+    accelerator.wait_for_everyone()
+    return "done"
+
+
+def catch_the_lost_collective(then: str) -> str:
+    import torch
+
+    from nbtrain import Accelerator
+
+    support.install()
+    accelerator = Accelerator()
+    if accelerator.is_main_process:
+        # The others have returned: nobody joins. The error is caught (as `except Exception`
+        # would), and the all-gather stays pending inside XLA.
+        with contextlib.suppress(Exception):
+            accelerator.wait_for_everyone()
+        if then == "reduce":
+            try:
+                accelerator.reduce(torch.ones(1, device=accelerator.device))
+            except Exception:
+                return "caught twice"
+    return "went on"
+
+
+def test_peers_that_complete_a_collective_and_end_are_not_lost(workaround):
+    # Longer than the fixed 2 s nbtrain once granted a slow gather after a peer had ended.
+    results = notebook_launcher(
+        leave_right_after_a_barrier,
+        (4.0,),
+        num_processes=ORDINALS,
+        progress="off",
+        return_all=True,
+    )
+    assert results == ["done"] * ORDINALS
+
+
+@pytest.mark.parametrize(
+    ("then", "says"), [("return", "returned"), ("reduce", "went on to more XLA work")]
+)
+def test_an_ordinal_that_catches_a_lost_collective_still_fails(workaround, then, says):
+    with pytest.raises(WorkerError) as info:
+        notebook_launcher(
+            catch_the_lost_collective, (then,), num_processes=ORDINALS, progress="off"
+        )
+    assert info.value.rank == 0
+    # Not an Exception, so the second except clause could not swallow it either.
+    assert type(info.value.original).__name__ == "XlaCollectiveAbandoned"
+    assert not isinstance(info.value.original, Exception)
+    assert f"ordinal 0 {says} after giving up on a collective" in str(info.value)
 
 
 def test_ordinals_in_different_collectives_fail_together(workaround, tmp_path):

@@ -1,7 +1,8 @@
 """Gradient sync across 4 XLA:CPU ordinals with nbtrain's Accelerator (issue #5): after training,
 every ordinal holds the same parameters, equal to a plain-torch CPU reference that averages the
 ordinals' per-shard gradients at each step; with gradient clipping, the clipped gradient is the
-average's (the same norm on every ordinal), as with DDP.
+average's (the same norm on every ordinal), as with DDP; free_memory leaves no per-parameter state
+or hook of the strategy behind.
 
 The ordinals are threads of one host process, and their collectives need the test-only
 workaround in support.py (torch_xla 2.9.0 only). What the test must respect for it:
@@ -164,7 +165,33 @@ def train_clipped() -> dict:
         out[f"{mode}_batches"] = [(x.cpu(), y.cpu()) for x, y in batches]
         out[f"{mode}_final"] = {k: v.detach().cpu() for k, v in model.state_dict().items()}
         out[f"{mode}_norms"] = [n.cpu() for n in norms]
+        out[f"{mode}_forgotten"] = forget_the_model(accelerator, model)
+    out["probe"] = watch_and_drop_a_parameter(accelerator)
     return out
+
+
+def forget_the_model(accelerator, model) -> dict:
+    """free_memory between two trainings: the strategy keeps no state of the old parameters, and
+    takes its accumulate-grad hook off a model the script keeps."""
+    strategy = accelerator._strategy
+    before = len(strategy._watched)
+    accelerator.free_memory()
+    hooks = [len(p._post_accumulate_grad_hooks or {}) for p in model.parameters()]
+    return {"watched": before, "after": len(strategy._watched), "hooks": hooks}
+
+
+def watch_and_drop_a_parameter(accelerator) -> tuple[int, int]:
+    """The strategy's bookkeeping goes with a collected parameter: a new one that gets its id()
+    is not taken for it (and so is watched itself)."""
+    import gc
+
+    strategy = accelerator._strategy
+    probe = torch.nn.Parameter(torch.zeros(1, device=accelerator.device))
+    strategy._watch(probe)
+    watched = len(strategy._watched)
+    del probe
+    gc.collect()
+    return watched, len(strategy._watched)
 
 
 def clipped_reference(initial: dict, steps: list, mode: str) -> tuple[dict, list[float]]:
@@ -219,3 +246,7 @@ def test_clipping_acts_on_the_averaged_gradient_like_ddp(monkeypatch):
                 torch.stack(results[0]["norm_norms"]), torch.tensor(norms), rtol=1e-5, atol=1e-6
             )
             assert min(norms) > MAX_NORM
+    for r in results:
+        for mode in ("norm", "value"):  # weight and bias were watched; nothing is left of them
+            assert r[f"{mode}_forgotten"] == {"watched": 2, "after": 0, "hooks": [0, 0]}
+        assert r["probe"] == (1, 0)
