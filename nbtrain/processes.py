@@ -212,10 +212,16 @@ def signal_rank(rank_process: RankProcess, signum: int) -> None:
     if not _may_signal(rank_process, pid):
         return
     rank_process.group_pids |= shm.group_members(pid)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
+    # One signal each: the rank leads its own group (itself and its DataLoader workers). Not
+    # killpg and kill both: a rank whose SIGTERM handler raises would get a second SIGTERM
+    # while handling the first, and die without reporting.
+    try:
         os.killpg(pid, signum)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, signum)
+    except ProcessLookupError:  # no group yet (the rank makes it first thing): the rank alone
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signum)
+    except PermissionError:
+        pass
 
 
 def request_stop(rank_process: RankProcess, *, terminate: bool = True) -> None:

@@ -98,6 +98,9 @@ def test_fp16_with_grad_scaler_under_forkserver():
         # A power-of-two scale small enough not to overflow: scaling is then exact in fp16.
         acc = Accelerator(kwargs_handlers=[GradScalerKwargs(init_scale=256.0)])
         model = torch.nn.Linear(3, 1)
+        with torch.no_grad():  # fixed, large enough that every step clips (norm >> 0.5)
+            model.weight.fill_(1.0)
+            model.bias.fill_(0.5)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         model, optimizer = acc.prepare(model, optimizer)
         start = [p.detach().clone() for p in model.parameters()]

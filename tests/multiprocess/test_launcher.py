@@ -797,3 +797,25 @@ def test_the_worker_path_imports_no_widgets():
     loaded = notebook_launcher(train_step_and_report, num_processes=2, start_method="spawn",
                                **QUIET)
     assert not [name for name in loaded if name.startswith("ipywidgets")], loaded
+
+
+def count_sigterms(directory):
+    """Records every SIGTERM this rank receives, then waits to be stopped."""
+    path = os.path.join(directory, f"rank{os.environ['RANK']}.terms")
+
+    def handler(signum, frame):
+        with open(path, "a") as handle:
+            handle.write("SIGTERM\n")
+
+    signal.signal(signal.SIGTERM, handler)
+    time.sleep(600)
+
+
+def test_stopping_a_rank_sends_it_one_sigterm(method, tmp_path):
+    """A library's SIGTERM handler runs once per stop (a second signal while it handles the
+    first would cut its shutdown short)."""
+    with pytest.raises(TimeoutError):
+        notebook_launcher(count_sigterms, (str(tmp_path),), num_processes=2, start_method=method,
+                          timeout=HANG_TIMEOUT[method], **QUIET)
+    for rank in (0, 1):
+        assert (tmp_path / f"rank{rank}.terms").read_text() == "SIGTERM\n"
