@@ -7,10 +7,12 @@ running when the watch began (a kernel started by a fixture), and is not itself 
 command-line match alone would hide every leaked rank of a forkserver launch (and its DataLoader
 workers): they are forked from the server and carry its command line.
 
-A process whose parent died is reparented to init (or a subreaper) and is no descendant any
-more; it still carries the watched process's session id. So processes of that session that
-appeared after the watch began, are no descendants, and whose parent is outside the session
-(init, a subreaper) count as leaked too.
+A process whose parent died is reparented to init or to the nearest subreaper above it, and is
+no descendant any more; it still carries the watched process's session id. So processes of that
+session that appeared after the watch began, are no descendants, and whose parent is init or an
+ancestor of the watched process (the only places the kernel reparents them to) count as leaked
+too. A CI harness is often a subreaper in the same session: "parent outside the session" alone
+would miss every orphan there.
 """
 
 from __future__ import annotations
@@ -59,13 +61,14 @@ class ProcessWatch:
         self.session = _session(self.root)
         self.before = self._descendants() | self._session_members()
         self._parents = self.before | {self.root}  # whose helpers are exempt
+        self._adopters = _ancestors(self.root) | {1}  # where an orphan of the tree ends up
 
     def alive(self) -> dict[int, psutil.Process]:
         """Live descendants (helpers excepted) and orphans of the root's session."""
         found = {pid: proc for pid, proc in self._live_descendants().items()}
         for pid in self._session_members() - self.before - set(found):
             proc = _process(pid)
-            if proc is not None and _live(proc) and _orphan(proc, self.session, self.root):
+            if proc is not None and _live(proc) and _orphan(proc, self._adopters):
                 found[pid] = proc
         return found
 
@@ -129,10 +132,16 @@ def _live(process: psutil.Process) -> bool:
         return False
 
 
-def _orphan(process: psutil.Process, session: int | None, root: int) -> bool:
-    """Reparented out of the session (to init or a subreaper): its parent died."""
+def _ancestors(pid: int) -> set[int]:
     try:
-        parent = process.ppid()
+        return {parent.pid for parent in psutil.Process(pid).parents()}
+    except psutil.Error:
+        return set()
+
+
+def _orphan(process: psutil.Process, adopters: set[int]) -> bool:
+    """Reparented to init or a subreaper above the watched process: its parent died."""
+    try:
+        return process.ppid() in adopters
     except psutil.Error:
         return False
-    return parent != root and _session(parent) != session
