@@ -43,11 +43,29 @@ def test_exit_is_seen_without_reaping_and_the_group_dies_before_the_pid_is_freed
         assert [p.pid for p in workers if p.pid != rank.pid], "the worker did not start"
         assert processes.reap(rank) == 3
         assert not os.path.exists(f"/proc/{rank.pid}"), "reap() left the zombie"
-        _, alive = psutil.wait_procs([p for p in workers if p.pid != rank.pid], timeout=10)
-        assert alive == [], "the rank's worker survived it"
+        survivors = _running_after([p for p in workers if p.pid != rank.pid], timeout=10)
+        assert survivors == [], "the rank's worker survived it"
     finally:
         processes.stop([rank], grace=0.0)
         processes.close([rank])
+
+
+def _running_after(workers: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Those still running after ``timeout``. A killed worker is reparented to init or a
+    subreaper, which reaps it when it likes: its zombie is dead, not a survivor."""
+    deadline = time.monotonic() + timeout
+    while True:
+        running = [p for p in workers if _is_running(p)]
+        if not running or time.monotonic() > deadline:
+            return running
+        time.sleep(0.05)
+
+
+def _is_running(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _pgid(pid: int) -> int | None:
