@@ -52,7 +52,7 @@ from .elastic import (
     check_endpoint_here,
     first_line,
 )
-from .errors import LaunchError, RemoteTraceback, ResultError, WorkerError
+from .errors import LaunchError, RemoteTraceback, WorkerError
 from .events import Event, Failed
 from .launcher import (
     GRACE,
@@ -62,6 +62,7 @@ from .launcher import (
     _throttled,
     _timeout_message,
     _view,
+    deliver,
     rank_specs,
 )
 from .monitor import RunState, Verdict
@@ -405,15 +406,8 @@ class NodeAgent(SimpleElasticAgent):
     # -- endings -----------------------------------------------------------------------------
 
     def _succeed(self) -> Any:
-        try:
-            results = self.outcome.results()
-        except ResultError as exc:  # a value the kernel cannot load (as in launcher._finish)
-            self._end(f"Failed after {self.state.elapsed:.1f}s: {exc}", Verdict.FAILED)
-            raise
-        self._end(self.state.done_summary())
-        if self.config.return_all:
-            return [results.get(rank) for rank in self.ranks]
-        return results.get(self.ranks[0])
+        self.ended = True  # deliver() ends the view, also when it raises ResultError
+        return deliver(self.config, self.state, self.outcome, self.view)
 
     def _fail(self, news: News) -> NoReturn:
         if news.kind == "stopped":
@@ -422,9 +416,7 @@ class NodeAgent(SimpleElasticAgent):
             raise _Ended(_stopped_error(news, self.config, finished=self._done))
         local = news.node == self.config.node_rank and self.outcome.root_cause() == news.rank
         error = self._local_error() if local else news.error(others=self._local_failures())
-        self._end(
-            f"Failed after {self.state.elapsed:.1f}s: {error}".splitlines()[0], Verdict.FAILED
-        )
+        self._end(self.state.failed_summary(error), Verdict.FAILED)
         cause = RemoteTraceback(error.remote_traceback) if error.remote_traceback else None
         raise _Ended(error, cause)
 

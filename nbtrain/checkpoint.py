@@ -35,10 +35,12 @@ still load.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -159,6 +161,16 @@ def _foreign_entries(directory: Path) -> list[str]:
     if is_complete(directory):
         ours |= written_files(read_meta(directory))
     return sorted(entry.name for entry in directory.iterdir() if entry.name not in ours)
+
+
+@contextlib.contextmanager
+def _written_aside(path: Path) -> Iterator[Path]:
+    """Yields the file to write instead of ``path``; once written (and synced), it is renamed
+    to ``path``: a reader sees the old file or the whole new one, never a torn one."""
+    aside = path.with_name(f".{path.name}.tmp")
+    yield aside
+    _fsync(aside)
+    os.replace(aside, path)
 
 
 def _fsync(path: Path) -> None:
@@ -334,10 +346,8 @@ def _meta(state: TrainingState, world: int, safe: bool) -> dict[str, Any]:
 def _write_marker(target: Path, meta: dict[str, Any]) -> None:
     """Write aside, then rename: the marker is the commit point of an in-place save, so it is
     either absent or whole, never a torn file that would make the checkpoint unreadable."""
-    path, aside = target / MARKER, target / f".{MARKER}.tmp"
-    aside.write_text(json.dumps(meta, indent=1))
-    _fsync(aside)
-    os.replace(aside, path)
+    with _written_aside(target / MARKER) as aside:
+        aside.write_text(json.dumps(meta, indent=1))
     _fsync(target)
 
 
@@ -499,20 +509,18 @@ def prune_automatic(project_dir: str | os.PathLike[str], keep: int, saved: Path)
 
 def write_model(model: nn.Module, path: Path, safe: bool) -> None:
     """Write ``model``'s weights to ``path`` atomically (aside, then rename)."""
-    aside = path.with_name(f".{path.name}.tmp")
-    if safe and _on_xla(model):
-        from .xla_accel import write_safetensors  # XLA tensors expose no storage to read
+    with _written_aside(path) as aside:
+        if safe and _on_xla(model):
+            from .xla_accel import write_safetensors  # XLA tensors expose no storage to read
 
-        write_safetensors(model, str(aside))
-    elif safe:
-        from safetensors.torch import save_model
+            write_safetensors(model, str(aside))
+        elif safe:
+            from safetensors.torch import save_model
 
-        # save_model (not save_file) handles tied weights that share storage.
-        save_model(model, str(aside), metadata={"format": "pt"}, force_contiguous=True)
-    else:
-        torch.save(model.state_dict(), aside)
-    _fsync(aside)
-    os.replace(aside, path)
+            # save_model (not save_file) handles tied weights that share storage.
+            save_model(model, str(aside), metadata={"format": "pt"}, force_contiguous=True)
+        else:
+            torch.save(model.state_dict(), aside)
 
 
 def read_model(

@@ -87,7 +87,7 @@ def run_in_process(
             emit(Exited(0, code, None, stopped_by_launcher=False))
             error = outcome.error()
             error.original = exc
-            state.finish(f"Failed after {state.elapsed:.1f}s: {error}".splitlines()[0])
+            state.finish(state.failed_summary(error))
             _close_view(view, state)
             # The traceback of the user's own frames, so %debug lands on the failing line.
             raise error.with_traceback(exc.__traceback__) from None

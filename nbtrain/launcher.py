@@ -257,17 +257,24 @@ def _finish(
     __tracebackhide__ = True
     if outcome.has_failure():
         error = outcome.error(node=config.node_rank)
-        state.finish(f"Failed after {state.elapsed:.1f}s: {error}".splitlines()[0], Verdict.FAILED)
+        state.finish(state.failed_summary(error), Verdict.FAILED)
         _close_view(view, state)
         _raise(error)
     if stuck is not None:
         state.finish(f"Timed out after {config.timeout:g}s", Verdict.TIMED_OUT)
         _close_view(view, state)
         raise TimeoutError(_timeout_message(config, state, stuck))
+    return deliver(config, state, outcome, view)
+
+
+def deliver(config: LaunchConfig, state: RunState, outcome: Outcome, view: View) -> Any:
+    """The ranks succeeded: end the view and return their values (this node's first rank's,
+    or every rank's with ``return_all``). ResultError if the kernel cannot load one."""
+    __tracebackhide__ = True
     try:
         results = outcome.results()
     except ResultError as error:
-        state.finish(f"Failed after {state.elapsed:.1f}s: {error}".splitlines()[0], Verdict.FAILED)
+        state.finish(state.failed_summary(error), Verdict.FAILED)
         _close_view(view, state)
         raise
     state.finish(state.done_summary())

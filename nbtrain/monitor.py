@@ -202,6 +202,10 @@ class RunState:
         ]
         return sum(rates) / len(rates) if rates else None
 
+    def failed_summary(self, error: BaseException) -> str:
+        """The summary of a failed run, one line: 'Failed after 3.2s: rank 1 raised ...'."""
+        return f"Failed after {self.elapsed:.1f}s: {error}".splitlines()[0]
+
     def done_summary(self) -> str:
         """The summary of a successful run: 'Done in 3.2s, 95.0 steps/s'."""
         rate = self.steps_per_second

@@ -196,19 +196,17 @@ def signal_rank(rank_process: RankProcess, signum: int) -> None:
     pid = rank_process.process.pid
     if pid is None or rank_process.reaped:
         return
+    if rank_process.stop_signalled_at is None:
+        rank_process.stop_signalled_at = time.time()
     if not hasattr(os, "killpg"):  # Windows: no process groups or POSIX signals
         # Both end in TerminateProcess, which multiprocessing reports as -SIGTERM.
         rank_process.signals_sent.add(signal.SIGTERM)
-        if rank_process.stop_signalled_at is None:
-            rank_process.stop_signalled_at = time.time()
         if signum == _SIGKILL:
             rank_process.process.kill()
         else:
             rank_process.process.terminate()
         return
     rank_process.signals_sent.add(signum)
-    if rank_process.stop_signalled_at is None:
-        rank_process.stop_signalled_at = time.time()
     if not _may_signal(rank_process, pid):
         return
     rank_process.group_pids |= shm.group_members(pid)

@@ -518,7 +518,9 @@ def test_save_state_into_a_directory_with_other_files_keeps_them(tmp_path):
     assert loaded_generation(out) == (2.0, 2)
 
 
-def test_an_in_place_save_stopped_before_its_commit_leaves_the_previous_checkpoint(tmp_path):
+def saved_in_place_then_trained(tmp_path):
+    """A checkpoint of generation 1 saved in place (beside the user's notes.txt), and the
+    Accelerator trained on to generation 2, not saved yet."""
     out = tmp_path / "out"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
@@ -526,6 +528,11 @@ def test_an_in_place_save_stopped_before_its_commit_leaves_the_previous_checkpoi
     generation(acc, model, counter, 1)
     acc.save_state(str(out))
     generation(acc, model, counter, 2)
+    return out, acc, model, counter
+
+
+def test_an_in_place_save_stopped_before_its_commit_leaves_the_previous_checkpoint(tmp_path):
+    out, acc, model, counter = saved_in_place_then_trained(tmp_path)
     counter.fail = True
     with pytest.raises(RuntimeError, match="stopped while saving"):
         acc.save_state(str(out))
@@ -541,13 +548,7 @@ def test_an_in_place_save_stopped_before_its_commit_leaves_the_previous_checkpoi
 def test_an_in_place_save_stopped_after_its_commit_is_finished_by_the_next_load(
     tmp_path, monkeypatch
 ):
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "notes.txt").write_text("mine")
-    acc, model, counter = counted()
-    generation(acc, model, counter, 1)
-    acc.save_state(str(out))
-    generation(acc, model, counter, 2)
+    out, acc, _, _ = saved_in_place_then_trained(tmp_path)
     moves = []
 
     def replace_then_stop(source, target):  # the process dies after moving one file
