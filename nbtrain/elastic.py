@@ -401,29 +401,36 @@ class NodeCoordinator:
 
     def connect(self, say: Say) -> None:
         """Reach node 0's store and make torch's rendezvous handler over it. A store whose
-        rendezvous is closed is a previous launch's that node 0 is just closing (or node 0
-        restarting its kernel): connect again, to the fresh one, until rdzv_timeout."""
+        rendezvous is closed, or that fails while this node connects, is a previous launch's
+        that node 0 is just closing (or node 0 restarting its kernel): connect again, to the
+        fresh one, until rdzv_timeout."""
         if self._deadline is None:
             self._deadline = time.monotonic() + self.config.rdzv_timeout
         while True:
             self._drop()
-            self._connect(say, self._deadline)
-            with contextlib.suppress(RuntimeError, OSError):
-                if not self._handler.is_closed():
-                    return
+            failure = self._connect(say, self._deadline)
+            if failure is None:
+                return
             if time.monotonic() > self._deadline:
-                raise RendezvousTimeout(self._timeout_advice("node 0 only offered a closed one"))
+                raise RendezvousTimeout(self._timeout_advice(f"node 0 only offered {failure}"))
+            say(f"waiting for node 0 at {self.config.rdzv_endpoint} (it offered {failure})")
             time.sleep(1.0)
 
-    def _connect(self, say: Say, deadline: float) -> None:
+    def _connect(self, say: Say, deadline: float) -> str | None:
+        """Connect once; None when connected to an open rendezvous, else what was found."""
         if self.is_host:
-            store = self._open_server()
-        else:
-            self._wait_for_host(say, deadline)
-            try:
-                store = TCPStore(self.host, self.port, is_master=False, timeout=STORE_TIMEOUT)
-            except (RuntimeError, OSError) as exc:
-                raise LaunchError(self._lost(exc)) from None
+            self._store = self._open_server()
+            self._handler = self._make_handler(self._store)
+            return None
+        self._wait_for_host(say, deadline)
+        try:
+            self._store = TCPStore(self.host, self.port, is_master=False, timeout=STORE_TIMEOUT)
+            self._handler = self._make_handler(self._store)
+            return "a closed rendezvous" if self._handler.is_closed() else None
+        except (RuntimeError, OSError, api.RendezvousError) as exc:
+            return f"a store that failed ({type(exc).__name__}: {first_line(exc)})"
+
+    def _make_handler(self, store: TCPStore) -> Any:
         params = RendezvousParameters(
             backend=RDZV_BACKEND,
             endpoint=f"{self.host}:{self.port}",
@@ -435,8 +442,7 @@ class NodeCoordinator:
             last_call_timeout=1,
             close_timeout=10,
         )
-        self._store = store
-        self._handler = create_handler(store, C10dRendezvousBackend(store, RUN_ID), params)
+        return create_handler(store, C10dRendezvousBackend(store, RUN_ID), params)
 
     def _open_server(self) -> TCPStore:
         try:

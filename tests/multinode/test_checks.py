@@ -116,3 +116,49 @@ def test_the_verdict_travels_as_text_and_names_the_node():
     assert str(error).startswith("rank 3 (node 1) failed with ValueError: boom")
     assert "rank 0: RuntimeError: Connection closed by peer" in str(error)
     assert News.stop(0, "interrupted").summary() == "node 0 stopped the run (interrupted)"
+
+
+def test_a_store_closed_while_a_node_connects_is_waited_out(monkeypatch):
+    """Node 0 closes its previous launch's store just after node 1's client reached it, before
+    torch's rendezvous backend reads it (seen in CI: node 1's next launch then failed at once
+    with RendezvousConnectionError). Node 1 must connect again, to node 0's fresh store."""
+    import socket
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from nbtrain import elastic
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    servers = [TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                        timeout=timedelta(seconds=30))]  # the previous launch's store
+    real_backend = elastic.C10dRendezvousBackend
+    made = []
+
+    def closing_first(store, run_id):
+        if not made:  # node 0 leaves the previous launch now, and starts the next one after
+            servers.clear()
+        made.append(store)
+        return real_backend(store, run_id)
+
+    def reopen_then(say_text):
+        said.append(say_text)
+        if not servers and "store that failed" in say_text:
+            servers.append(TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                                    timeout=timedelta(seconds=30)))
+
+    said: list[str] = []
+    monkeypatch.setattr(elastic, "C10dRendezvousBackend", closing_first)
+    coordinator = elastic.NodeCoordinator(
+        config(node_rank=1, rdzv_endpoint=f"127.0.0.1:{port}", rdzv_timeout=60), "127.0.0.1"
+    )
+    try:
+        coordinator.connect(reopen_then)
+        assert not coordinator.handler.is_closed()
+        assert len(made) == 2, "connected again after the store failed"
+        assert any("it offered a store that failed" in text for text in said), said
+    finally:
+        coordinator._drop()
+        servers.clear()
