@@ -1,32 +1,56 @@
 """nbtrain: notebook-first interactive distributed training for PyTorch.
 
-The launcher is imported eagerly; the worker-side names (Accelerator, progress, log, ...) load on
-first use, so `import nbtrain` stays light and each lives in its own module.
+The package is laid out by where code runs (see the README's Layout section):
+
+- ``nbtrain.kernel``: the launching process (the Jupyter kernel or ``nbtrain launch``): launch
+  paths, the one run lifecycle, processes, supervision, monitor, elastic agent, XLA host launch.
+- ``nbtrain.display``: also in the kernel: widgets, text and static HTML of a run's state.
+- ``nbtrain.rank``: each rank: the worker entry, runtime, reporting, teardown, rank environment.
+- ``nbtrain.accelerator``: each rank: Accelerate's ``Accelerator`` API and its parts.
+- ``nbtrain.integrations``: each rank: adapters (Transformers' Trainer) reporting through ``rank``.
+- ``nbtrain.shared``: both sides: events, errors, options, records, serialization; no logic
+  beyond transport.
+
+Every public name loads on first use, so a rank that imports ``nbtrain`` for ``Accelerator`` never
+loads the kernel side, and ``import nbtrain`` in the kernel stays light.
 """
 
 from importlib import import_module
-from typing import Any
-
-from .errors import ResultError, WorkerError
-from .launcher import debug_launcher, notebook_launcher
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "Accelerator": "accelerator",
-    "DistributedType": "accelerator",
-    "set_seed": "seed",
-    "progress": "reporting",
-    "log": "reporting",
-    "NbtrainCallback": "integrations.transformers",
+    "notebook_launcher": "nbtrain.kernel.launcher",
+    "debug_launcher": "nbtrain.kernel.launcher",
+    "WorkerError": "nbtrain.shared.errors",
+    "ResultError": "nbtrain.shared.errors",
+    "Accelerator": "nbtrain.accelerator.core",
+    "DistributedType": "nbtrain.accelerator.core",
+    "set_seed": "nbtrain.accelerator.seed",
+    "progress": "nbtrain.rank.reporting",
+    "log": "nbtrain.rank.reporting",
+    "NbtrainCallback": "nbtrain.integrations.transformers",
 }
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
+    from nbtrain.accelerator.core import Accelerator, DistributedType
+    from nbtrain.accelerator.seed import set_seed
+    from nbtrain.integrations.transformers import NbtrainCallback
+    from nbtrain.kernel.launcher import debug_launcher, notebook_launcher
+    from nbtrain.rank.reporting import log, progress
+    from nbtrain.shared.errors import ResultError, WorkerError
 
 
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'nbtrain' has no attribute {name!r}")
-    return getattr(import_module(f".{module}", __name__), name)
+    return getattr(import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
 
 
 __all__ = [

@@ -13,9 +13,9 @@ from __future__ import annotations
 import warnings
 from typing import Protocol
 
-from ..config import OutputMode, ProgressMode
-from ..environment import Frontend, frontend
-from ..monitor import RunState
+from nbtrain.kernel.config import OutputMode, ProgressMode
+from nbtrain.kernel.environment import Frontend, frontend
+from nbtrain.kernel.monitor import RunState
 
 
 class View(Protocol):
@@ -28,14 +28,14 @@ class View(Protocol):
 
 def make_view(progress: ProgressMode, output: OutputMode, world_size: int) -> View:
     """'auto': widgets inside a Jupyter kernel with ipywidgets, text otherwise."""
-    from .text import TextView
+    from nbtrain.display.text import TextView
 
     in_kernel = frontend() is Frontend.JUPYTER
     if progress is ProgressMode.WIDGETS or (progress is ProgressMode.AUTO and in_kernel):
         reason = None if in_kernel else "this is not a Jupyter kernel"
         if reason is None:
             try:
-                from .widgets import WidgetView
+                from nbtrain.display.widgets import WidgetView
             except ImportError as exc:
                 reason = f"ipywidgets cannot be imported ({exc})"
             else:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from ..monitor import RankStatus, RankView
+from nbtrain.kernel.monitor import RankStatus, RankView
 
 MAX_METRICS = 4  # metrics shown per rank; more would not fit a row
 

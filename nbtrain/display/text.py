@@ -15,9 +15,9 @@ import sys
 import time
 from typing import TextIO
 
-from ..config import OutputMode
-from ..monitor import OutputLine, RankStatus, RankView, RunState
-from .formatting import format_metrics, format_status, format_steps, has_progress
+from nbtrain.display.formatting import format_metrics, format_status, format_steps, has_progress
+from nbtrain.kernel.config import OutputMode
+from nbtrain.kernel.monitor import OutputLine, RankStatus, RankView, RunState
 
 PROGRESS_EVERY = 2.0  # seconds between progress lines per rank: readable in CI logs
 

@@ -21,11 +21,11 @@ from typing import Any, Protocol
 
 import ipywidgets as widgets
 
-from ..config import OutputMode
-from ..monitor import OutputLine, RankStatus, RankView, RunState, Verdict
-from .chart import rank_color, svg_chart
-from .formatting import format_duration, format_metrics, format_status, format_steps
-from .text import format_rank
+from nbtrain.display.chart import rank_color, svg_chart
+from nbtrain.display.formatting import format_duration, format_metrics, format_status, format_steps
+from nbtrain.display.text import format_rank
+from nbtrain.kernel.config import OutputMode
+from nbtrain.kernel.monitor import OutputLine, RankStatus, RankView, RunState, Verdict
 
 MAX_OUTPUT_LINES = 200  # lines the browser holds; the kernel keeps more (monitor.OUTPUT_CAP)
 MAX_LINE_CHARS = 400

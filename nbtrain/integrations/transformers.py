@@ -22,7 +22,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "nbtrain.NbtrainCallback needs the transformers package: pip install transformers"
     ) from exc
 
-from ..reporting import ProgressHandle, log, open_bar
+from nbtrain.rank.reporting import ProgressHandle, log, open_bar
 
 
 class NbtrainCallback(TrainerCallback):

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from nbtrain import WorkerError, notebook_launcher
-from nbtrain.config import build_config
-from nbtrain.elastic import News, check_nodes, is_local_address, split_endpoint
+from nbtrain.kernel.config import build_config
+from nbtrain.kernel.elastic import News, check_nodes, is_local_address, split_endpoint
 
 
 def config(**overrides):
@@ -127,7 +127,7 @@ def test_a_store_closed_while_a_node_connects_is_waited_out(monkeypatch):
 
     from torch.distributed import TCPStore
 
-    from nbtrain import elastic
+    from nbtrain.kernel import elastic
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

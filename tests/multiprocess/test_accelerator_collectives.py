@@ -190,7 +190,7 @@ def every_collective(markers: str):
     acc.broadcast(values, from_process=world - 1)
     out["broadcast"] = values
     # objects, barriers, main-process helpers
-    from nbtrain.collectives import Collectives
+    from nbtrain.accelerator.collectives import Collectives
 
     assert isinstance(acc._collectives, Collectives)
     out["objects"] = acc._collectives.gather_object([f"r{rank}"])
@@ -309,7 +309,11 @@ def test_misuse_fails_at_once_with_a_clear_error(tmp_path):
 
 
 def slow_and_absent_peers():
-    from nbtrain.collectives import Collectives, CollectiveTimeoutError, ProcessGroupBackend
+    from nbtrain.accelerator.collectives import (
+        Collectives,
+        CollectiveTimeoutError,
+        ProcessGroupBackend,
+    )
 
     acc = Accelerator()  # initialises the process group
     notes: list[str] = []

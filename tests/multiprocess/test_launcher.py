@@ -477,9 +477,9 @@ def test_ranks_stop_promptly_even_if_the_kernel_has_a_python_sigterm_handler(mon
             raise ValueError("early")
         dist.init_process_group("gloo")  # blocks in C++ waiting for rank 1, forever
 
-    import nbtrain.launcher
+    import nbtrain.kernel.launcher
 
-    monkeypatch.setattr(nbtrain.launcher, "GRACE", 60.0)  # only SIGTERM can end it sooner
+    monkeypatch.setattr(nbtrain.kernel.launcher, "GRACE", 60.0)  # only SIGTERM can end it sooner
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
     try:
         start = time.monotonic()
@@ -540,12 +540,12 @@ def test_autograd_results_come_back_detached_from_the_rank_graph():
 
 def test_start_method_missing_on_this_platform_is_refused(monkeypatch):
     """Platform facts are what we fake here (we have only Linux), not the check under test."""
-    import nbtrain.environment as environment
+    import nbtrain.kernel.environment as environment
 
     monkeypatch.setattr(environment, "available_start_methods", lambda: ("spawn",))
     with pytest.raises(ValueError, match="not available on this platform"):
         notebook_launcher(lambda: 1, num_processes=2, start_method="fork")
-    from nbtrain.config import StartMethod, choose_start_method
+    from nbtrain.kernel.config import StartMethod, choose_start_method
 
     assert choose_start_method("auto", uses_cuda=False).method is StartMethod.SPAWN
 
@@ -581,9 +581,9 @@ def leave_something_running():
 def test_a_rank_that_returned_but_cannot_exit_is_stopped_and_its_result_kept(
     method, monkeypatch, capsys
 ):
-    import nbtrain.launcher
+    import nbtrain.kernel.launcher
 
-    monkeypatch.setattr(nbtrain.launcher, "EXIT_WAIT", 1.0)  # the default is a few seconds
+    monkeypatch.setattr(nbtrain.kernel.launcher, "EXIT_WAIT", 1.0)  # the default is a few seconds
     values = notebook_launcher(leave_something_running, num_processes=2, start_method=method,
                                return_all=True, progress="off")
     assert values == [0, 10]
@@ -698,9 +698,9 @@ class BrokenView:
 
 
 def test_single_process_outcomes_survive_a_broken_frontend(monkeypatch):
-    import nbtrain.launcher
+    import nbtrain.kernel.launcher
 
-    monkeypatch.setattr(nbtrain.launcher, "_view", lambda config: BrokenView())
+    monkeypatch.setattr(nbtrain.kernel.launcher, "_view", lambda config: BrokenView())
 
     def broken():
         raise ZeroDivisionError("the real error")
@@ -723,7 +723,7 @@ def return_an_object_of_a_rank_only_module(directory):
 
 
 def test_a_result_whose_class_exists_only_in_the_rank_gets_a_clear_error(tmp_path):
-    from nbtrain.errors import ResultError
+    from nbtrain.shared.errors import ResultError
 
     (tmp_path / "nbtrain_rank_only_module.py").write_text(
         "class Checkpointish:\n    def __init__(self, step):\n        self.step = step\n"
@@ -742,7 +742,8 @@ def test_a_result_whose_class_exists_only_in_the_rank_gets_a_clear_error(tmp_pat
 
 
 def send_a_corrupt_event():
-    from nbtrain import events, runtime
+    from nbtrain.rank import runtime
+    from nbtrain.shared import events
 
     fd = runtime.current().sink._fd
     garbage = b"\x80\x05not a pickle"

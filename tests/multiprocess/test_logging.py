@@ -1,4 +1,4 @@
-"""nbtrain.logging.get_logger on real ranks: Accelerate's main_process_only / in_order."""
+"""accelerator.logging.get_logger on real ranks: Accelerate's main_process_only / in_order."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def log_from_every_rank() -> None:
 
     import torch.distributed as dist
 
-    from nbtrain.logging import get_logger
+    from nbtrain.accelerator.logging import get_logger
 
     # force: a forked rank inherits the handlers pytest put on the root logger.
     logging.basicConfig(stream=sys.stdout, format="%(levelname)s %(message)s", force=True)

@@ -9,8 +9,8 @@ import time
 import psutil
 import pytest
 
-from nbtrain import processes
-from nbtrain.config import StartMethod
+from nbtrain.kernel import processes
+from nbtrain.kernel.config import StartMethod
 
 
 def exit_leaving_a_worker(stdout, stderr, events):

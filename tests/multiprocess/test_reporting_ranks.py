@@ -11,9 +11,9 @@ import time
 import pytest
 
 from nbtrain import WorkerError, notebook_launcher
-from nbtrain.events import Event, Failed, Finished, Log, Progress
-from nbtrain.monitor import RunState
-from nbtrain.reporting import INTERVAL
+from nbtrain.kernel.monitor import RunState
+from nbtrain.rank.reporting import INTERVAL
+from nbtrain.shared.events import Event, Failed, Finished, Log, Progress
 
 STEPS = 300
 

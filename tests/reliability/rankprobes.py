@@ -133,7 +133,7 @@ def _access(pid: str, fd: str) -> str:
 
 def my_channel() -> dict[str, int | None]:
     """This rank's three pipes to the kernel: stdout (fd 1), stderr (fd 2), events."""
-    from nbtrain import runtime
+    from nbtrain.rank import runtime
 
     current = runtime.current()
     assert current is not None

@@ -29,7 +29,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-import nbtrain.environment as environment
+import nbtrain.kernel.environment as environment
 from nbtrain import WorkerError, notebook_launcher
 
 pytestmark = pytest.mark.timeout(120)
@@ -46,8 +46,8 @@ def nothing_starts(monkeypatch: pytest.MonkeyPatch):
     """Any rank process, any multiprocessing child, or an in-process run fails the test."""
     import multiprocessing.process
 
-    import nbtrain.launcher as launcher
-    import nbtrain.processes as processes
+    import nbtrain.kernel.launcher as launcher
+    import nbtrain.kernel.processes as processes
 
     def refuse(*args, **kwargs):
         raise ProcessStarted("a process was started although the input was invalid")

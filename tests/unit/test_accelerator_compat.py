@@ -17,7 +17,8 @@ import torch._dynamo  # (torch optimizers import it, setting an env variable)
 from torch.nn.functional import mse_loss
 from torch.utils.data import DataLoader, TensorDataset
 
-from nbtrain import Accelerator, DistributedType, compat, set_seed
+from nbtrain import Accelerator, DistributedType, set_seed
+from nbtrain.accelerator import compat
 
 
 @pytest.fixture(autouse=True)

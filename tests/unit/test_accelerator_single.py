@@ -16,8 +16,9 @@ import torch._dynamo  # (torch optimizers import it, setting an env variable)
 from torch.nn.functional import mse_loss
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
-from nbtrain import Accelerator, DistributedType, checkpoint, set_seed
-from nbtrain.accelerator import GradientAccumulationPlugin
+from nbtrain import Accelerator, DistributedType, set_seed
+from nbtrain.accelerator import checkpoint
+from nbtrain.accelerator.core import GradientAccumulationPlugin
 
 
 @pytest.fixture(autouse=True)
@@ -410,7 +411,7 @@ def test_kwargs_handlers_from_nbtrain_and_from_accelerate():
 
     import accelerate.utils
 
-    from nbtrain import handlers
+    from nbtrain.accelerator import handlers
 
     options = handlers.collect(
         [

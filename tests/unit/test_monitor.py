@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from nbtrain import monitor
 from nbtrain.display.formatting import format_status
-from nbtrain.events import Exited, Failed, Finished, Log, Output, Progress, Started, Status
-from nbtrain.monitor import RankStatus, RunState, Verdict
+from nbtrain.kernel import monitor
+from nbtrain.kernel.monitor import RankStatus, RunState, Verdict
+from nbtrain.shared.events import Exited, Failed, Finished, Log, Output, Progress, Started, Status
 
 
 def started(rank: int, t: float = 100.0) -> Started:

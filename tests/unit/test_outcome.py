@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from nbtrain.events import Exited, Failed, Finished, Output
-from nbtrain.outcome import Outcome
-from nbtrain.serialization import pack_exception, pack_result
+from nbtrain.kernel.outcome import Outcome
+from nbtrain.shared.events import Exited, Failed, Finished, Output
+from nbtrain.shared.serialization import pack_exception, pack_result
 
 
 def failed(rank, t, *, collateral=False, type_name="ValueError", message="boom"):
@@ -116,7 +116,7 @@ def test_a_result_the_kernel_cannot_load_names_the_rank_the_type_and_the_fix():
 
     import pytest
 
-    from nbtrain.errors import ResultError
+    from nbtrain.shared.errors import ResultError
 
     module = types.ModuleType("only_in_the_rank")
     exec("class Weights:\n    pass\n", module.__dict__)
@@ -142,7 +142,7 @@ def test_a_frame_boundary_between_module_and_name_still_names_the_class():
     import pickle
     import struct
 
-    from nbtrain.serialization import unloadable_global
+    from nbtrain.shared.serialization import unloadable_global
 
     def frame(body: bytes) -> bytes:
         return b"\x95" + struct.pack("<Q", len(body)) + body
@@ -160,7 +160,7 @@ def test_a_frame_boundary_between_module_and_name_still_names_the_class():
 
 
 def test_only_the_collectives_transport_errors_count_as_a_lost_peer():
-    from nbtrain.worker import is_collateral
+    from nbtrain.rank.worker import is_collateral
 
     lost = [
         RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by "

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 import torch
 
-from nbtrain import reporting, runtime
 from nbtrain.display import textbar
-from nbtrain.events import Event, Log, Progress
-from nbtrain.reporting import log, open_bar, progress
-from nbtrain.runtime import RankInfo, Runtime
+from nbtrain.rank import reporting, runtime
+from nbtrain.rank.reporting import log, open_bar, progress
+from nbtrain.rank.runtime import RankInfo, Runtime
+from nbtrain.shared.events import Event, Log, Progress
 
 
 class RecordingSink:

@@ -1,6 +1,6 @@
 """Reading a rank's faulthandler dump: the user's innermost frames, nothing of nbtrain's."""
 
-from nbtrain.stacks import describe, user_frames
+from nbtrain.shared.stacks import describe, user_frames
 
 DUMP = """\
 Thread 0x00007f0000000001 (most recent call first):

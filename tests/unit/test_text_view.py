@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import io
 
-from nbtrain.config import OutputMode
 from nbtrain.display.text import TextView, format_rank
-from nbtrain.events import Exited, Failed, Finished, Log, Output, Progress, Started, Status
-from nbtrain.monitor import RunState
+from nbtrain.kernel.config import OutputMode
+from nbtrain.kernel.monitor import RunState
+from nbtrain.shared.events import Exited, Failed, Finished, Log, Output, Progress, Started, Status
 
 
 def make_view(**options) -> tuple[TextView, io.StringIO, io.StringIO]:
@@ -113,7 +113,7 @@ def test_progress_off_prints_output_but_no_progress_or_summary() -> None:
 
 
 def test_a_flood_before_the_first_draw_is_counted_if_lines_were_dropped() -> None:
-    from nbtrain import monitor
+    from nbtrain.kernel import monitor
 
     state = running_state()
     for i in range(monitor.OUTPUT_CAP + 7):
@@ -155,7 +155,7 @@ def test_on_a_terminal_one_status_line_redraws_and_is_erased_before_output() -> 
 
 
 def test_every_output_line_is_printed_even_a_burst_beyond_the_kept_lines() -> None:
-    from nbtrain import monitor
+    from nbtrain.kernel import monitor
 
     state = running_state()
     view, out, err = make_view()

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from nbtrain import tpu
-from nbtrain.config import build_config
+from nbtrain.kernel.config import build_config
+from nbtrain.shared import tpu
 
 COLAB = {"COLAB_RELEASE_TAG": "release-colab_20250101", "COLAB_GPU": "0"}
 KAGGLE = {"KAGGLE_KERNEL_RUN_TYPE": "Interactive", "KAGGLE_URL_BASE": "https://www.kaggle.com"}
@@ -254,7 +254,7 @@ def test_initialised_runtime_refuses_fork_even_off_tpu(monkeypatch):
 
 
 def test_the_launch_counts_the_ordinals_once(tpu_host, monkeypatch):
-    from nbtrain import xla
+    from nbtrain.kernel import xla
 
     config = _config()
     assert config.xla_counted == "TPU_ACCELERATOR_TYPE=v3-8"

@@ -15,7 +15,6 @@ import comm
 import pytest
 from comm.base_comm import BaseComm
 
-from nbtrain.config import OutputMode, ProgressMode
 from nbtrain.display import make_view
 from nbtrain.display import widgets as widgets_module
 from nbtrain.display.text import TextView
@@ -26,8 +25,9 @@ from nbtrain.display.widgets import (
     TEXT_TAIL_LINES,
     WidgetView,
 )
-from nbtrain.events import Exited, Failed, Finished, Log, Output, Progress, Started, Status
-from nbtrain.monitor import RankStatus, RunState, Verdict
+from nbtrain.kernel.config import OutputMode, ProgressMode
+from nbtrain.kernel.monitor import RankStatus, RunState, Verdict
+from nbtrain.shared.events import Exited, Failed, Finished, Log, Output, Progress, Started, Status
 
 GREEN, RED, ORANGE = (STATUS_COLORS[s] for s in (RankStatus.DONE, RankStatus.FAILED,
                                                  RankStatus.STOPPED))

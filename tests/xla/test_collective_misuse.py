@@ -50,7 +50,9 @@ def barrier_on_main_only() -> None:
 
 def barrier_while_peers_are_busy() -> None:
     from nbtrain import Accelerator
-    from nbtrain.handlers import InitProcessGroupKwargs  # Accelerate's handler, same fields
+    from nbtrain.accelerator.handlers import (
+        InitProcessGroupKwargs,  # Accelerate's handler, same fields
+    )
 
     support.install()
     limit = InitProcessGroupKwargs(timeout=timedelta(seconds=3))
@@ -67,7 +69,8 @@ def leave_right_after_a_barrier(slow: float) -> str:
     host)."""
     import threading
 
-    from nbtrain import Accelerator, xla_accel
+    from nbtrain import Accelerator
+    from nbtrain.accelerator import xla as xla_accel
 
     support.install()
     accelerator = Accelerator()

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from nbtrain import WorkerError, notebook_launcher, xla
+from nbtrain import WorkerError, notebook_launcher
+from nbtrain.kernel import xla
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -18,7 +19,7 @@ def whoami(scale):
     import torch_xla
     import torch_xla.runtime as xr
 
-    from nbtrain import runtime
+    from nbtrain.rank import runtime
 
     info = runtime.current().info
     x = torch_xla.device()
@@ -28,7 +29,7 @@ def whoami(scale):
 
 
 def one_fails():
-    from nbtrain import runtime
+    from nbtrain.rank import runtime
 
     rank = runtime.current().info.rank
     if rank == 2:

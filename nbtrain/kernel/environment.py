@@ -1,0 +1,109 @@
+"""What this machine and this Python process offer, detected without side effects.
+
+Nothing here initialises CUDA or the XLA runtime: detection must never make a later fork unsafe.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import platform
+import sys
+from enum import Enum
+from functools import cache
+
+
+class Frontend(Enum):
+    JUPYTER = "jupyter"  # an ipykernel kernel: JupyterLab, Notebook, VS Code, Colab, Kaggle
+    IPYTHON = "ipython"  # a terminal IPython shell
+    PLAIN = "plain"  # a script or a plain Python REPL
+
+
+def frontend() -> Frontend:
+    ipython_module = sys.modules.get("IPython")
+    if ipython_module is None:
+        return Frontend.PLAIN
+    shell = ipython_module.get_ipython()
+    if shell is None:
+        return Frontend.PLAIN
+    # A kernel shell has a `kernel` attribute; checking it beats matching str(get_ipython()).
+    return Frontend.JUPYTER if getattr(shell, "kernel", None) is not None else Frontend.IPYTHON
+
+
+def in_colab() -> bool:
+    return "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ
+
+
+def in_kaggle() -> bool:
+    return "KAGGLE_KERNEL_RUN_TYPE" in os.environ or "KAGGLE_URL_BASE" in os.environ
+
+
+def available_start_methods() -> tuple[str, ...]:
+    return tuple(multiprocessing.get_all_start_methods())
+
+
+def cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+@cache
+def cuda_built() -> bool:
+    import torch
+
+    return torch.version.cuda is not None or torch.version.hip is not None
+
+
+def cuda_device_count() -> int:
+    """Visible CUDA devices, without initialising CUDA in this process when avoidable.
+
+    NVML counts devices (honouring CUDA_VISIBLE_DEVICES) without creating a CUDA context, so a
+    later fork stays safe. Only if NVML is unavailable do we fall back to torch's own count.
+    """
+    if not cuda_built():
+        return 0
+    import torch
+
+    count = torch.cuda._device_count_nvml()
+    return count if count >= 0 else torch.cuda.device_count()
+
+
+def cuda_initialized() -> bool:
+    """Has this process created a CUDA context (which a forked child could not use)?"""
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and cuda_built() and torch.cuda.is_initialized())
+
+
+def fork_poisons_cuda() -> bool:
+    """The precise test: would a forked child be in torch's 'bad fork' state for CUDA?
+
+    `torch.cuda.is_initialized()` alone is too strict (Lightning #21389): it is True after
+    harmless passive initialisation. We only pay for a probe fork when it says True.
+    """
+    if not cuda_initialized() or "fork" not in available_start_methods():
+        return False
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the probe child
+        import torch
+
+        os.write(write_fd, b"1" if torch.cuda._is_in_bad_fork() else b"0")
+        os._exit(0)
+    os.close(write_fd)
+    answer = os.read(read_fd, 1)
+    os.close(read_fd)
+    os.waitpid(pid, 0)
+    return answer != b"0"
+
+
+def platform_summary() -> str:
+    return f"{platform.system()} {platform.machine()}, Python {platform.python_version()}"
+
+
+def tpu_host() -> bool:
+    """A TPU runtime is (or is declared) present. Only environment facts: no XLA import."""
+    from nbtrain.shared import tpu
+
+    return tpu.detect().tpu

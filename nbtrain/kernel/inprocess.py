@@ -1,0 +1,197 @@
+"""num_processes=1: run the function in the calling process (debuggable with pdb), with the same
+rank environment, progress view, timeout and error contract as a multi-rank launch."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from nbtrain.kernel import environment
+from nbtrain.kernel.monitor import RunState, Verdict
+from nbtrain.kernel.outcome import Outcome
+from nbtrain.kernel.rendezvous import open_local
+from nbtrain.rank import runtime
+from nbtrain.rank.runtime import RankInfo, Runtime
+from nbtrain.rank.worker import exit_code_of, failure_event
+from nbtrain.shared.events import CallbackSink, Event, Exited, Finished, Started
+from nbtrain.shared.serialization import pack_result, unpack
+
+if TYPE_CHECKING:
+    from nbtrain.display import View
+    from nbtrain.kernel.config import LaunchConfig
+
+REFRESH = 0.1
+
+
+class _Expired(BaseException):
+    """Raised inside the function by the timeout alarm; never escapes to the user."""
+
+
+def run_in_process(
+    config: LaunchConfig,
+    function: Callable[..., Any],
+    args: tuple,
+    kwargs: dict[str, Any],
+    view: View,
+) -> Any:
+    state, outcome = RunState([0], title="in-process"), Outcome([0])
+    last_draw = [0.0]
+
+    def emit(event: Event) -> None:
+        outcome.apply(event)
+        state.apply(event)
+        now = time.monotonic()
+        if now - last_draw[0] >= REFRESH:
+            last_draw[0] = now
+            view.draw(state)
+
+    from nbtrain.kernel.launcher import (
+        _close_view,  # guarded: a broken frontend never masks the outcome
+    )
+
+    _check_alarm(config.timeout)  # before anything starts, not as "rank 0 failed"
+    precision = config.mixed_precision.value if config.mixed_precision else None
+    info = RankInfo(0, 0, 1, 1)
+    sink = CallbackSink(emit)
+    emit(Started(0, os.getpid(), _device(), socket.gethostname()))
+    try:
+        with (
+            _rank_environment(),
+            _alarm(config.timeout),
+            _fresh_process_group(),
+            runtime.activate(Runtime(info, sink, precision, in_kernel=True)),
+        ):
+            value = function(*args, **kwargs)
+    except _Expired:
+        emit(Exited(0, None, None, stopped_by_launcher=True))
+        state.finish(f"Timed out after {config.timeout:g}s", Verdict.TIMED_OUT)
+        _close_view(view, state)
+        raise TimeoutError(
+            f"notebook_launcher(timeout={config.timeout:g}) expired while the function ran in "
+            "this process. Raise timeout= if the run needs longer."
+        ) from None
+    except KeyboardInterrupt:
+        state.finish(f"Interrupted after {state.elapsed:.1f}s")
+        _close_view(view, state)
+        raise
+    except BaseException as exc:
+        code = exit_code_of(exc) if isinstance(exc, SystemExit) else 1
+        if isinstance(exc, SystemExit) and code == 0:
+            value = None
+        else:
+            emit(failure_event(0, exc, code))
+            emit(Exited(0, code, None, stopped_by_launcher=False))
+            error = outcome.error()
+            error.original = exc
+            state.finish(state.failed_summary(error))
+            _close_view(view, state)
+            # The traceback of the user's own frames, so %debug lands on the failing line.
+            raise error.with_traceback(exc.__traceback__) from None
+    emit(Finished(0, None))
+    emit(Exited(0, 0, None, stopped_by_launcher=False))
+    state.finish(state.done_summary())
+    _close_view(view, state)
+    value = _to_cpu(value)
+    return [value] if config.return_all else value
+
+
+def _device() -> str:
+    return "cuda:0" if environment.cuda_device_count() else "cpu"
+
+
+def _to_cpu(value: Any) -> Any:
+    """Tensors come back on the CPU, as from a multi-rank launch; CPU-only runs skip the copy."""
+    torch = sys.modules.get("torch")
+    if torch is None or not _used_accelerator(torch):
+        return value
+    return unpack(pack_result(value))
+
+
+def _used_accelerator(torch: Any) -> bool:
+    mps = getattr(torch, "mps", None)
+    return bool(
+        environment.cuda_initialized()
+        or "torch_xla" in sys.modules
+        or (mps is not None and torch.backends.mps.is_available())
+    )
+
+
+@contextlib.contextmanager
+def _rank_environment() -> Iterator[None]:
+    """RANK & co. for the duration of the call, restored afterwards (the kernel stays clean)."""
+    rendezvous = open_local(1)
+    values = {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_WORLD_SIZE": "1",
+        "GROUP_RANK": "0",
+        **rendezvous.env(),
+    }
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
+        rendezvous.close()
+
+
+@contextlib.contextmanager
+def _fresh_process_group() -> Iterator[None]:
+    """A process group the function creates is destroyed afterwards, so the next launch works."""
+    import torch.distributed as dist
+
+    existed = dist.is_available() and dist.is_initialized()
+    try:
+        yield
+    finally:
+        if dist.is_available() and dist.is_initialized() and not existed:
+            dist.destroy_process_group()
+
+
+def _check_alarm(timeout: float | None) -> None:
+    """The in-process timeout is a SIGALRM: only the main thread of a Unix process gets one."""
+    if timeout is None:
+        return
+    thread = threading.current_thread()
+    if thread is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        where = (
+            f"this call runs in thread {thread.name!r}, not the main thread"
+            if hasattr(signal, "setitimer")
+            else "this platform has no SIGALRM"
+        )
+        raise ValueError(
+            f"timeout={timeout!r} with num_processes=1 needs SIGALRM in the main thread of a "
+            f"Unix process, and {where}. Call notebook_launcher from the main thread, pass "
+            "num_processes=2 (ranks in their own processes), or drop timeout=."
+        )
+
+
+@contextlib.contextmanager
+def _alarm(timeout: float | None) -> Iterator[None]:
+    if timeout is None:
+        yield
+        return
+
+    def expire(signum: int, frame: object) -> None:
+        raise _Expired
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, timeout)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

@@ -1,0 +1,322 @@
+"""RunState: a plain per-rank model of a launch, folded from events. No drawing code here.
+
+Views (display/) read it and redraw only what changed: ``RunState.version`` moves on every
+change, ``RankView.version`` when that rank's row changed, ``RunState.metrics_version`` when a
+metric was logged, and output lines carry a running index. A view that must see every output
+line (the text view: a log must not lose lines) registers an output listener instead of reading
+the capped deque.
+
+A rank's attempt: a restart of every rank (``max_restarts``) runs the same ranks again. The
+launcher says so with ``RunState.restart()``; a Started event from a rank that had ended does the
+same. Either way the rank's per-attempt fields (status, note, step, rate, failure, end time) start
+afresh, while its metric history and latest metrics carry over (the chart spans attempts).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+
+from nbtrain.rank.reporting import LOOP_SEPARATOR
+from nbtrain.shared.events import (
+    Event,
+    Exited,
+    Failed,
+    Finished,
+    Log,
+    Output,
+    Progress,
+    Started,
+    Status,
+)
+
+
+class RankStatus(Enum):
+    STARTING = "starting"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    STOPPED = "stopped"  # ended by the launcher (a peer failed, timeout, interrupt)
+
+
+class Verdict(Enum):
+    """How the whole run ended, as the launcher decided it (set by ``RunState.finish``)."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"  # a rank failed, here or on another node
+    TIMED_OUT = "timed out"
+    STOPPED = "stopped"  # interrupted or stopped from outside: nothing failed
+
+
+OUTPUT_CAP = 5000  # lines kept for display; a chatty rank cannot grow the kernel without bound
+HISTORY_CAP = 2000  # points kept per metric and rank; older points are thinned, not dropped
+RATE_SMOOTHING = 0.3  # weight of the newest interval in the it/s estimate
+RATE_WINDOW = 0.05  # seconds: closer updates (a loop's final step right after a periodic one)
+#                     are folded into the next interval instead of giving a wild rate
+
+
+@dataclass
+class RankView:
+    rank: int
+    status: RankStatus = RankStatus.STARTING
+    device: str = ""
+    host: str = ""
+    pid: int | None = None
+    note: str = ""  # a free-text phase from a Status event; cleared when the rank moves on
+    step: int = 0  # of the innermost running loop
+    total: int | None = None
+    desc: str | None = None
+    rate: float | None = None  # steps per second, smoothed
+    iterations: int = 0  # steps counted across every loop of this attempt: for steps/s and it/s
+    metrics: dict[str, float] = field(default_factory=dict)
+    history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    failure: str = ""  # one line: why this rank failed or was stopped
+    collateral: bool = False  # it failed only because a peer vanished
+    started_at: float | None = None  # of this attempt
+    ended_at: float | None = None
+    version: int = 0  # bumped whenever anything a row shows changed
+    _last_progress: tuple[float, int] | None = None  # (time, iterations): the it/s anchor
+
+    @property
+    def eta(self) -> float | None:
+        if self.rate and self.total is not None and self.rate > 0:
+            return max(0.0, (self.total - self.step) / self.rate)
+        return None
+
+    @property
+    def finished(self) -> bool:
+        return self.status in (RankStatus.DONE, RankStatus.FAILED, RankStatus.STOPPED)
+
+
+@dataclass(frozen=True)
+class OutputLine:
+    index: int
+    rank: int
+    stream: str
+    text: str
+    dump: bool = False  # a stack dump the launcher asked for (see events.Output)
+
+
+OutputListener = Callable[["OutputLine"], None]
+
+
+class RunState:
+    def __init__(self, ranks: list[int], *, title: str = "") -> None:
+        self.title = title
+        self.ranks = {rank: RankView(rank) for rank in ranks}
+        self.started_at = time.time()
+        self.ended_at: float | None = None
+        self.output: deque[OutputLine] = deque(maxlen=OUTPUT_CAP)
+        self.output_count = 0
+        self.summary = ""
+        self.verdict: Verdict | None = None  # set by finish()
+        self.version = 0  # bumped on every change, so views redraw only when needed
+        self.metrics_version = 0  # bumped when a metric was logged (charts redraw on it)
+        self._listeners: list[OutputListener] = []
+
+    def add_output_listener(self, listener: OutputListener) -> None:
+        """Call ``listener`` with every output line from now on, as it arrives (uncapped)."""
+        self._listeners.append(listener)
+
+    def apply(self, event: Event) -> None:
+        view = self.ranks.get(event.rank)
+        if view is None:
+            return
+        self.version += 1
+        if isinstance(event, Output):
+            line = OutputLine(
+                self.output_count, event.rank, event.stream, event.line, event.dump
+            )
+            self.output.append(line)
+            self.output_count += 1
+            for listener in self._listeners:
+                listener(line)
+            return
+        view.version += 1
+        if isinstance(event, Started):
+            if view.finished:
+                _reset_attempt(view)  # a new attempt of this rank, even if nobody said restart()
+            view.status, view.device, view.host, view.pid = (
+                RankStatus.RUNNING, event.device, event.host, event.pid
+            )
+            view.started_at, view.note = event.time, ""
+        elif isinstance(event, Status):
+            view.note = event.text
+        elif isinstance(event, Progress):
+            # A note tells what a rank waits for; a step (or a metric) means it moved on.
+            view.note = ""
+            _apply_progress(view, event)
+        elif isinstance(event, Log):
+            view.note = ""
+            _apply_log(view, event)
+            self.metrics_version += 1
+        elif isinstance(event, Finished):
+            view.status, view.ended_at = RankStatus.DONE, event.time
+        elif isinstance(event, Failed):
+            view.status, view.ended_at = RankStatus.FAILED, event.time
+            view.failure = _one_line(f"{event.type_name}: {event.message}")
+            view.collateral = event.collateral
+        elif isinstance(event, Exited):
+            _apply_exit(view, event)
+
+    def restart(self, ranks: Iterable[int] | None = None) -> None:
+        """A new attempt of ``ranks`` (default: every rank) begins: they are starting again."""
+        for rank in self.ranks if ranks is None else ranks:
+            view = self.ranks.get(rank)
+            if view is not None:
+                _reset_attempt(view)
+        self.version += 1
+
+    def finish(self, summary: str, verdict: Verdict | None = None) -> None:
+        """The run ended. ``verdict`` defaults to what the ranks show: succeeded when every rank
+        is done, failed when one failed, stopped otherwise. Pass it when the ranks cannot tell:
+        a timeout (TIMED_OUT), or a failure on another node or of a rank that was then stopped
+        (FAILED)."""
+        self.ended_at = time.time()
+        self.summary = summary
+        self.verdict = verdict if verdict is not None else self._verdict_of_ranks()
+        self.version += 1
+
+    @property
+    def succeeded(self) -> bool:
+        """The run finished and every rank is done: the only case a view shows as a success."""
+        return self.verdict is Verdict.SUCCEEDED and all(
+            view.status is RankStatus.DONE for view in self.ranks.values()
+        )
+
+    def _verdict_of_ranks(self) -> Verdict:
+        statuses = {view.status for view in self.ranks.values()}
+        if statuses == {RankStatus.DONE}:
+            return Verdict.SUCCEEDED
+        if RankStatus.FAILED in statuses:
+            return Verdict.FAILED
+        return Verdict.STOPPED
+
+    @property
+    def elapsed(self) -> float:
+        return (self.ended_at or time.time()) - self.started_at
+
+    @property
+    def steps_per_second(self) -> float | None:
+        """Mean over the ranks that reported progress of their steps per second of run time.
+
+        Ranks of a data-parallel run step together, so this is the run's step rate (not the sum).
+        """
+        rates = [
+            view.iterations / busy
+            for view in self.ranks.values()
+            if view.iterations and (busy := _busy_time(view, self)) > 0
+        ]
+        return sum(rates) / len(rates) if rates else None
+
+    def failed_summary(self, error: BaseException) -> str:
+        """The summary of a failed run, one line: 'Failed after 3.2s: rank 1 raised ...'."""
+        return f"Failed after {self.elapsed:.1f}s: {error}".splitlines()[0]
+
+    def done_summary(self) -> str:
+        """The summary of a successful run: 'Done in 3.2s, 95.0 steps/s'."""
+        rate = self.steps_per_second
+        return f"Done in {self.elapsed:.1f}s" + (f", {rate:.1f} steps/s" if rate else "")
+
+    def lines_since(self, index: int) -> list[OutputLine]:
+        """Output lines with an index >= ``index`` that are still kept (oldest first)."""
+        if not self.output or index > self.output[-1].index:
+            return []
+        start = max(0, index - self.output[0].index)
+        return [self.output[i] for i in range(start, len(self.output))]
+
+
+def _busy_time(view: RankView, state: RunState) -> float:
+    start = view.started_at if view.started_at is not None else state.started_at
+    end = next((t for t in (view.ended_at, state.ended_at) if t is not None), time.time())
+    return end - start
+
+
+def _reset_attempt(view: RankView) -> None:
+    """Forget what belonged to the rank's last attempt; keep its metrics and their history."""
+    view.status, view.note, view.failure, view.collateral = RankStatus.STARTING, "", "", False
+    view.step, view.total, view.desc = 0, None, None
+    view.rate, view._last_progress, view.iterations = None, None, 0
+    view.started_at = view.ended_at = None
+    view.version += 1
+
+
+def _one_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[0][:200] if lines else ""
+
+
+def _apply_progress(view: RankView, event: Progress) -> None:
+    if _loop_key(event.desc, event.total) != _loop_key(view.desc, view.total):
+        # Another loop (eval after train): its speed is not the last loop's.
+        view.iterations += event.step
+        view.rate, view._last_progress = None, (event.time, view.iterations)
+    else:
+        # The same loop: the next step, or its next pass (next epoch: the step went back, or
+        # the outer loops' part of the description moved on). The rate runs on across passes,
+        # counted in iterations, so epochs shorter than an update interval still get one.
+        if event.desc != view.desc or event.step < view.step:
+            # The last pass's final steps were coalesced away: a pass normally runs to its end.
+            unseen = max(0, view.total - view.step) if view.total is not None else 0
+            view.iterations += unseen + event.step
+        else:
+            view.iterations += event.step - view.step
+        _update_rate(view, event.time)
+    view.step, view.total, view.desc = event.step, event.total, event.desc
+
+
+def _loop_key(desc: str | None, total: int | None) -> tuple[str | None, int | None]:
+    """What identifies a loop: its own (innermost) description and length, not the position of
+    the loops around it ('epoch 2/8 · train' and 'epoch 3/8 · train' are one loop)."""
+    return (desc.rsplit(LOOP_SEPARATOR, 1)[-1] if desc else desc), total
+
+
+def _update_rate(view: RankView, at: float) -> None:
+    last = view._last_progress
+    if last is None:
+        view._last_progress = (at, view.iterations)
+        return
+    dt = at - last[0]
+    if dt < RATE_WINDOW:
+        return  # keep the older anchor: the next interval spans this one too
+    instant = (view.iterations - last[1]) / dt
+    view.rate = (
+        instant if view.rate is None
+        else (1 - RATE_SMOOTHING) * view.rate + RATE_SMOOTHING * instant
+    )
+    view._last_progress = (at, view.iterations)
+
+
+def _apply_log(view: RankView, event: Log) -> None:
+    view.metrics.update(event.values)
+    step = event.step if event.step is not None else view.iterations
+    for name, value in event.values.items():
+        series = view.history.setdefault(name, [])
+        series.append((step, value))
+        if len(series) > HISTORY_CAP:
+            # Keep the chart light: drop every other point of the older half (never the first).
+            del series[1 : len(series) // 2 : 2]
+
+
+def _apply_exit(view: RankView, event: Exited) -> None:
+    if view.ended_at is None:
+        view.ended_at = event.time
+    if view.status is RankStatus.DONE:
+        if event.exitcode not in (0, None) and not event.stopped_by_launcher:
+            view.status = RankStatus.FAILED
+            view.failure = f"exited with code {event.exitcode} after returning"
+        return
+    if view.status is RankStatus.FAILED:
+        if view.collateral and (event.stopped_by_launcher or event.stop_requested):
+            view.status = RankStatus.STOPPED  # it only reacted to another rank's failure
+        return
+    if event.stopped_by_launcher:
+        view.status = RankStatus.STOPPED
+    else:
+        view.status = RankStatus.FAILED
+        view.failure = (
+            f"killed by {event.signal}" if event.signal else f"exited with code {event.exitcode}"
+        )

@@ -1,0 +1,187 @@
+"""What a launch ended with: every rank's result, or the root-cause failure.
+
+Pure bookkeeping over events, so the root-cause rule is unit-testable with explicit ranks.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from nbtrain.shared.errors import ResultError, WorkerError
+from nbtrain.shared.events import Event, Exited, Failed, Finished, Output
+from nbtrain.shared.serialization import unloadable_global, unpack
+
+_STDERR_TAIL = 60  # last stderr lines kept per rank: the account of a death without exception
+_FATAL_HEADER = "Fatal Python error"
+_FATAL_LINES = 2000  # a faulthandler dump (every thread's stack) is kept whole up to this size
+
+
+@dataclass
+class RankRecord:
+    result: bytes | None = None
+    finished: bool = False
+    failure: Failed | None = None
+    exit: Exited | None = None
+    stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=_STDERR_TAIL))
+    # From the last "Fatal Python error" line on: a deep stack (or, under fork, the kernel's own
+    # frames in other threads) must not push the header and the crashing frames out of a tail.
+    fatal_dump: list[str] = field(default_factory=list)
+
+
+class Outcome:
+    def __init__(self, ranks: list[int]) -> None:
+        self.records = {rank: RankRecord() for rank in ranks}
+
+    def apply(self, event: Event) -> None:
+        record = self.records.get(event.rank)
+        if record is None:
+            return
+        if isinstance(event, Finished):
+            record.finished, record.result = True, event.result
+        elif isinstance(event, Failed):
+            record.failure = event
+        elif isinstance(event, Exited):
+            record.exit = event
+        elif isinstance(event, Output) and event.stream == "stderr":
+            record.stderr_tail.append(event.line)
+            if event.line.startswith(_FATAL_HEADER):
+                record.fatal_dump = [event.line]
+            elif record.fatal_dump and len(record.fatal_dump) < _FATAL_LINES:
+                record.fatal_dump.append(event.line)
+
+    @property
+    def all_exited(self) -> bool:
+        return all(record.exit is not None for record in self.records.values())
+
+    def failed_ranks(self) -> list[int]:
+        """Ranks that failed on their own (not ones the launcher stopped)."""
+        return [rank for rank, record in self.records.items() if _failed(record)]
+
+    def has_failure(self) -> bool:
+        return any(_failed(record) for record in self.records.values())
+
+    def root_cause(self) -> int | None:
+        """The first rank to fail on its own account.
+
+        Ranks that only lost a peer (collateral) lose to any other failure, whatever their
+        timestamps; within a class, the earliest wins.
+        """
+        candidates = [
+            (_is_collateral(record), _failure_time(record), rank)
+            for rank, record in self.records.items()
+            if _failed(record)
+        ]
+        return min(candidates)[2] if candidates else None
+
+    def error(self, node: int = 0) -> WorkerError:
+        rank = self.root_cause()
+        assert rank is not None, "error() called without a failure"
+        record = self.records[rank]
+        others = {
+            other: _one_line(rec)
+            for other, rec in self.records.items()
+            if other != rank and _failed(rec)
+        }
+        exit_event = record.exit
+        signal_name = exit_event.signal if exit_event else None
+        exitcode = exit_event.exitcode if exit_event else None
+        failure = record.failure
+        if failure is not None:
+            if exit_event is not None and exit_event.stopped_by_launcher:
+                # Killed by us after it had reported: its own exit code is the truthful one.
+                exitcode, signal_name = failure.exitcode, None
+            return WorkerError(
+                rank,
+                type_name=failure.type_name,
+                message=failure.message,
+                exitcode=failure.exitcode if exitcode is None else exitcode,
+                signal=signal_name,
+                original=_try_unpack(failure.exception),
+                remote_traceback=failure.traceback,
+                node=node,
+                other_failures=others,
+            )
+        message = "" if signal_name else _exit_hint(exitcode)
+        return WorkerError(
+            rank,
+            exitcode=exitcode,
+            signal=signal_name,
+            message=message,
+            remote_traceback="\n".join(record.fatal_dump) or _tail(record.stderr_tail),
+            node=node,
+            other_failures=others,
+        )
+
+    def results(self) -> dict[int, object]:
+        """Every returned value; ResultError names the rank whose value the kernel cannot load."""
+        return {
+            rank: _load_result(rank, record.result)
+            for rank, record in self.records.items()
+            if record.result is not None
+        }
+
+
+def _load_result(rank: int, data: bytes) -> object:
+    try:
+        return unpack(data)
+    except Exception as exc:
+        # Its class lives in a module only the rank imported (a file on the rank's sys.path, a
+        # package installed since the kernel started, ...): the value cannot be rebuilt here.
+        raise ResultError(rank, unloadable_global(data), exc) from exc
+
+
+def _failed(record: RankRecord) -> bool:
+    # Any reported exception is a failure, even a mere lost connection: if every rank only lost
+    # a peer (gloo could not connect at all, say), the launch failed all the same. Collateral
+    # failures just lose to real ones when the root cause is chosen. One raised after the
+    # launcher signalled the rank to stop (its SIGTERM handler raised) is the stop's doing.
+    if record.failure is not None:
+        return not record.failure.after_stop
+    exit_event = record.exit
+    if exit_event is None or exit_event.stopped_by_launcher:
+        return False
+    return not (record.finished and exit_event.exitcode == 0)
+
+
+def _is_collateral(record: RankRecord) -> bool:
+    return record.failure is not None and record.failure.collateral
+
+
+def _failure_time(record: RankRecord) -> float:
+    if record.failure is not None:
+        return record.failure.time
+    assert record.exit is not None
+    return record.exit.time
+
+
+def _one_line(record: RankRecord) -> str:
+    if record.failure is not None:
+        return f"{record.failure.type_name}: {record.failure.message}".strip()[:200]
+    if record.exit is not None and record.exit.signal:
+        return f"killed by {record.exit.signal}"
+    return f"exit code {record.exit.exitcode if record.exit else '?'}"
+
+
+def _exit_hint(exitcode: int | None) -> str:
+    if exitcode == 0:
+        return "the process ended before the function returned, e.g. os._exit(0)"
+    return (
+        "the process ended without raising a Python exception, e.g. os._exit() or a crash in C code"
+    )
+
+
+def _tail(lines: deque[str], count: int = 25) -> str:
+    """Without a Python exception, the last stderr lines are the best account of what happened."""
+    text = list(lines)[-count:]
+    return ("(last lines the rank wrote to stderr)\n" + "\n".join(text)) if text else ""
+
+
+def _try_unpack(data: bytes | None) -> BaseException | None:
+    if data is None:
+        return None
+    try:
+        value = unpack(data)
+    except Exception:  # the class may not exist in the kernel: text and traceback still arrive
+        return None
+    return value if isinstance(value, BaseException) else None

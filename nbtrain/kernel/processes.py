@@ -1,0 +1,334 @@
+"""Rank processes: start them under fork / forkserver / spawn, watch them, stop them for good.
+
+Each rank is a non-daemonic child (so it may start DataLoader workers) that makes itself the
+leader of its own process group; stopping a rank signals the whole group, so its DataLoader
+workers go with it. Stopping is bounded: SIGTERM, a grace period, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import torch.multiprocessing as torch_mp
+
+from nbtrain.kernel import shm
+from nbtrain.kernel.config import StartMethod
+
+_SIGKILL = getattr(signal, "SIGKILL", signal.SIGTERM)
+
+# Imported once by the launching process (fork) or the forkserver, so that ranks start with them
+# loaded. torch._dynamo is imported by the first optimizer or DDP a rank creates and costs seconds
+# per rank per launch otherwise; it starts no threads, so forking after it is safe.
+WARM_IMPORTS = ["torch", "torch.distributed", "torch._dynamo", "cloudpickle"]
+FORKSERVER_PRELOAD = [*WARM_IMPORTS, "nbtrain.rank.worker"]
+
+
+@dataclass
+class RankPipes:
+    """The kernel's read ends and the rank's write ends of one rank's three pipes."""
+
+    stdout_r: Connection
+    stdout_w: Connection
+    stderr_r: Connection
+    stderr_w: Connection
+    events_r: Connection
+    events_w: Connection
+
+    @classmethod
+    def create(cls, ctx: Any) -> RankPipes:
+        pairs = [ctx.Pipe(duplex=False) for _ in range(3)]
+        (out_r, out_w), (err_r, err_w), (evt_r, evt_w) = pairs
+        return cls(out_r, out_w, err_r, err_w, evt_r, evt_w)
+
+    def reader_fds(self) -> tuple[int, int, int]:
+        return self.stdout_r.fileno(), self.stderr_r.fileno(), self.events_r.fileno()
+
+    def writer_fds(self) -> tuple[int, int, int]:
+        return self.stdout_w.fileno(), self.stderr_w.fileno(), self.events_w.fileno()
+
+    def close_writers(self) -> None:
+        for conn in (self.stdout_w, self.stderr_w, self.events_w):
+            conn.close()
+
+    def close_readers(self) -> None:
+        for conn in (self.stdout_r, self.stderr_r, self.events_r):
+            if not conn.closed:
+                conn.close()
+
+
+@dataclass
+class RankProcess:
+    rank: int
+    process: BaseProcess
+    pipes: RankPipes
+    stop_requested_at: float | None = None
+    stop_signalled_at: float | None = None  # wall clock (comparable to events' times)
+    reaped: bool = False
+    exitcode: int | None = field(default=None)
+    signals_sent: set[int] = field(default_factory=set)  # by the launcher, to stop the rank
+    group_pids: set[int] = field(default_factory=set)  # seen in its process group (see shm.py)
+
+    def ended_by_launcher(self, exitcode: int | None) -> bool:
+        """Did one of the launcher's own signals end this rank? A rank that exited by itself
+        (os._exit(3), its own SIGKILL) just before a stop request was not stopped: its death is
+        the root cause, even if a peer's lost-connection error reached the kernel first."""
+        return exitcode is not None and exitcode < 0 and -exitcode in self.signals_sent
+
+    @property
+    def pid(self) -> int:
+        pid = self.process.pid
+        assert pid is not None
+        return pid
+
+    @property
+    def sentinel(self) -> int:
+        return self.process.sentinel
+
+
+def context(method: StartMethod) -> Any:
+    ctx = torch_mp.get_context(method.value)
+    if method is StartMethod.FORKSERVER:
+        # Takes effect when the forkserver first starts (then later launches reuse it warm).
+        ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
+    return ctx
+
+
+def start_ranks(
+    method: StartMethod,
+    ranks: Sequence[int],
+    target: Callable[..., None],
+    make_args: Callable[[int, RankPipes, tuple[int, ...]], tuple],
+) -> list[RankProcess]:
+    """Start one process per rank; ``make_args(rank, pipes, fds_to_close)`` builds its args.
+
+    Under fork, each child inherits every pipe of every rank; it is told which fds to close.
+    Under forkserver / spawn only the pipes passed as arguments reach the child.
+    """
+    ctx = context(method)
+    if method is StartMethod.FORK:
+        for module in WARM_IMPORTS:
+            importlib.import_module(module)  # the first launch pays; later ones inherit it
+    all_pipes = {rank: RankPipes.create(ctx) for rank in ranks}
+    started: list[RankProcess] = []
+    try:
+        for rank in ranks:
+            pipes = all_pipes[rank]
+            foreign = _foreign_fds(all_pipes, rank) if method is StartMethod.FORK else ()
+            process = ctx.Process(
+                target=target,
+                args=make_args(rank, pipes, foreign),
+                name=f"nbtrain-rank-{rank}",
+                daemon=False,
+            )
+            with _main_module_not_inherited(method):
+                process.start()
+            _claim_group(process, method)
+            started.append(RankProcess(rank, process, pipes))
+    except BaseException:
+        stop(started, grace=0.0)
+        for pipes in all_pipes.values():
+            pipes.close_writers()
+            pipes.close_readers()
+        raise
+    for pipes in all_pipes.values():
+        pipes.close_writers()
+    for rank_process in started:
+        for fd in rank_process.pipes.reader_fds():
+            os.set_blocking(fd, False)
+    return started
+
+
+@contextlib.contextmanager
+def _main_module_not_inherited(method: StartMethod) -> Iterator[None]:
+    """Spawned ranks must not re-run the user's script.
+
+    multiprocessing makes spawn/forkserver children import the parent's ``__main__`` (a script
+    without an ``if __name__ == "__main__"`` guard then launches again, recursively). nbtrain's
+    payload travels by cloudpickle, which carries ``__main__`` functions by value, so the child
+    needs nothing from ``__main__``: hide its path while the child's start data is prepared.
+    """
+    main = sys.modules.get("__main__")
+    if method is StartMethod.FORK or main is None:
+        yield
+        return
+    saved = {
+        name: main.__dict__[name] for name in ("__file__", "__spec__") if name in main.__dict__
+    }
+    for name in saved:
+        setattr(main, name, None) if name == "__spec__" else delattr(main, name)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(main, name, value)
+
+
+def _foreign_fds(all_pipes: dict[int, RankPipes], own: int) -> tuple[int, ...]:
+    fds: list[int] = []
+    for rank, pipes in all_pipes.items():
+        fds.extend(pipes.reader_fds())
+        if rank != own:
+            fds.extend(pipes.writer_fds())
+    return tuple(fds)
+
+
+def _claim_group(process: BaseProcess, method: StartMethod) -> None:
+    # The child also calls setpgid itself; doing it here too closes the window in which a fork
+    # child has not yet run that line. Other start methods exec or use another parent: the
+    # child's own call is the one that counts there.
+    if method is StartMethod.FORK and process.pid is not None:
+        with contextlib.suppress(OSError):
+            os.setpgid(process.pid, process.pid)
+
+
+def signal_rank(rank_process: RankProcess, signum: int) -> None:
+    """Signal the rank's process group (its DataLoader workers) and the rank itself."""
+    pid = rank_process.process.pid
+    if pid is None or rank_process.reaped:
+        return
+    if rank_process.stop_signalled_at is None:
+        rank_process.stop_signalled_at = time.time()
+    if not hasattr(os, "killpg"):  # Windows: no process groups or POSIX signals
+        # Both end in TerminateProcess, which multiprocessing reports as -SIGTERM.
+        rank_process.signals_sent.add(signal.SIGTERM)
+        if signum == _SIGKILL:
+            rank_process.process.kill()
+        else:
+            rank_process.process.terminate()
+        return
+    rank_process.signals_sent.add(signum)
+    if not _may_signal(rank_process, pid):
+        return
+    rank_process.group_pids |= shm.group_members(pid)
+    # One signal each: the rank leads its own group (itself and its DataLoader workers). Not
+    # killpg and kill both: a rank whose SIGTERM handler raises would get a second SIGTERM
+    # while handling the first, and die without reporting.
+    try:
+        os.killpg(pid, signum)
+    except ProcessLookupError:  # no group yet (the rank makes it first thing): the rank alone
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signum)
+    except PermissionError:
+        pass
+
+
+def request_stop(rank_process: RankProcess, *, terminate: bool = True) -> None:
+    """Start the bounded stop: SIGTERM now (unless ``terminate`` is False), SIGKILL after the
+    grace period (see kill_overdue)."""
+    if rank_process.stop_requested_at is None and not rank_process.reaped:
+        rank_process.stop_requested_at = time.monotonic()
+        if terminate:
+            signal_rank(rank_process, signal.SIGTERM)
+
+
+def kill_overdue(ranks: Iterable[RankProcess], grace: float) -> None:
+    now = time.monotonic()
+    for rank_process in ranks:
+        asked = rank_process.stop_requested_at
+        if asked is not None and not rank_process.reaped and now - asked >= grace:
+            signal_rank(rank_process, _SIGKILL)
+
+
+def has_exited(rank_process: RankProcess) -> bool:
+    """Has the rank ended? Never reaps it: reap() needs its zombie to hold the pid."""
+    if rank_process.reaped:
+        return True
+    peeked = _peek_exit(rank_process.process.pid)
+    if peeked is not None:
+        return peeked
+    # Not our child (the forkserver's: it reaps it and tells us the code) or no waitid here.
+    return rank_process.process.exitcode is not None
+
+
+def _peek_exit(pid: int | None, *, block: bool = False) -> bool | None:
+    """True if our child ``pid`` has exited, left unreaped; None where that cannot be known."""
+    if pid is None or not hasattr(os, "waitid"):
+        return None
+    flags = os.WEXITED | os.WNOWAIT | (0 if block else os.WNOHANG)
+    try:
+        return os.waitid(os.P_PID, pid, flags) is not None
+    except ChildProcessError:  # not our child, or already reaped
+        return None
+    except InterruptedError:
+        return None
+
+
+def reap(rank_process: RankProcess) -> int | None:
+    """Collect an exited rank. Stray descendants still in its group (DataLoader workers) are
+    killed first, but only while the group id cannot name anyone else's group."""
+    if rank_process.reaped:
+        return rank_process.exitcode
+    pid = rank_process.process.pid
+    if pid is not None and hasattr(os, "killpg") and _group_is_ours(pid):
+        rank_process.group_pids |= shm.group_members(pid)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, _SIGKILL)
+    rank_process.process.join()
+    rank_process.exitcode = rank_process.process.exitcode
+    rank_process.reaped = True
+    if pid is not None:
+        shm.remove_segments(rank_process.group_pids | {pid})  # all of them are dead by now
+    return rank_process.exitcode
+
+
+def _group_is_ours(pid: int) -> bool:
+    """May killpg(pid) be sent after the rank ended? Our own child's zombie holds the pid until
+    we reap it (waitid with WNOWAIT waits for the exit without reaping it)."""
+    if _peek_exit(pid, block=True):
+        return True
+    return _pid_unused(pid)
+
+
+def _may_signal(rank_process: RankProcess, pid: int) -> bool:
+    """May ``pid`` (and group ``pid``) be signalled? Yes while it is our child (running, or a
+    zombie we have not reaped) or still running; a forkserver rank is reaped by the server."""
+    if _peek_exit(pid) is not None or rank_process.process.exitcode is None:
+        return True
+    return _pid_unused(pid)
+
+
+def _pid_unused(pid: int) -> bool:
+    """No process has this pid: then the number can only name the rank's leftover group (a pid
+    stays reserved while a process group uses it as its id). If a process has it, the pid was
+    reused, and the rank's group is empty: nothing of ours to signal."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def stop(ranks: Sequence[RankProcess], grace: float) -> None:
+    """Terminate, wait up to ``grace`` seconds, kill, and reap every rank. Always returns."""
+    for rank_process in ranks:
+        request_stop(rank_process)
+    deadline = time.monotonic() + grace
+    # Wait without reaping (not join): reap() kills the group while the zombie holds the pid.
+    running = [rp for rp in ranks if not has_exited(rp)]
+    while running and time.monotonic() < deadline:
+        time.sleep(0.01)
+        running = [rp for rp in running if not has_exited(rp)]
+    for rank_process in ranks:
+        if not rank_process.reaped:
+            if not has_exited(rank_process):
+                signal_rank(rank_process, _SIGKILL)
+            reap(rank_process)
+
+
+def close(ranks: Sequence[RankProcess]) -> None:
+    for rank_process in ranks:
+        rank_process.pipes.close_readers()
+        with contextlib.suppress(ValueError):
+            rank_process.process.close()

@@ -1,0 +1,300 @@
+"""The kernel's watch loop over running ranks: read pipes, notice exits, stop on failure.
+
+Single-threaded and non-blocking: every pipe is read in whatever chunks are available, so a rank
+that dies mid-message or a huge result can never stall the loop, and a kernel interrupt is
+handled at once. Each pass reads at most READ_BUDGET bytes per pipe: a rank printing in a tight
+loop cannot keep the loop from its other duties (timeout, peers' failures, redraws).
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import dataclasses
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+
+from nbtrain.kernel.processes import RankProcess, has_exited, kill_overdue, reap, request_stop
+from nbtrain.shared import stacks
+from nbtrain.shared.errors import signal_name
+from nbtrain.shared.events import (
+    Event,
+    Exited,
+    Failed,
+    Finished,
+    FrameDecoder,
+    Output,
+    Started,
+    now,
+)
+
+TICK = 0.05  # seconds: the loop wakes at least this often to refresh the view and check limits
+MAX_LINE = 1 << 16  # a "line" longer than this is emitted in pieces rather than held forever
+READ_SIZE = 1 << 16  # bytes per read
+READ_BUDGET = 4 * READ_SIZE  # bytes read from one pipe per pass of the loop (unbounded at the end)
+# Seconds a rank that reported Finished/Failed may take to exit by itself. Interpreter shutdown
+# waits for non-daemon threads (and multiprocessing for non-daemon children): one left running
+# would keep the launch from ever returning.
+EXIT_WAIT = 10.0  # generous: a loaded machine can take seconds to finalize a spawned rank
+
+
+class LineSplitter:
+    """Bytes in, whole lines out. A carriage return keeps only what a terminal would show."""
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._partial = ""
+
+    def feed(self, data: bytes) -> list[str]:
+        text = self._partial + self._decoder.decode(data)
+        *lines, self._partial = text.split("\n")
+        if len(self._partial) > MAX_LINE:
+            lines.append(self._partial)
+            self._partial = ""
+        return [line.rsplit("\r", 1)[-1] if "\r" in line else line for line in lines]
+
+    def flush(self) -> list[str]:
+        rest = self._partial + self._decoder.decode(b"", final=True)
+        self._partial = ""
+        return [rest.rsplit("\r", 1)[-1]] if rest else []
+
+
+@dataclass
+class _Stream:
+    rank: int
+    kind: str  # "stdout" | "stderr" | "events"
+    fd: int
+    splitter: LineSplitter = field(default_factory=LineSplitter)
+    decoder: FrameDecoder = field(default_factory=FrameDecoder)
+    open: bool = True
+
+
+class Supervisor:
+    def __init__(
+        self,
+        ranks: list[RankProcess],
+        emit: Callable[[Event], None],
+        *,
+        failed: Callable[[], bool],
+        grace: float,
+        exit_wait: float = EXIT_WAIT,
+    ) -> None:
+        self.ranks = ranks
+        self._emit = emit
+        self._failed = failed
+        self._grace = grace
+        self._exit_wait = exit_wait
+        self._streams: dict[int, _Stream] = {}
+        self._processes = {rank_process.rank: rank_process for rank_process in ranks}
+        for rank_process in ranks:
+            out, err, evt = rank_process.pipes.reader_fds()
+            for kind, fd in (("stdout", out), ("stderr", err), ("events", evt)):
+                self._streams[fd] = _Stream(rank_process.rank, kind, fd)
+        self.timed_out = False
+        self.stopping = False
+        self._started: set[int] = set()
+        self._dumps: dict[int, list[str]] | None = None  # stderr after asking for stacks
+        self._dump_until = 0.0
+        # Ranks that sent Finished/Failed: already on their way out.
+        self._reported: set[int] = set()
+        # Per process (key: its rank): the ranks its events named as started and as reported
+        # (an XLA host process speaks for several ordinals), when all of them had reported, and
+        # the names of what still ran in it when its function returned.
+        self._speaks_for: dict[int, set[int]] = {rp.rank: set() for rp in ranks}
+        self._done_for: dict[int, set[int]] = {rp.rank: set() for rp in ranks}
+        self._done_at: dict[int, float] = {}
+        self._lingering: dict[int, tuple[str, ...]] = {}
+
+    def run(self, deadline: float | None, tick: Callable[[], None]) -> None:
+        """Return when every rank has exited and been reaped."""
+        while self.running:
+            self.step(deadline)
+            tick()
+
+    @property
+    def running(self) -> bool:
+        """Some rank has not exited (or not been reaped) yet."""
+        return any(not rp.reaped for rp in self.ranks)
+
+    def step(self, deadline: float | None) -> None:
+        """One turn of the loop (at most about TICK seconds); callers that own the loop, such
+        as torch's elastic agent (agent.py), call it themselves."""
+        by_sentinel = {rp.sentinel: rp for rp in self.ranks if not rp.reaped}
+        watched = [s.fd for s in self._streams.values() if s.open] + list(by_sentinel)
+        for ready in wait(watched, timeout=self._wait_time(deadline)):
+            assert isinstance(ready, int)
+            if ready in self._streams:
+                self._pump(self._streams[ready], budget=READ_BUDGET)
+        # A failure that arrived as an event stops the others before exits are collected, so a
+        # rank that reported it and already exited still counts as asked to stop (the view shows
+        # a peer-loss rank as stopped, not failed).
+        if not self.stopping and self._failed():
+            self.stop_all()
+        for rank_process in by_sentinel.values():
+            # Not the sentinel alone: a rank's forked DataLoader workers hold it open. Nor
+            # process.exitcode, which would reap the rank before reap() could use its pid.
+            if has_exited(rank_process):
+                self._collect(rank_process)
+        if not self.stopping and self._failed():
+            self.stop_all()
+        if deadline is not None and not self.stopping and time.monotonic() >= deadline:
+            self._time_out()
+        self._stop_lingering()
+        kill_overdue(self.ranks, self._grace)
+
+    def _stop_lingering(self) -> None:
+        """Stop a rank that reported but has not exited within ``exit_wait``: its result is in,
+        and only something left running (a non-daemon thread) keeps it alive."""
+        limit = time.monotonic() - self._exit_wait
+        for rank, done_at in list(self._done_at.items()):
+            rank_process = self._processes[rank]
+            if done_at > limit or rank_process.reaped or rank_process.stop_requested_at:
+                continue
+            del self._done_at[rank]
+            names = self._lingering.get(rank, ())
+            suspect = (
+                ", ".join(f"{name} still running" for name in names)
+                if names
+                else "a non-daemon thread or child process still running"
+            )
+            self._emit(
+                Output(
+                    rank,
+                    "stderr",
+                    f"[nbtrain] rank {rank} returned but did not exit within "
+                    f"{self._exit_wait:g}s ({suspect}?); stopped it. Make such threads "
+                    "daemon=True or join them before returning.",
+                )
+            )
+            request_stop(rank_process)
+
+    def _time_out(self) -> None:
+        """First ask the ranks still running where they are (see stacks.py), then stop them."""
+        if self._dumps is None:
+            self._dumps = {rp.rank: [] for rp in self.ranks if self._ask_for_stack(rp)}
+            self._dump_until = time.monotonic() + stacks.WAIT
+        if not self._dumps or time.monotonic() >= self._dump_until:
+            self.timed_out = True
+            self.stop_all()
+
+    def _ask_for_stack(self, rank_process: RankProcess) -> bool:
+        pid = rank_process.process.pid
+        if stacks.DUMP_SIGNAL is None or pid is None or rank_process.reaped:
+            return False
+        if rank_process.rank not in self._started:
+            return False  # its handler may not be registered yet: the signal would kill it
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, stacks.DUMP_SIGNAL)
+            return True
+        return False
+
+    def stuck_frames(self) -> dict[int, list[str]]:
+        """After a timeout: each asked rank's innermost user frames (see stacks.user_frames)."""
+        return {rank: stacks.user_frames(lines) for rank, lines in (self._dumps or {}).items()}
+
+    def stop_all(self) -> None:
+        """SIGTERM the ranks still working; ranks that already reported get the grace period to
+        exit by themselves (their own exit code is the truthful one) before SIGKILL."""
+        self.stopping = True
+        for rank_process in self.ranks:
+            request_stop(rank_process, terminate=rank_process.rank not in self._reported)
+
+    def _emit_event(self, event: Event, process_rank: int) -> None:
+        rank_process = self._processes[process_rank]
+        if isinstance(event, Failed) and _after_stop(event, rank_process):
+            # Its SIGTERM handler raised (some libraries turn SIGTERM into an exception): a
+            # consequence of the stop, shown as stopped, never the root cause.
+            event = dataclasses.replace(event, after_stop=True, collateral=True)
+        if isinstance(event, (Finished, Failed)):
+            self._reported.add(event.rank)
+            self._done_for[process_rank].add(event.rank)
+            if isinstance(event, Finished) and event.lingering:
+                self._lingering[process_rank] = event.lingering
+        elif isinstance(event, Started):
+            self._started.add(event.rank)
+            self._speaks_for[process_rank].add(event.rank)
+        if self._speaks_for[process_rank] <= self._done_for[process_rank]:
+            self._done_at.setdefault(process_rank, time.monotonic())
+        else:
+            self._done_at.pop(process_rank, None)  # an XLA host: another ordinal started
+        self._emit(event)
+
+    def _wait_time(self, deadline: float | None) -> float:
+        if deadline is None:
+            return TICK
+        if self._dumps is not None:
+            deadline = self._dump_until
+        return max(0.0, min(TICK, deadline - time.monotonic()))
+
+    def _collect(self, rank_process: RankProcess) -> None:
+        observed = now()  # when the death was seen: reading the pipes below takes time
+        # Everything the rank wrote before it died is already in its pipes: read it first, so
+        # its Finished/Failed event is known before its exit is.
+        for stream in self._streams.values():
+            if stream.rank == rank_process.rank:
+                self._pump(stream)
+        exitcode = reap(rank_process)
+        signal = signal_name(-exitcode) if exitcode is not None and exitcode < 0 else None
+        self._emit(
+            Exited(
+                rank_process.rank,
+                exitcode,
+                signal,
+                stopped_by_launcher=rank_process.ended_by_launcher(exitcode),
+                time=observed,
+                stop_requested=rank_process.stop_requested_at is not None,
+            )
+        )
+
+    def drain(self) -> None:
+        """Read what is left in every pipe and flush partial lines (after all ranks ended)."""
+        for stream in self._streams.values():
+            self._pump(stream)
+            if stream.kind != "events":
+                for line in stream.splitter.flush():
+                    self._emit(Output(stream.rank, stream.kind, line))
+
+    def _pump(self, stream: _Stream, budget: int | None = None) -> None:
+        """Read what the pipe holds (at most ``budget`` bytes; all of it when None)."""
+        taken = 0
+        while stream.open and (budget is None or taken < budget):
+            try:
+                chunk = _read(stream.fd)
+            except BlockingIOError:
+                return
+            except OSError:
+                chunk = b""
+            if not chunk:
+                stream.open = False
+                if stream.kind != "events":
+                    for line in stream.splitter.flush():
+                        self._emit(Output(stream.rank, stream.kind, line))
+                return
+            taken += len(chunk)
+            if stream.kind == "events":
+                self._decode(stream, chunk)
+            else:
+                dumping = self._dumps is not None and stream.kind == "stderr"
+                for line in stream.splitter.feed(chunk):
+                    self._emit(Output(stream.rank, stream.kind, line, dump=dumping))
+                    if self._dumps is not None and dumping:
+                        self._dumps.get(stream.rank, []).append(line)
+
+    def _decode(self, stream: _Stream, chunk: bytes) -> None:
+        for event in stream.decoder.feed(chunk):
+            self._emit_event(event, stream.rank)
+        for problem in stream.decoder.take_problems():  # the frames after it still count
+            self._emit(Output(stream.rank, "stderr", f"[nbtrain] protocol error: {problem}"))
+
+
+def _after_stop(event: Failed, rank_process: RankProcess) -> bool:
+    """Was this failure raised after the launcher signalled the rank to stop?"""
+    sent = rank_process.stop_signalled_at
+    return sent is not None and event.time >= sent
+
+
+def _read(fd: int) -> bytes:
+    return os.read(fd, READ_SIZE)

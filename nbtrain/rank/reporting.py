@@ -1,0 +1,363 @@
+"""progress() and log(): how code in a rank reports to the kernel's live view.
+
+Usable from any rank (raw DDP code, an Accelerator, a Trainer callback). Each step of a progress
+loop costs a counter increment and a clock read; events go out at most every INTERVAL seconds
+(the latest state, coalesced), plus always the final step of a loop. Updates that may be
+coalesced go through the sink's ``try_send`` when it has one (a write that would block is
+declined and retried at the next update), so a slow kernel never stalls training; the final step
+of a loop and the metrics logged up to then are sent for sure with ``send``. Outside a launch
+(``runtime.current()`` is None) the same calls draw a text bar and print.
+
+``log()`` outside any loop (raw DDP code logging every step) is coalesced too: a metric not sent
+in the current interval goes out at once, a repeat within it is held and goes out with the next
+update; ``flush()``, which the worker calls before it reports the rank's end, sends what is still
+held, so a rank's final metrics always arrive before its Finished or Failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import numbers
+import os
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, Protocol, TypeVar
+
+from nbtrain.rank import runtime
+from nbtrain.rank.runtime import Runtime
+from nbtrain.shared.events import Event, EventSink, Log, Progress
+
+T = TypeVar("T")
+
+INTERVAL = 0.1  # seconds between updates a rank sends while a loop runs (about 10 per second)
+LOOP_SEPARATOR = " · "  # joins nested loops' descriptions: 'epoch 2/3 · train'
+
+
+def progress(
+    iterable: Iterable[T], total: int | None = None, desc: str | None = None
+) -> Iterator[T]:
+    """Yield the items of ``iterable`` while reporting this rank's progress through them.
+
+    ``total`` defaults to ``len(iterable)`` when it has one; ``desc`` names the loop
+    (e.g. "train"). In a rank the kernel's live view shows the bar; outside a launch a text bar
+    is drawn on stderr.
+    """
+    total = _resolve_total(iterable, total)
+    if desc is not None and not isinstance(desc, str):
+        raise TypeError(f"progress(desc={desc!r}) must be a string or None, e.g. desc='train'.")
+    current = runtime.current()
+    if current is None:
+        from nbtrain.display.textbar import text_progress
+
+        return text_progress(iterable, total, desc)
+    return _rank_progress(reporter_for(current), iterable, total, desc)
+
+
+def log(values: Mapping[str, Any], step: int | None = None) -> None:
+    """Report metrics of this rank, e.g. ``log({"loss": loss.item()})``.
+
+    Values may be Python numbers, NumPy scalars or one-element tensors. ``step`` defaults to the
+    number of progress() iterations this rank completed (or of earlier log() calls when it uses
+    no progress()). Inside a progress() loop logs are coalesced with the loop's updates; the
+    last value of every metric always reaches the kernel.
+    """
+    numbers_only = _check_values(values)
+    if step is not None and (isinstance(step, bool) or not isinstance(step, numbers.Integral)):
+        raise TypeError(f"log(step={step!r}) must be an int or None, e.g. step=100.")
+    current = runtime.current()
+    if current is None:
+        from nbtrain.display.textbar import print_metrics
+
+        print_metrics(numbers_only, None if step is None else int(step))
+        return
+    reporter_for(current).log(numbers_only, None if step is None else int(step))
+
+
+class ProgressHandle(Protocol):
+    def update_to(self, step: int) -> None: ...
+
+    def close(self, *, complete: bool = False) -> None: ...
+
+
+def open_bar(total: int | None = None, desc: str | None = None) -> ProgressHandle:
+    """A bar driven by explicit step counts, for code that is told the step (e.g. callbacks).
+
+    Call ``update_to(step)`` as steps complete and ``close(complete=True)`` at the end.
+    """
+    total = _resolve_total((), total) if total is not None else None
+    current = runtime.current()
+    if current is None:
+        from nbtrain.display.textbar import TextBar
+
+        return TextBar(total, desc)
+    return reporter_for(current).open(total, desc)
+
+
+class Bar:
+    """One open progress loop of a rank. ``progress()`` drives it; integrations may too."""
+
+    __slots__ = ("desc", "leaf", "n", "reporter", "total")
+
+    def __init__(self, reporter: Reporter, total: int | None, desc: str | None) -> None:
+        self.reporter = reporter
+        self.total = total
+        self.desc = desc
+        self.n = 0
+        self.leaf = True  # no loop was ever opened inside this one: its steps are real steps
+
+    def update_to(self, step: int) -> None:
+        """Set the completed step count (for callers that know it, e.g. a Trainer)."""
+        reporter = self.reporter
+        if self.leaf and step > self.n:
+            reporter.global_step += step - self.n
+        self.n = step
+        if time.monotonic() >= reporter.next_due:
+            reporter.flush()
+
+    def close(self, *, complete: bool = False) -> None:
+        """End the loop; ``complete`` means it ran to its end (a bar without total fills up)."""
+        if complete and self.total is None:
+            self.total = self.n
+        self.reporter.close(self)
+
+
+class Reporter:
+    """Coalesces one rank's progress and metrics into at most one update per INTERVAL."""
+
+    def __init__(self, current: Runtime) -> None:
+        self.runtime = current
+        self.rank = current.info.rank
+        self.sink = current.sink
+        self.bars: list[Bar] = []  # open loops, innermost last
+        self.pending: dict[str, tuple[int, float]] = {}  # metric -> (step, value) not yet sent
+        self.next_due = 0.0  # monotonic time of the next coalesced update
+        self.global_step = 0
+        self.used_progress = False
+        self.log_calls = 0
+        # A sink without try_send (num_processes=1: a call into the kernel) takes every log at
+        # once, as does a forked child such as a DataLoader worker: nobody flushes them later.
+        self.direct = getattr(self.sink, "try_send", None) is None
+        self._seen: set[str] = set()  # metric names logged so far
+        self._window: set[str] = set()  # names sent outside a loop in the current interval
+        self._sent: tuple[object, ...] | None = None  # the last progress state that went out
+
+    def open(self, total: int | None, desc: str | None) -> Bar:
+        if self.bars:
+            self.bars[-1].leaf = False
+        bar = Bar(self, total, desc)
+        self.bars.append(bar)
+        self.used_progress = True
+        if time.monotonic() >= self.next_due:
+            self.flush()
+        return bar
+
+    def close(self, bar: Bar) -> None:
+        if bar not in self.bars:
+            return
+        if len(self.bars) == 1:
+            # The outermost loop ended: its last step and every pending metric go out for sure.
+            self.flush(final=True)
+        self.bars.remove(bar)
+        # An inner loop that ended is coalesced: the next update shows the loop around it.
+
+    def log(self, values: dict[str, float], step: int | None) -> None:
+        if step is None:
+            step = self.global_step if self.used_progress else self.log_calls
+        self.log_calls += 1
+        if not self.bars:
+            self._log_outside_a_loop(values, step)
+            return
+        for name, value in values.items():
+            self.pending[name] = (step, value)
+        # A metric's first value goes out at once: a chart then starts at its first point.
+        first = not self._seen.issuperset(values)
+        if first:
+            self._seen.update(values)
+        if first or time.monotonic() >= self.next_due:
+            self.flush()
+
+    def _log_outside_a_loop(self, values: dict[str, float], step: int) -> None:
+        if self.direct:
+            self.sink.send(Log(self.rank, values, step))
+            return
+        for name, value in values.items():
+            self.pending[name] = (step, value)
+        if time.monotonic() >= self.next_due:
+            self._window.clear()  # a new interval: every name may go out once more
+        elif self._window.issuperset(values):
+            return  # repeats within the interval: held for the next update or flush()
+        self._window.update(self.pending)
+        self.flush()
+
+    def flush(self, *, final: bool = False) -> None:
+        """Send what changed since the last update; ``final`` sends even to a slow kernel."""
+        self.next_due = time.monotonic() + INTERVAL
+        event = self._progress_event()
+        if event is not None:
+            state = (event.step, event.total, event.desc)
+            if state != self._sent:
+                if not self._offer(event, final):
+                    return  # the kernel is behind: keep everything pending, try next time
+                self._sent = state
+        groups = _by_step(self.pending)
+        self.pending = {}
+        for index, (step, values) in enumerate(groups):
+            if not self._offer(Log(self.rank, values, step), final):
+                # Keep what did not go out for the next update.
+                self.pending = {
+                    name: (later, value) for later, rest in groups[index:]
+                    for name, value in rest.items()
+                }
+                return
+
+    def _progress_event(self) -> Progress | None:
+        if not self.bars:
+            return None
+        bar = self.bars[-1]
+        return Progress(self.rank, bar.n, bar.total, _compose_desc(self.bars))
+
+    def _offer(self, event: Event, final: bool) -> bool:
+        if final:
+            self.sink.send(event)
+            return True
+        return offer(self.sink, event)
+
+
+def flush() -> None:
+    """Send what this thread's reporter still holds (metrics, the open loop's step) for sure.
+
+    The worker calls it when the user's function ended, before Finished or Failed.
+    """
+    reporter = _local.reporter
+    if reporter is not None and reporter.runtime is runtime.current():
+        # OSError: the kernel's end of the pipe is gone; this rank is being stopped anyway.
+        with contextlib.suppress(OSError):
+            reporter.flush(final=True)
+
+
+def offer(sink: EventSink, event: Event) -> bool:
+    """Send ``event`` unless the sink says that would block now (then False: try later)."""
+    try_send = getattr(sink, "try_send", None)
+    if try_send is None:
+        sink.send(event)
+        return True
+    return bool(try_send(event))
+
+
+def _rank_progress(
+    reporter: Reporter, iterable: Iterable[T], total: int | None, desc: str | None
+) -> Iterator[T]:
+    bar = reporter.open(total, desc)
+    complete = False
+    monotonic = time.monotonic
+    try:
+        for item in iterable:
+            yield item
+            # The hot path: a few attribute updates and a clock read per step.
+            bar.n += 1
+            if bar.leaf:
+                reporter.global_step += 1
+            if monotonic() >= reporter.next_due:
+                reporter.flush()
+        complete = True
+    finally:
+        # OSError: the kernel's end of the pipe is gone; this rank is being stopped anyway.
+        with contextlib.suppress(OSError):
+            bar.close(complete=complete)
+
+
+class _ThreadReporter(threading.local):
+    # A class-level default makes a miss a plain lookup, not a caught AttributeError (~1 us).
+    reporter: Reporter | None = None
+
+
+_local = _ThreadReporter()
+
+
+def _forked() -> None:
+    # In a forked child (a DataLoader worker) the inherited reporter sends logs at once: the
+    # worker's flush() before Finished runs in the rank, never in its children.
+    reporter = _local.reporter
+    if reporter is not None:
+        reporter.direct = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
+
+
+def reporter_for(current: Runtime) -> Reporter:
+    """The reporter of the calling thread's launch context (XLA replicas may be threads)."""
+    reporter = _local.reporter
+    if reporter is None or reporter.runtime is not current:
+        reporter = Reporter(current)
+        _local.reporter = reporter
+    return reporter
+
+
+def _compose_desc(bars: list[Bar]) -> str | None:
+    """Outer loops show as a prefix, e.g. 'epoch 2/3 · train' for a batch loop in an epoch loop."""
+    inner = bars[-1].desc
+    if len(bars) == 1:
+        return inner
+    outer = [
+        f"{bar.desc or 'loop'} {bar.n + 1}" + (f"/{bar.total}" if bar.total is not None else "")
+        for bar in bars[:-1]
+    ]
+    return LOOP_SEPARATOR.join([*outer, inner or "loop"])
+
+
+def _by_step(pending: dict[str, tuple[int, float]]) -> list[tuple[int, dict[str, float]]]:
+    """Pending metrics grouped into one Log per step they were logged at."""
+    groups: dict[int, dict[str, float]] = {}
+    for name, (step, value) in pending.items():
+        groups.setdefault(step, {})[name] = value
+    return list(groups.items())
+
+
+def _resolve_total(iterable: Iterable[Any], total: int | None) -> int | None:
+    if total is not None:
+        if isinstance(total, bool) or not isinstance(total, numbers.Integral) or total < 0:
+            raise TypeError(
+                f"progress(total={total!r}) must be a non-negative int or None "
+                "(None: taken from len(iterable) when it has one)."
+            )
+        return int(total)
+    try:
+        return len(iterable)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
+def _check_values(values: Mapping[str, Any]) -> dict[str, float]:
+    # Called every step: exact-type fast paths before the general (slower) checks.
+    if type(values) is not dict and not isinstance(values, Mapping):
+        raise TypeError(
+            f"log(values={values!r}) must be a dict of metric name to number, "
+            "e.g. log({'loss': loss.item()})."
+        )
+    result = {}
+    for name, value in values.items():
+        if type(name) is not str and not isinstance(name, str):
+            raise TypeError(f"log() metric names must be strings; got {name!r} in {values!r}.")
+        result[name] = value if type(value) is float else _to_float(name, value)
+    return result
+
+
+def _to_float(name: str, value: Any) -> float:
+    if isinstance(value, (str, bytes)):
+        raise TypeError(_not_a_number(name, value))
+    try:
+        return float(value)  # numbers, NumPy scalars, one-element tensors
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(_not_a_number(name, value)) from None
+
+
+def _not_a_number(name: str, value: Any) -> str:
+    shown = repr(value)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    return (
+        f"log() value for {name!r} must be a number (int, float, NumPy scalar or one-element "
+        f"tensor); got {shown}. Log a scalar, e.g. loss.item() or tensor.mean().item()."
+    )

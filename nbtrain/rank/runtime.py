@@ -1,0 +1,67 @@
+"""Who am I, inside a rank: the launch context a rank's code (Accelerator, progress, log) reads.
+
+Set by the worker for the lifetime of the user's function; None outside a launch. XLA may run
+several replicas as threads of one process, so a thread-local value takes precedence.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from nbtrain.shared.events import EventSink
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int = 0
+    num_nodes: int = 1
+
+
+@dataclass(frozen=True)
+class Runtime:
+    info: RankInfo
+    sink: EventSink
+    mixed_precision: str | None = None
+    in_kernel: bool = False
+
+
+class _ThreadRuntime(threading.local):
+    # A class-level default makes the lookup a plain attribute read: current() is called on
+    # every progress step, and getattr(..., default) on a bare local costs a caught exception.
+    value: Runtime | None = None
+
+
+_process_runtime: Runtime | None = None
+_thread_runtime = _ThreadRuntime()
+
+
+def current() -> Runtime | None:
+    """The launch context of the calling rank, or None outside nbtrain launches."""
+    return _thread_runtime.value or _process_runtime
+
+
+@contextmanager
+def activate(runtime: Runtime, *, thread_only: bool = False) -> Iterator[Runtime]:
+    """Make ``runtime`` current for the duration of the block (process-wide or this thread)."""
+    global _process_runtime
+    if thread_only:
+        previous = _thread_runtime.value
+        _thread_runtime.value = runtime
+        try:
+            yield runtime
+        finally:
+            _thread_runtime.value = previous
+        return
+    previous_process = _process_runtime
+    _process_runtime = runtime
+    try:
+        yield runtime
+    finally:
+        _process_runtime = previous_process
