@@ -52,25 +52,15 @@ from nbtrain.kernel.elastic import (
     check_endpoint_here,
     first_line,
 )
-from nbtrain.kernel.launcher import (
-    GRACE,
-    _close_view,
-    _interrupted_summary,
-    _sigint_deferred,
-    _throttled,
-    _timeout_message,
-    _view,
-    deliver,
-    rank_specs,
-)
-from nbtrain.kernel.monitor import RunState, Verdict
+from nbtrain.kernel.local import rank_specs
+from nbtrain.kernel.monitor import Verdict
 from nbtrain.kernel.outcome import Outcome
 from nbtrain.kernel.rendezvous import LocalRendezvous
+from nbtrain.kernel.run import GRACE, Run, sigint_deferred
 from nbtrain.kernel.supervisor import Supervisor
-from nbtrain.rank import worker
-from nbtrain.rank.worker import RankSpec
 from nbtrain.shared.errors import LaunchError, RemoteTraceback, WorkerError
 from nbtrain.shared.events import Event, Failed
+from nbtrain.shared.specs import RankSpec, rank_entry
 
 MONITOR_INTERVAL = 0.01  # torch's loop sleeps this between monitor calls; the slice does the wait
 SLICE = 0.25  # seconds one monitor call supervises the ranks before torch's loop looks around
@@ -98,7 +88,7 @@ class NodeAgent(SimpleElasticAgent):
             role="nbtrain",
             local_world_size=config.num_processes,
             rdzv_handler=coordinator.handler,
-            entrypoint=worker.rank_main,
+            entrypoint=rank_entry,
             max_restarts=config.max_restarts,
             monitor_interval=MONITOR_INTERVAL,
             local_addr=coordinator.local_address,
@@ -109,18 +99,12 @@ class NodeAgent(SimpleElasticAgent):
         self.coordinator = coordinator
         first = config.node_rank * config.num_processes
         self.ranks = list(range(first, first + config.num_processes))
-        self.state = RunState(self.ranks, title=_title(config, self.ranks))
-        self.view = _view(config)
-        self.draw = _throttled(lambda: self.view.draw(self.state))
-        self.deadline: float | None = None  # timeout= counts from the first start of ranks
-        self.ended = False
+        self.run = Run(config, self.ranks, title=_title(config, self.ranks))
         self.verdict: News | None = None  # the news that ended the last attempt
-        self._note = ""
         self.workers: LocalRendezvous | None = None  # the ranks' store of this attempt
         self._begin_attempt()
 
     def _begin_attempt(self) -> None:
-        self.outcome = Outcome(self.ranks)
         self.failures: list[Failed] = []  # every Failed event of the attempt, collateral too
         self.started: list[processes.RankProcess] = []
         self.supervisor: Supervisor | None = None
@@ -132,7 +116,6 @@ class NodeAgent(SimpleElasticAgent):
     def launch(self) -> Any:
         __tracebackhide__ = True
         try:
-            self.view.draw(self.state)  # shown at once; the text view sees every output line
             self.coordinator.connect(self.say)
             self._worker_group.spec.rdzv_handler = self.coordinator.handler
             with _quiet_agent_log():
@@ -148,7 +131,7 @@ class NodeAgent(SimpleElasticAgent):
             _forget_locals(ended)
             raise ended.error.with_traceback(None) from ended.cause
         except BaseException as exc:
-            if not self.ended:
+            if not self.run.ended:
                 self._abandon(exc)
             _forget_locals(exc)
             raise
@@ -203,22 +186,21 @@ class NodeAgent(SimpleElasticAgent):
         self._begin_attempt()
         attempt = self._attempt()
         if attempt:
-            self.state.restart()
+            self.run.new_attempt()
         specs = self._specs(attempt)
         if self.config.multi_node:
             self.say(f"all {self.config.num_nodes} nodes joined; starting ranks")
-        if self.deadline is None and self.config.timeout is not None:
-            self.deadline = time.monotonic() + self.config.timeout
+        self.run.start_clock()
 
         def make_args(rank: int, pipes: processes.RankPipes, close: tuple[int, ...]) -> tuple:
             spec = replace(specs[rank], close_fds=close) if close else specs[rank]
             return (spec, self.payload, pipes.stdout_w, pipes.stderr_w, pipes.events_w)
 
         self.started = processes.start_ranks(
-            self.config.start.method, self.ranks, worker.rank_main, make_args
+            self.config.start.method, self.ranks, rank_entry, make_args
         )
-        self.supervisor = Supervisor(
-            self.started, self._emit, failed=self._stop_wanted, grace=GRACE
+        self.supervisor = self.run.supervisor(
+            self.started, emit=self._emit, failed=self._stop_wanted
         )
         return {rp.rank - self.ranks[0]: rp.process.pid for rp in self.started}
 
@@ -245,8 +227,7 @@ class NodeAgent(SimpleElasticAgent):
         }
 
     def _emit(self, event: Event) -> None:
-        self.outcome.apply(event)
-        self.state.apply(event)
+        self.run.emit(event)
         if isinstance(event, Failed):
             self.failures.append(event)
 
@@ -258,7 +239,7 @@ class NodeAgent(SimpleElasticAgent):
         assert supervisor is not None
         end = time.monotonic() + SLICE
         while supervisor.running:
-            supervisor.step(self.deadline)
+            supervisor.step(self.run.deadline)
             self._tick()
             # Once stopping began, finish it here: torch's loop must not see HEALTHY meanwhile.
             if supervisor.stopping or time.monotonic() < end:
@@ -288,7 +269,7 @@ class NodeAgent(SimpleElasticAgent):
             return False
 
     def _tick(self) -> None:
-        self.draw()
+        self.run.tick()
         self._publish_root_cause()
 
     def _close_ranks(self) -> None:
@@ -313,7 +294,7 @@ class NodeAgent(SimpleElasticAgent):
     def _stop_ranks(self) -> None:
         if not self.started:
             return
-        with _sigint_deferred():
+        with sigint_deferred():
             processes.stop(self.started, GRACE)
             self._close_ranks()
 
@@ -369,7 +350,7 @@ class NodeAgent(SimpleElasticAgent):
         total = self.config.num_nodes
         end = time.monotonic() + SLICE
         while True:
-            expired = self.deadline is not None and time.monotonic() > self.deadline
+            expired = self.run.deadline is not None and time.monotonic() > self.run.deadline
             done = self.coordinator.done_count()
             if done >= total:
                 return self._succeeded()
@@ -401,23 +382,21 @@ class NodeAgent(SimpleElasticAgent):
     def _time_out(self, supervisor: Supervisor) -> NoReturn:
         self.coordinator.publish(News.stop(self.config.node_rank, "timeout"))
         self._end(f"Timed out after {self.config.timeout:g}s", Verdict.TIMED_OUT)
-        stuck = supervisor.stuck_frames()
-        raise _Ended(TimeoutError(_timeout_message(self.config, self.state, stuck)))
+        raise _Ended(TimeoutError(self.run.timeout_message(supervisor.stuck_frames())))
 
     # -- endings -----------------------------------------------------------------------------
 
     def _succeed(self) -> Any:
-        self.ended = True  # deliver() ends the view, also when it raises ResultError
-        return deliver(self.config, self.state, self.outcome, self.view)
+        return self.run.deliver()  # ends the view, also when it raises ResultError
 
     def _fail(self, news: News) -> NoReturn:
         if news.kind == "stopped":
             verdict = Verdict.TIMED_OUT if news.reason == "timeout" else Verdict.STOPPED
-            self._end(f"Stopped after {self.state.elapsed:.1f}s: {news.summary()}", verdict)
+            self._end(f"Stopped after {self.run.state.elapsed:.1f}s: {news.summary()}", verdict)
             raise _Ended(_stopped_error(news, self.config, finished=self._done))
         local = news.node == self.config.node_rank and self.outcome.root_cause() == news.rank
         error = self._local_error() if local else news.error(others=self._local_failures())
-        self._end(self.state.failed_summary(error), Verdict.FAILED)
+        self._end(self.run.state.failed_summary(error), Verdict.FAILED)
         cause = RemoteTraceback(error.remote_traceback) if error.remote_traceback else None
         raise _Ended(error, cause)
 
@@ -439,7 +418,7 @@ class NodeAgent(SimpleElasticAgent):
     def _local_failures(self, besides: int | None = None) -> dict[int, str]:
         ranks = set(self.outcome.failed_ranks()) | {failure.rank for failure in self.failures}
         return {
-            rank: self.state.ranks[rank].failure or "failed"
+            rank: self.run.state.ranks[rank].failure or "failed"
             for rank in sorted(ranks - {besides})
         }
 
@@ -455,24 +434,20 @@ class NodeAgent(SimpleElasticAgent):
             else Verdict.TIMED_OUT if isinstance(exc, TimeoutError)
             else Verdict.FAILED
         )
-        self._end(_interrupted_summary(exc, self.state).splitlines()[0], verdict)
+        self.run.abandon(exc, verdict)
 
     def _end(self, summary: str, verdict: Verdict | None = None) -> None:
-        self.ended = True
-        self.state.finish(summary, verdict)
-        _close_view(self.view, self.state)
+        self.run.end(summary, verdict)
 
     # -- node-level status -------------------------------------------------------------------
 
     def say(self, text: str) -> None:
-        """A node-level status ("waiting for nodes (1 of 2 joined)", "restarting ..."): in the
-        widget header, or a line of the text view."""
-        if text == self._note:
-            return
-        self._note = text
-        with contextlib.suppress(Exception):  # a status line must never break a launch
-            self.view.note(text)
-        self.draw()
+        """A node-level status ("waiting for nodes (1 of 2 joined)", "restarting ...")."""
+        self.run.say(text)
+
+    @property
+    def outcome(self) -> Outcome:
+        return self.run.outcome
 
 
 class _Ended(Exception):

@@ -240,7 +240,7 @@ def default_num_processes(
     if gpu_ids is not None:
         return len(gpu_ids)
     if xla is not None and xla.xla:
-        return tpu.default_ordinals(xla)
+        return tpu.default_ordinals(xla, environment.variables())
     gpus = environment.cuda_device_count()
     if gpus:
         return gpus
@@ -357,7 +357,9 @@ def build_config(
     counted = ""
     if xla is not None:
         mode = precision.value if precision else None
-        counted = tpu.check_launch(xla, processes, nodes, restarts, mode)
+        counted = tpu.check_launch(
+            xla, processes, nodes, restarts, mode, environment.variables()
+        )
     return LaunchConfig(
         num_processes=processes,
         start=start,
@@ -382,7 +384,7 @@ def _xla_target(allow: bool, gpu_ids: tuple[int, ...] | None) -> tpu.XlaTarget |
     with torch_xla installed), else None."""
     if not allow or gpu_ids is not None:
         return None
-    target = tpu.detect()
+    target = tpu.detect(environment.variables())
     return target if target.xla and tpu.torch_xla_installed() else None
 
 

@@ -38,7 +38,6 @@ import ipaddress
 import json
 import logging
 import math
-import os
 import socket
 import struct
 import threading
@@ -59,6 +58,7 @@ from torch.distributed.elastic.rendezvous import (
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 
+from nbtrain.kernel import environment
 from nbtrain.kernel.config import LaunchConfig
 from nbtrain.kernel.rendezvous import LOOPBACK, LocalRendezvous, open_local
 from nbtrain.shared.errors import EndpointInUseError, LaunchError, WorkerError
@@ -393,7 +393,7 @@ class NodeCoordinator:
         """gloo finds its own address by resolving the hostname, which is often loopback
         (Debian maps it to 127.0.1.1): peers on other machines could then never connect. Point
         it at the interface that reaches node 0, unless the user chose one."""
-        if self._interface is None or "GLOO_SOCKET_IFNAME" in os.environ:
+        if self._interface is None or environment.gloo_interface_set():
             return {}
         return {"GLOO_SOCKET_IFNAME": self._interface}
 

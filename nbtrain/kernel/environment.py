@@ -1,14 +1,18 @@
 """What this machine and this Python process offer, detected without side effects.
 
-Nothing here initialises CUDA or the XLA runtime: detection must never make a later fork unsafe.
+The kernel side's one reader (and writer) of ``os.environ``: every other kernel-side module asks
+here. Nothing here initialises CUDA or the XLA runtime: detection must never make a later fork
+unsafe.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import platform
 import sys
+from collections.abc import Iterator, Mapping
 from enum import Enum
 from functools import cache
 
@@ -106,4 +110,48 @@ def tpu_host() -> bool:
     """A TPU runtime is (or is declared) present. Only environment facts: no XLA import."""
     from nbtrain.shared import tpu
 
-    return tpu.detect().tpu
+    return tpu.detect(variables()).tpu
+
+
+def variables() -> Mapping[str, str]:
+    """The kernel's environment as it is now (read-only use)."""
+    return os.environ
+
+
+def snapshot() -> dict[str, str]:
+    """A copy of the kernel's environment now: what a forkserver rank adopts."""
+    return dict(os.environ)
+
+
+def omp_threads_set() -> bool:
+    """The user chose OpenMP's thread count: ranks keep it instead of a share of the cores."""
+    return "OMP_NUM_THREADS" in os.environ
+
+
+def visible_devices() -> str | None:
+    return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def gloo_interface_set() -> bool:
+    return "GLOO_SOCKET_IFNAME" in os.environ
+
+
+@contextlib.contextmanager
+def overridden(values: Mapping[str, str]) -> Iterator[None]:
+    """``values`` set in this process for the duration, then restored exactly (a variable that
+    did not exist is removed again): ranks inherit what is set while they start."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
+
+
+def gpus_hidden() -> contextlib.AbstractContextManager[None]:
+    """Ranks started meanwhile see no GPU (debug_launcher's CPU-only launch)."""
+    return overridden({"CUDA_VISIBLE_DEVICES": ""})

@@ -6,7 +6,6 @@ fork stays safe), torch_xla is looked up in the package metadata, never imported
 
 from __future__ import annotations
 
-import os
 import socket
 import sys
 from importlib import metadata
@@ -54,7 +53,7 @@ def _package_version(name: str) -> str:
 
 
 def _devices() -> list[tuple[str, str]]:
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = environment.visible_devices()
     mask = "unset" if visible is None else repr(visible)
     gpus = environment.cuda_device_count()
     rows = [

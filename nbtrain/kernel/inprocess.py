@@ -1,5 +1,10 @@
 """num_processes=1: run the function in the calling process (debuggable with pdb), with the same
-rank environment, progress view, timeout and error contract as a multi-rank launch."""
+rank environment, progress view, timeout and error contract as a multi-rank launch.
+
+The one kernel-side path that runs rank logic: here the kernel *is* rank 0, so it activates the
+rank runtime (progress, log, Accelerator) around the call. Those imports happen at call time, so
+importing the kernel side never loads the rank side.
+"""
 
 from __future__ import annotations
 
@@ -9,25 +14,17 @@ import signal
 import socket
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nbtrain.kernel import environment
-from nbtrain.kernel.monitor import RunState, Verdict
-from nbtrain.kernel.outcome import Outcome
+from nbtrain.kernel.config import LaunchConfig
+from nbtrain.kernel.monitor import Verdict
 from nbtrain.kernel.rendezvous import open_local
-from nbtrain.rank import runtime
-from nbtrain.rank.runtime import RankInfo, Runtime
-from nbtrain.rank.worker import exit_code_of, failure_event
+from nbtrain.kernel.run import Run
 from nbtrain.shared.events import CallbackSink, Event, Exited, Finished, Started
 from nbtrain.shared.serialization import pack_result, unpack
-
-if TYPE_CHECKING:
-    from nbtrain.display import View
-    from nbtrain.kernel.config import LaunchConfig
-
-REFRESH = 0.1
+from nbtrain.shared.specs import RankInfo
 
 
 class _Expired(BaseException):
@@ -35,51 +32,39 @@ class _Expired(BaseException):
 
 
 def run_in_process(
-    config: LaunchConfig,
-    function: Callable[..., Any],
-    args: tuple,
-    kwargs: dict[str, Any],
-    view: View,
+    config: LaunchConfig, function: Callable[..., Any], args: tuple, kwargs: dict[str, Any]
 ) -> Any:
-    state, outcome = RunState([0], title="in-process"), Outcome([0])
-    last_draw = [0.0]
-
-    def emit(event: Event) -> None:
-        outcome.apply(event)
-        state.apply(event)
-        now = time.monotonic()
-        if now - last_draw[0] >= REFRESH:
-            last_draw[0] = now
-            view.draw(state)
-
-    from nbtrain.kernel.launcher import (
-        _close_view,  # guarded: a broken frontend never masks the outcome
-    )
+    from nbtrain.rank import runtime
+    from nbtrain.rank.failures import exit_code_of, failure_event
 
     _check_alarm(config.timeout)  # before anything starts, not as "rank 0 failed"
+    run = Run(config, [0], title="in-process")
+
+    def emit(event: Event) -> None:
+        run.emit(event)
+        run.tick()
+
     precision = config.mixed_precision.value if config.mixed_precision else None
-    info = RankInfo(0, 0, 1, 1)
-    sink = CallbackSink(emit)
+    rank_runtime = runtime.Runtime(RankInfo(0, 0, 1, 1), CallbackSink(emit), precision,
+                                   in_kernel=True)
     emit(Started(0, os.getpid(), _device(), socket.gethostname()))
     try:
         with (
             _rank_environment(),
             _alarm(config.timeout),
             _fresh_process_group(),
-            runtime.activate(Runtime(info, sink, precision, in_kernel=True)),
+            runtime.activate(rank_runtime),
         ):
             value = function(*args, **kwargs)
     except _Expired:
         emit(Exited(0, None, None, stopped_by_launcher=True))
-        state.finish(f"Timed out after {config.timeout:g}s", Verdict.TIMED_OUT)
-        _close_view(view, state)
+        run.end(f"Timed out after {config.timeout:g}s", Verdict.TIMED_OUT)
         raise TimeoutError(
             f"notebook_launcher(timeout={config.timeout:g}) expired while the function ran in "
             "this process. Raise timeout= if the run needs longer."
         ) from None
     except KeyboardInterrupt:
-        state.finish(f"Interrupted after {state.elapsed:.1f}s")
-        _close_view(view, state)
+        run.end(f"Interrupted after {run.state.elapsed:.1f}s")
         raise
     except BaseException as exc:
         code = exit_code_of(exc) if isinstance(exc, SystemExit) else 1
@@ -88,16 +73,14 @@ def run_in_process(
         else:
             emit(failure_event(0, exc, code))
             emit(Exited(0, code, None, stopped_by_launcher=False))
-            error = outcome.error()
+            error = run.outcome.error()
             error.original = exc
-            state.finish(state.failed_summary(error))
-            _close_view(view, state)
+            run.end(run.state.failed_summary(error))
             # The traceback of the user's own frames, so %debug lands on the failing line.
             raise error.with_traceback(exc.__traceback__) from None
     emit(Finished(0, None))
     emit(Exited(0, 0, None, stopped_by_launcher=False))
-    state.finish(state.done_summary())
-    _close_view(view, state)
+    run.end(run.state.done_summary())
     value = _to_cpu(value)
     return [value] if config.return_all else value
 
@@ -135,16 +118,10 @@ def _rank_environment() -> Iterator[None]:
         "GROUP_RANK": "0",
         **rendezvous.env(),
     }
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
     try:
-        yield
+        with environment.overridden(values):
+            yield
     finally:
-        for name, old in saved.items():
-            if old is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = old
         rendezvous.close()
 
 

@@ -8,7 +8,6 @@ loop cannot keep the loop from its other duties (timeout, peers' failures, redra
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import dataclasses
 import os
@@ -30,36 +29,15 @@ from nbtrain.shared.events import (
     Started,
     now,
 )
+from nbtrain.shared.lines import LineSplitter
 
 TICK = 0.05  # seconds: the loop wakes at least this often to refresh the view and check limits
-MAX_LINE = 1 << 16  # a "line" longer than this is emitted in pieces rather than held forever
 READ_SIZE = 1 << 16  # bytes per read
 READ_BUDGET = 4 * READ_SIZE  # bytes read from one pipe per pass of the loop (unbounded at the end)
 # Seconds a rank that reported Finished/Failed may take to exit by itself. Interpreter shutdown
 # waits for non-daemon threads (and multiprocessing for non-daemon children): one left running
 # would keep the launch from ever returning.
 EXIT_WAIT = 10.0  # generous: a loaded machine can take seconds to finalize a spawned rank
-
-
-class LineSplitter:
-    """Bytes in, whole lines out. A carriage return keeps only what a terminal would show."""
-
-    def __init__(self) -> None:
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._partial = ""
-
-    def feed(self, data: bytes) -> list[str]:
-        text = self._partial + self._decoder.decode(data)
-        *lines, self._partial = text.split("\n")
-        if len(self._partial) > MAX_LINE:
-            lines.append(self._partial)
-            self._partial = ""
-        return [line.rsplit("\r", 1)[-1] if "\r" in line else line for line in lines]
-
-    def flush(self) -> list[str]:
-        rest = self._partial + self._decoder.decode(b"", final=True)
-        self._partial = ""
-        return [rest.rsplit("\r", 1)[-1]] if rest else []
 
 
 @dataclass

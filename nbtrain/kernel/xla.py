@@ -15,33 +15,18 @@ ordinal here.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from nbtrain.kernel import launcher, processes
+from nbtrain.kernel import processes
 from nbtrain.kernel.config import LaunchConfig
-from nbtrain.kernel.monitor import RunState
+from nbtrain.kernel.local import current_environment
 from nbtrain.kernel.outcome import Outcome
-from nbtrain.kernel.supervisor import Supervisor
+from nbtrain.kernel.run import Run
 from nbtrain.shared.events import Event, Exited
+from nbtrain.shared.specs import HostSpec, host_entry
 
 HOST = 0  # the host process's key for processes/Supervisor; its raw output counts as ordinal 0
-
-
-@dataclass(frozen=True)
-class HostSpec:
-    """What the host process needs, decided in the kernel."""
-
-    ordinals: int
-    device: str  # PJRT device: "TPU" or "CPU"
-    env: dict[str, str]
-    mixed_precision: str | None = None
-    return_all: bool = False
-    close_fds: tuple[int, ...] = field(default=())
-    kernel_env: dict[str, str] | None = None  # forkserver: the kernel's environment at launch
-    counted: str = ""  # how the kernel arrived at ``ordinals`` (said if torch_xla disagrees)
 
 
 def host_env(config: LaunchConfig) -> dict[str, str]:
@@ -59,13 +44,16 @@ def counted_from(config: LaunchConfig) -> str:
     return config.xla_counted or f"num_processes={config.num_processes}"
 
 
-def fan_out(ordinals: list[int], outcome: Outcome, forward: Callable[[Event], None]) -> Callable:
+def fan_out(
+    ordinals: list[int], outcome_of: Callable[[], Outcome], forward: Callable[[Event], None]
+) -> Callable[[Event], None]:
     """The Supervisor's events, with the host's exit turned into one exit per ordinal."""
 
     def emit(event: Event) -> None:
         if not isinstance(event, Exited):
             forward(event)
             return
+        outcome = outcome_of()
         peer_failed = outcome.has_failure()
         for ordinal in ordinals:
             record = outcome.records[ordinal]
@@ -101,46 +89,22 @@ def run_xla(config: LaunchConfig, payload: bytes) -> Any:
         env=host_env(config),
         mixed_precision=config.mixed_precision.value if config.mixed_precision else None,
         return_all=config.return_all,
-        kernel_env=launcher.current_environment(config),
+        kernel_env=current_environment(config),
         counted=counted_from(config),
     )
     title = (
         f"{len(ordinals)} XLA ordinal(s) on {config.xla_device}, host process by "
         f"{config.start.method.value}"
     )
-    state = RunState(ordinals, title=title)
-    outcome = Outcome(ordinals)
-    view = launcher._view(config)
-
-    def record(event: Event) -> None:
-        outcome.apply(event)
-        state.apply(event)
-
-    emit = fan_out(ordinals, outcome, record)
+    run = Run(config, ordinals, title=title)
 
     def make_args(rank: int, pipes: processes.RankPipes, close: tuple[int, ...]) -> tuple:
         host = HostSpec(**{**spec.__dict__, "close_fds": close}) if close else spec
         return (host, payload, pipes.stdout_w, pipes.stderr_w, pipes.events_w)
 
-    from nbtrain.rank.xla_host import host_main  # importable target (spawn pickles it by reference)
+    def start() -> list[processes.RankProcess]:
+        return processes.start_ranks(config.start.method, [HOST], host_entry, make_args)
 
-    deadline = None if config.timeout is None else time.monotonic() + config.timeout
-    started: list[processes.RankProcess] = []
-    supervisor: Supervisor | None = None
-    try:
-        started = processes.start_ranks(config.start.method, [HOST], host_main, make_args)
-        supervisor = Supervisor(started, emit, failed=outcome.has_failure, grace=launcher.GRACE)
-        supervisor.run(deadline, launcher._throttled(lambda: view.draw(state)))
-        supervisor.drain()
-    except BaseException as exc:
-        with launcher._sigint_deferred():
-            processes.stop(started, launcher.GRACE)
-            if supervisor is not None:
-                supervisor.drain()
-            state.finish(launcher._interrupted_summary(exc, state))
-            launcher._close_view(view, state)
-            processes.close(started)
-        raise
-    processes.close(started)
-    stuck = supervisor.stuck_frames() if supervisor.timed_out else None
-    return launcher._finish(config, state, outcome, view, stuck=stuck)
+    # (fan_out reads run.outcome when called: it is the run's, for the whole launch)
+    supervisor = run.supervise(start, emit=fan_out(ordinals, lambda: run.outcome, run.emit))
+    return run.finish(supervisor)

@@ -76,3 +76,13 @@ def _int_env(name: str, default: int) -> int:
             f"Environment variable {name}={value!r} must be a whole number; it is set by the "
             "launcher (torchrun, accelerate launch, nbtrain). Unset it to run as one process."
         ) from None
+
+
+def adopt_environment(kernel_env: dict[str, str] | None, rank_env: dict[str, str]) -> None:
+    """A forkserver child starts with the environment the server had when it started (maybe
+    hours ago): take the kernel's current one, so variables set in a cell since then arrive
+    (fork and spawn children inherit it at start anyway, and get None here)."""
+    if kernel_env is not None:
+        os.environ.clear()
+        os.environ.update(kernel_env)
+    os.environ.update(rank_env)

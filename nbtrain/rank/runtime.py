@@ -12,16 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from nbtrain.shared.events import EventSink
-
-
-@dataclass(frozen=True)
-class RankInfo:
-    rank: int
-    local_rank: int
-    world_size: int
-    local_world_size: int
-    node_rank: int = 0
-    num_nodes: int = 1
+from nbtrain.shared.specs import RankInfo
 
 
 @dataclass(frozen=True)

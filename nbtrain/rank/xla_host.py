@@ -22,7 +22,6 @@ collective forever); the kernel then stops whatever is left.
 from __future__ import annotations
 
 import contextlib
-import faulthandler
 import io
 import os
 import socket
@@ -34,12 +33,12 @@ from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
-from nbtrain.kernel.supervisor import LineSplitter
-from nbtrain.kernel.xla import HostSpec
-from nbtrain.rank import runtime, worker
-from nbtrain.rank.runtime import RankInfo, Runtime
-from nbtrain.shared import stacks
+from nbtrain.rank import process, rankenv, runtime, worker
+from nbtrain.rank.failures import failure_event
+from nbtrain.rank.runtime import Runtime
 from nbtrain.shared.events import Event, Finished, Output, PipeWriter, Started
+from nbtrain.shared.lines import LineSplitter
+from nbtrain.shared.specs import HostSpec, RankInfo
 
 FAILURE_GRACE = 0.5  # seconds a failed ordinal waits (peers' own reports) before ending its process
 
@@ -181,7 +180,7 @@ class _Verdict:
             error = xla_accel.abandoned(self.ordinal, "returned")
             if error is not None:
                 self.code = 1
-                event = worker.failure_event(self.ordinal, error, self.code)
+                event = failure_event(self.ordinal, error, self.code)
         self.sink.send(event)
 
 
@@ -198,7 +197,7 @@ def _wrong_count(ordinal: int, world: int, spec: HostSpec, sink: PipeWriter) -> 
             "core, or set TPU_ACCELERATOR_TYPE to this TPU's type (e.g. 'v3-8') so nbtrain counts "
             "the cores as torch_xla does."
         )
-        sink.send(worker.failure_event(ordinal, error, code))
+        sink.send(failure_event(ordinal, error, code))
     _failures.append(code)
     # Ordinal 0 reports, then ends the process; the others (their ranks may be unknown to the
     # kernel) only end theirs, later, if it lives in another process.
@@ -212,16 +211,8 @@ def host_main(
 ) -> None:
     """Process target under every start method."""
     global _events_fd
-    worker._become_group_leader()
-    worker._die_with_parent()
-    worker._close_fds(spec.close_fds)
-    worker._redirect_output(stdout.fileno(), stderr.fileno())
-    stdout.close()
-    stderr.close()
-    faulthandler.enable(file=sys.stderr, all_threads=True)
-    worker._reset_signals()
-    stacks.enable_dumps()
-    worker.adopt_environment(spec.kernel_env, spec.env)
+    process.prepare(spec.close_fds, stdout, stderr)
+    rankenv.adopt_environment(spec.kernel_env, spec.env)
     _events_fd = events.fileno()
     install_streams()
     code = 0

@@ -20,7 +20,8 @@ MAX_FRAMES = 6
 
 _THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ ")
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<name>.+)$')
-_ENTRY = ("nbtrain/worker.py", "nbtrain/xla_host.py")  # frames below the user's function
+# Frames below the user's function: the rank entry, and the XLA host's ordinal entry.
+_ENTRY = ("nbtrain/rank/worker.py", "nbtrain/rank/xla_host.py")
 
 
 def enable_dumps() -> None:
@@ -77,4 +78,5 @@ def _short(path: str) -> str:
     return path[index + len("site-packages/"):] if index >= 0 else path
 
 
-_PACKAGE = os.path.dirname(os.path.abspath(__file__)).replace("\\", "/") + "/"
+# nbtrain's own folder (this file is nbtrain/shared/stacks.py).
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))).replace("\\", "/") + "/"

@@ -1,9 +1,9 @@
 """Is this a TPU host (or an explicit XLA:CPU run), and how many XLA ordinals does it offer?
 
-Facts only: environment variables and device files, never an import of torch_xla (importing it is
-harmless, but *using* it initialises the XLA runtime in the kernel, after which torch_xla refuses to
-launch). Everything takes its inputs as parameters, so each hosting environment is testable on any
-machine.
+Facts only: environment variables (passed in: the kernel's environment module reads them) and
+device files, never an import of torch_xla (importing it is harmless, but *using* it initialises the
+XLA runtime in the kernel, after which torch_xla refuses to launch). Everything takes its inputs as
+parameters, so each hosting environment is testable on any machine.
 
 What the environments set (as documented by Google / observed in their images):
 - Cloud TPU VMs (also Colab's and Kaggle's current TPU runtimes): TPU chips as /dev/accel* (v2-v4)
@@ -82,9 +82,9 @@ def tpu_device_files(root: str | os.PathLike[str] = "/") -> list[str]:
 
 
 def detect(
-    environ: Mapping[str, str] | None = None, root: str | os.PathLike[str] = "/"
+    environ: Mapping[str, str], root: str | os.PathLike[str] = "/"
 ) -> XlaTarget:
-    env = os.environ if environ is None else environ
+    env = environ
     explicit = env.get("PJRT_DEVICE", "").strip().upper()
     if explicit == "CPU":
         return XlaTarget(Host.XLA_CPU, "CPU", "PJRT_DEVICE=CPU: the XLA path on the CPU")
@@ -108,13 +108,13 @@ def detect(
     return XlaTarget(host, "TPU", f"TPU on {host.value}: " + ", ".join(evidence))
 
 
-def libtpu_installed(environ: Mapping[str, str] | None = None) -> bool:
+def libtpu_installed(environ: Mapping[str, str]) -> bool:
     """Can torch_xla load libtpu here? Its own order: $TPU_LIBRARY_PATH, the libtpu.so bundled in
     torch_xla/lib, the ``libtpu`` package (what ``pip install 'torch_xla[tpu]'`` brings).
 
     Not evidence of a TPU (pip installs libtpu on any machine): a launch precondition. Without
     it, torch_xla cannot open the TPU and every ordinal would fail at start-up."""
-    env = os.environ if environ is None else environ
+    env = environ
     if env.get("TPU_LIBRARY_PATH"):
         return True
     torch_xla_dir = _package_dir("torch_xla")
@@ -152,16 +152,16 @@ class OrdinalCount:
 
 
 def default_ordinals(
-    target: XlaTarget, environ: Mapping[str, str] | None = None, root: str | os.PathLike[str] = "/"
+    target: XlaTarget, environ: Mapping[str, str], root: str | os.PathLike[str] = "/"
 ) -> int:
     """All the devices torch_xla would use on this host (what xmp.spawn's nprocs=None means)."""
     return count_ordinals(target, environ, root).count
 
 
 def count_ordinals(
-    target: XlaTarget, environ: Mapping[str, str] | None = None, root: str | os.PathLike[str] = "/"
+    target: XlaTarget, environ: Mapping[str, str], root: str | os.PathLike[str] = "/"
 ) -> OrdinalCount:
-    env = os.environ if environ is None else environ
+    env = environ
     if target.device == "CPU":
         devices = _positive(env.get("CPU_NUM_DEVICES"))
         return OrdinalCount(devices or 1, f"CPU_NUM_DEVICES={devices}" if devices else "default")
@@ -296,7 +296,12 @@ def xla_runtime_initialized() -> bool:
 
 
 def check_launch(
-    target: XlaTarget, ordinals: int, num_nodes: int, max_restarts: int, precision: str | None
+    target: XlaTarget,
+    ordinals: int,
+    num_nodes: int,
+    max_restarts: int,
+    precision: str | None,
+    environ: Mapping[str, str],
 ) -> str:
     """What an XLA launch supports, checked in the kernel before anything starts. Returns how
     the kernel arrived at ``ordinals``, in words (the XLA host says them if torch_xla starts
@@ -317,7 +322,7 @@ def check_launch(
             f"mixed_precision='fp16' {where}: XLA devices train in bfloat16. Pass "
             "mixed_precision='bf16'."
         )
-    if target.tpu and not libtpu_installed():
+    if target.tpu and not libtpu_installed(environ):
         raise ValueError(
             "This TPU host has no libtpu for torch_xla (no TPU_LIBRARY_PATH, no libtpu.so in "
             "torch_xla/lib, no libtpu package), so torch_xla cannot open the TPU. Install it "
@@ -328,7 +333,7 @@ def check_launch(
         return "num_processes=1"
     if not target.tpu:
         return f"CPU_NUM_DEVICES={ordinals}, from num_processes"
-    every = count_ordinals(target)
+    every = count_ordinals(target, environ)
     if ordinals != every.count:
         raise ValueError(
             f"num_processes={ordinals} {where}: torch_xla runs either one ordinal or every "

@@ -1,7 +1,7 @@
 """destroy_process_group() with a DDP model still alive: the rank must end, every time.
 
 Without nbtrain.rank.teardown, torch deadlocks here in about four launches of ten on two cores
-(DDP's reducer destroys the gloo group while holding the GIL; see nbtrain/teardown.py).
+(DDP's reducer destroys the gloo group while holding the GIL; see nbtrain/rank/teardown.py).
 """
 
 from __future__ import annotations

@@ -160,7 +160,7 @@ def test_a_frame_boundary_between_module_and_name_still_names_the_class():
 
 
 def test_only_the_collectives_transport_errors_count_as_a_lost_peer():
-    from nbtrain.rank.worker import is_collateral
+    from nbtrain.rank.failures import is_collateral
 
     lost = [
         RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by "

@@ -10,8 +10,8 @@ Thread 0x00007f0000000001 (most recent call first):
 Current thread 0x00007f0000000002 (most recent call first):
   File "/v/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 5356 in barrier
   File "/tmp/ipykernel_1/123.py", line 7 in train
-  File "/v/lib/python3.11/site-packages/nbtrain/worker.py", line 83 in call_and_report
-  File "/v/lib/python3.11/site-packages/nbtrain/worker.py", line 198 in rank_main
+  File "/v/lib/python3.11/site-packages/nbtrain/rank/worker.py", line 83 in call_and_report
+  File "/v/lib/python3.11/site-packages/nbtrain/rank/worker.py", line 198 in rank_main
 """.splitlines()
 
 
@@ -42,7 +42,7 @@ def test_deep_stacks_keep_the_innermost_frames_and_the_users_function():
         "Current thread 0x00007f0000000002 (most recent call first):",
         *[f'  File "/lib/site-packages/torch/m.py", line {n} in f{n}' for n in range(10)],
         '  File "/tmp/ipykernel_1/9.py", line 3 in train',
-        '  File "/v/site-packages/nbtrain/worker.py", line 83 in call_and_report',
+        '  File "/v/site-packages/nbtrain/rank/worker.py", line 83 in call_and_report',
     ]
     frames = user_frames(deep)
     assert frames[:4] == [f"torch/m.py:{n} in f{n}" for n in range(4)]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 import pickle
 
-from nbtrain.kernel.supervisor import LineSplitter
 from nbtrain.shared.errors import WorkerError
 from nbtrain.shared.events import FrameDecoder, Log, PipeWriter, Progress, encode
+from nbtrain.shared.lines import LineSplitter
 
 
 def test_frames_decode_from_any_chunking():

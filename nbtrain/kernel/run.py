@@ -1,0 +1,244 @@
+"""One launch's lifecycle in the kernel: the single object every launch path feeds.
+
+A ``Run`` owns a launch from validated options to the value returned in the cell:
+
+- the ``RunState`` (per-rank model, monitor.py) and the ``Outcome`` (results, root cause);
+- the view (widgets or text) and its throttled redraws;
+- the deadline of ``timeout=`` and what to say about where each rank was stuck;
+- the interrupt rule: while ranks are being stopped a second Ctrl-C is deferred, never lost;
+- the ending: deliver the values, or raise ``WorkerError`` / ``TimeoutError`` / the interrupt,
+  with the view closed first in every case (a broken frontend never masks the outcome).
+
+Launch paths are small strategies that start processes and feed the run: ``local.py`` (ranks on
+this machine), ``xla.py`` (torch_xla's host process), ``agent.py`` (torch's elastic agent: one
+attempt per restart) and ``inprocess.py`` (``num_processes=1`` in the kernel itself). The warm
+ranks of a distributed session reuse one ``Run`` per cell.
+
+The interface, in the order a launch uses it::
+
+    run = Run(config, ranks, title)     # shows the view at once
+    run.emit(event)                     # every event, from a Supervisor or in process
+    run.supervise(started)              # the watch loop until every rank exited (or raise)
+    value = run.finish(supervisor)      # deliver, or raise the root cause / TimeoutError
+
+plus ``tick()`` (a throttled redraw), ``say(text)`` (a node-level status), ``new_attempt()``
+(restarts), ``stopping()`` (defer Ctrl-C while ranks are stopped), ``abandon(exc)`` and
+``end(summary, verdict)`` for paths that own their loop (the elastic agent).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn
+
+from nbtrain.display import View, make_view
+from nbtrain.kernel import processes
+from nbtrain.kernel.config import LaunchConfig
+from nbtrain.kernel.monitor import RunState, Verdict
+from nbtrain.kernel.outcome import Outcome
+from nbtrain.kernel.supervisor import EXIT_WAIT, Supervisor
+from nbtrain.shared import stacks
+from nbtrain.shared.errors import RemoteTraceback, ResultError, WorkerError
+from nbtrain.shared.events import Event
+
+GRACE = 2.0  # seconds between SIGTERM and SIGKILL when stopping ranks (read at each use)
+REFRESH = 0.1  # seconds between redraws of the view (about 10 per second)
+
+__all__ = ["EXIT_WAIT", "GRACE", "REFRESH", "Run", "open_view", "sigint_deferred"]
+
+
+def open_view(config: LaunchConfig) -> View:
+    """The view a launch with these options shows (widgets in a kernel, else text)."""
+    return make_view(config.progress, config.output, config.world_size)
+
+
+class Run:
+    """One launch (or one warm cell): state, view, deadline, outcome and ending."""
+
+    def __init__(self, config: LaunchConfig, ranks: list[int], title: str) -> None:
+        self.config = config
+        self.ranks = ranks
+        self.state = RunState(ranks, title=title)
+        self.outcome = Outcome(ranks)
+        self.view = open_view(config)
+        self.deadline: float | None = None
+        self.ended = False
+        self._last_draw = 0.0
+        self._note = ""
+        self.view.draw(self.state)  # shown at once; the text view sees every output line
+
+    # -- feeding the run -------------------------------------------------------------------
+
+    def emit(self, event: Event) -> None:
+        self.outcome.apply(event)
+        self.state.apply(event)
+
+    def tick(self) -> None:
+        """Redraw, at most every REFRESH seconds."""
+        now = time.monotonic()
+        if now - self._last_draw >= REFRESH:
+            self._last_draw = now
+            self.view.draw(self.state)
+
+    def say(self, text: str) -> None:
+        """A node-level status ("waiting for nodes (1 of 2 joined)"): in the widget header or
+        as one line of the text view; never breaks a launch."""
+        if text == self._note:
+            return
+        self._note = text
+        with contextlib.suppress(Exception):
+            self.view.note(text)
+        self.tick()
+
+    def start_clock(self) -> None:
+        """``timeout=`` counts from the first start of ranks (not from rendezvous waits)."""
+        if self.deadline is None and self.config.timeout is not None:
+            self.deadline = time.monotonic() + self.config.timeout
+
+    def new_attempt(self) -> None:
+        """A restart: a fresh outcome, every rank shown as starting again."""
+        self.outcome = Outcome(self.ranks)
+        self.state.restart()
+
+    def supervisor(
+        self,
+        started: list[processes.RankProcess],
+        *,
+        emit: Callable[[Event], None] | None = None,
+        failed: Callable[[], bool] | None = None,
+    ) -> Supervisor:
+        """A Supervisor over ``started`` feeding this run (``emit``/``failed`` override how:
+        the XLA host fans its exit out to ordinals, the agent also stops on other nodes' news)."""
+        return Supervisor(
+            started,
+            emit or self.emit,
+            failed=failed or self.outcome.has_failure,
+            grace=GRACE,
+            exit_wait=EXIT_WAIT,
+        )
+
+    # -- the watch loop ----------------------------------------------------------------------
+
+    def supervise(
+        self,
+        start: Callable[[], list[processes.RankProcess]],
+        *,
+        emit: Callable[[Event], None] | None = None,
+        cleanup: Callable[[], None] = lambda: None,
+    ) -> Supervisor:
+        """Start the ranks with ``start()`` and watch them until every one exited. Whatever
+        interrupts it (Ctrl-C, an error here) stops every rank first, ends the view, runs
+        ``cleanup`` and re-raises."""
+        __tracebackhide__ = True
+        self.start_clock()
+        started: list[processes.RankProcess] = []
+        supervisor: Supervisor | None = None
+        try:
+            started = start()
+            supervisor = self.supervisor(started, emit=emit)
+            supervisor.run(self.deadline, self.tick)
+            supervisor.drain()
+        except BaseException as exc:
+            with sigint_deferred():
+                processes.stop(started, GRACE)
+                if supervisor is not None:
+                    supervisor.drain()
+                self.abandon(exc)
+                processes.close(started)
+                cleanup()
+            raise
+        processes.close(started)
+        cleanup()
+        return supervisor
+
+    # -- endings -----------------------------------------------------------------------------
+
+    def finish(self, supervisor: Supervisor | None = None) -> Any:
+        """The ranks ended: raise the root cause, or TimeoutError, or return the values."""
+        __tracebackhide__ = True
+        if self.outcome.has_failure():
+            self.fail(self.outcome.error(node=self.config.node_rank))
+        if supervisor is not None and supervisor.timed_out:
+            self.time_out(supervisor.stuck_frames())
+        return self.deliver()
+
+    def deliver(self) -> Any:
+        """The ranks succeeded: end the view and return their values (this node's first
+        rank's, or every rank's with ``return_all``). ResultError if one cannot be loaded."""
+        __tracebackhide__ = True
+        try:
+            results = self.outcome.results()
+        except ResultError as error:
+            self.end(self.state.failed_summary(error), Verdict.FAILED)
+            raise
+        self.end(self.state.done_summary())
+        if self.config.return_all:
+            return [results.get(rank) for rank in sorted(self.state.ranks)]
+        return results.get(self.config.node_rank * self.config.num_processes)
+
+    def fail(self, error: WorkerError, cause: BaseException | None = None) -> NoReturn:
+        """End with ``error``; its cause is the rank's own traceback (shown in the cell)."""
+        __tracebackhide__ = True
+        self.end(self.state.failed_summary(error), Verdict.FAILED)
+        if cause is None and error.remote_traceback:
+            cause = RemoteTraceback(error.remote_traceback)
+        raise error from cause
+
+    def time_out(self, stuck: dict[int, list[str]]) -> NoReturn:
+        __tracebackhide__ = True
+        self.end(f"Timed out after {self.config.timeout:g}s", Verdict.TIMED_OUT)
+        raise TimeoutError(self.timeout_message(stuck))
+
+    def timeout_message(self, stuck: dict[int, list[str]]) -> str:
+        where = "; ".join(
+            f"rank {rank}: {view.status.value}"
+            + (f" at step {view.step}/{view.total}" if view.total is not None else "")
+            for rank, view in sorted(self.state.ranks.items())
+        )
+        stacks_text = stacks.describe(stuck)
+        return (
+            f"notebook_launcher(timeout={self.config.timeout:g}) expired; every rank was "
+            f"stopped ({where}). Raise timeout= if the run needs longer."
+            + (
+                f"\nWhere the ranks were (each rank's full stack is in its output):\n{stacks_text}"
+                if stacks_text
+                else ""
+            )
+        )
+
+    def abandon(self, exc: BaseException, verdict: Verdict | None = None) -> None:
+        """Interrupted (or an error in the kernel): say so and end the view."""
+        self.end(_interrupted_summary(exc, self.state).splitlines()[0], verdict)
+
+    def end(self, summary: str, verdict: Verdict | None = None) -> None:
+        self.ended = True
+        self.state.finish(summary, verdict)
+        with contextlib.suppress(Exception):  # a broken frontend must not mask the outcome
+            self.view.close(self.state)
+
+
+def _interrupted_summary(exc: BaseException, state: RunState) -> str:
+    if isinstance(exc, KeyboardInterrupt):
+        return f"Interrupted after {state.elapsed:.1f}s: every rank was stopped"
+    return f"Stopped after {state.elapsed:.1f}s: {type(exc).__name__}: {exc}"
+
+
+@contextlib.contextmanager
+def sigint_deferred() -> Iterator[None]:
+    """A second Ctrl-C while we stop the ranks must not leave them running: it is held and
+    raised once they are stopped."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pending:
+        raise KeyboardInterrupt

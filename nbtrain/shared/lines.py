@@ -1,0 +1,32 @@
+"""Bytes in, whole lines out: how a process's raw output becomes rank-prefixed lines.
+
+Used by the kernel for each rank's stdout/stderr pipes, and by torch_xla's host process for the
+output of its ordinal threads.
+"""
+
+from __future__ import annotations
+
+import codecs
+
+MAX_LINE = 1 << 16  # a "line" longer than this is emitted in pieces rather than held forever
+
+
+class LineSplitter:
+    """Bytes in, whole lines out. A carriage return keeps only what a terminal would show."""
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._partial = ""
+
+    def feed(self, data: bytes) -> list[str]:
+        text = self._partial + self._decoder.decode(data)
+        *lines, self._partial = text.split("\n")
+        if len(self._partial) > MAX_LINE:
+            lines.append(self._partial)
+            self._partial = ""
+        return [line.rsplit("\r", 1)[-1] if "\r" in line else line for line in lines]
+
+    def flush(self) -> list[str]:
+        rest = self._partial + self._decoder.decode(b"", final=True)
+        self._partial = ""
+        return [rest.rsplit("\r", 1)[-1]] if rest else []

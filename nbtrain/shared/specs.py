@@ -1,0 +1,64 @@
+"""What the kernel decides for each rank (or XLA host process), and the process entry points.
+
+Plain frozen records, pickled to the child under spawn/forkserver. The entry points are
+trampolines: the kernel names them as process targets without importing any rank-side logic;
+the child imports its side when it starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int = 0
+    num_nodes: int = 1
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """Everything one rank needs to know, decided in the kernel."""
+
+    info: RankInfo
+    env: dict[str, str]
+    mixed_precision: str | None = None
+    send_result: bool = True
+    torch_threads: int | None = None
+    device: str = "cpu"
+    close_fds: tuple[int, ...] = field(default=())
+    kernel_env: dict[str, str] | None = None  # forkserver: the kernel's environment at launch
+    finalizes: bool = True  # the process runs interpreter finalization at exit (spawn)
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """What torch_xla's host process needs (kernel/xla.py), decided in the kernel."""
+
+    ordinals: int
+    device: str  # PJRT device: "TPU" or "CPU"
+    env: dict[str, str]
+    mixed_precision: str | None = None
+    return_all: bool = False
+    close_fds: tuple[int, ...] = field(default=())
+    kernel_env: dict[str, str] | None = None  # forkserver: the kernel's environment at launch
+    counted: str = ""  # how the kernel arrived at ``ordinals`` (said if torch_xla disagrees)
+
+
+def rank_entry(*args: Any) -> None:
+    """Process target of a rank (see rank/worker.py)."""
+    from nbtrain.rank.worker import rank_main
+
+    rank_main(*args)
+
+
+def host_entry(*args: Any) -> None:
+    """Process target of torch_xla's host process (see rank/xla_host.py)."""
+    from nbtrain.rank.xla_host import host_main
+
+    host_main(*args)
