@@ -42,8 +42,8 @@ from nbtrain.accelerator.collectives import Op
 from nbtrain.accelerator.optim import PreparedOptimizer, PreparedScheduler
 from nbtrain.accelerator.parallel import DistributedType
 from nbtrain.accelerator.splitting import share
-from nbtrain.kernel.config import MixedPrecision
 from nbtrain.rank import rankenv
+from nbtrain.shared.options import MixedPrecision
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from nbtrain.kernel.config import MixedPrecision
+from nbtrain.shared.options import MixedPrecision
 
 _DTYPES = {MixedPrecision.FP16: torch.float16, MixedPrecision.BF16: torch.bfloat16}
 _CHOICES = "'no', 'fp16' or 'bf16'"

@@ -32,7 +32,6 @@ Every ``torch_xla.sync`` is looked up at call time (tests on XLA:CPU replace it:
 from __future__ import annotations
 
 import contextlib
-import os
 import pickle
 import sys
 import threading
@@ -47,12 +46,13 @@ from torch.utils.weak import WeakIdKeyDictionary
 from nbtrain.accelerator.collectives import Collectives, LocalBackend, Pending
 from nbtrain.accelerator.data import PreparedDataLoader
 from nbtrain.accelerator.parallel import DistributedType
+from nbtrain.rank import rankenv
 
 
 def current_device() -> str | None:
     """This ordinal's XLA device, when this process runs XLA: torch_xla already imported (by
     nbtrain's XLA host, or by the user's code) and a PJRT device chosen. Never imports it."""
-    if "torch_xla" not in sys.modules or not os.environ.get("PJRT_DEVICE"):
+    if "torch_xla" not in sys.modules or not rankenv.xla_device_chosen():
         return None
     import torch_xla
 

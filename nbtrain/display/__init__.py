@@ -13,9 +13,9 @@ from __future__ import annotations
 import warnings
 from typing import Protocol
 
-from nbtrain.kernel.config import OutputMode, ProgressMode
-from nbtrain.kernel.environment import Frontend, frontend
 from nbtrain.kernel.monitor import RunState
+from nbtrain.shared.frontend import Frontend, frontend
+from nbtrain.shared.options import OutputMode, ProgressMode
 
 
 class View(Protocol):

@@ -2,27 +2,18 @@
 
 from __future__ import annotations
 
-import math
-
 from nbtrain.kernel.monitor import RankStatus, RankView
+from nbtrain.shared.units import MAX_METRICS, format_duration, format_metrics, format_value
 
-MAX_METRICS = 4  # metrics shown per rank; more would not fit a row
-
-
-def format_duration(seconds: float) -> str:
-    whole = round(seconds)
-    hours, rest = divmod(whole, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
-
-
-def format_value(value: float) -> str:
-    return f"{value:.4g}" if math.isfinite(value) else str(value)
-
-
-def format_metrics(values: dict[str, float], limit: int = MAX_METRICS) -> str:
-    return " ".join(f"{name} {format_value(value)}" for name, value in list(values.items())[:limit])
-
+__all__ = [
+    "MAX_METRICS",
+    "format_duration",
+    "format_metrics",
+    "format_status",
+    "format_steps",
+    "format_value",
+    "has_progress",
+]
 
 def format_steps(view: RankView) -> str:
     """'train 40/100 12.3 it/s ETA 0:05' (the parts that are known)."""

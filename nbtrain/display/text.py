@@ -16,8 +16,8 @@ import time
 from typing import TextIO
 
 from nbtrain.display.formatting import format_metrics, format_status, format_steps, has_progress
-from nbtrain.kernel.config import OutputMode
 from nbtrain.kernel.monitor import OutputLine, RankStatus, RankView, RunState
+from nbtrain.shared.options import OutputMode
 
 PROGRESS_EVERY = 2.0  # seconds between progress lines per rank: readable in CI logs
 

@@ -24,8 +24,8 @@ import ipywidgets as widgets
 from nbtrain.display.chart import rank_color, svg_chart
 from nbtrain.display.formatting import format_duration, format_metrics, format_status, format_steps
 from nbtrain.display.text import format_rank
-from nbtrain.kernel.config import OutputMode
 from nbtrain.kernel.monitor import OutputLine, RankStatus, RankView, RunState, Verdict
+from nbtrain.shared.options import OutputMode
 
 MAX_OUTPUT_LINES = 200  # lines the browser holds; the kernel keeps more (monitor.OUTPUT_CAP)
 MAX_LINE_CHARS = 400

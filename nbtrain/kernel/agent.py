@@ -58,9 +58,10 @@ from nbtrain.kernel.outcome import Outcome
 from nbtrain.kernel.rendezvous import LocalRendezvous
 from nbtrain.kernel.run import GRACE, Run, sigint_deferred
 from nbtrain.kernel.supervisor import Supervisor
+from nbtrain.rank import rank_entry
 from nbtrain.shared.errors import LaunchError, RemoteTraceback, WorkerError
 from nbtrain.shared.events import Event, Failed
-from nbtrain.shared.specs import RankSpec, rank_entry
+from nbtrain.shared.specs import RankSpec
 
 MONITOR_INTERVAL = 0.01  # torch's loop sleeps this between monitor calls; the slice does the wait
 SLICE = 0.25  # seconds one monitor call supervises the ranks before torch's loop looks around

@@ -1,4 +1,4 @@
-"""Launch options as typed, validated, frozen values.
+"""Launch options as typed, validated, frozen values (the kernel side's validator).
 
 Every check runs in the kernel before any process starts; each error names the argument, the
 value it got, and what to pass instead.
@@ -16,31 +16,7 @@ from typing import Any
 
 from nbtrain.kernel import environment
 from nbtrain.shared import tpu
-
-
-class StartMethod(Enum):
-    FORK = "fork"
-    FORKSERVER = "forkserver"
-    SPAWN = "spawn"
-
-
-class OutputMode(Enum):
-    ALL = "all"
-    MAIN = "main"
-    NONE = "none"
-
-
-class ProgressMode(Enum):
-    AUTO = "auto"
-    WIDGETS = "widgets"
-    TEXT = "text"
-    OFF = "off"
-
-
-class MixedPrecision(Enum):
-    NO = "no"
-    FP16 = "fp16"
-    BF16 = "bf16"
+from nbtrain.shared.options import MixedPrecision, OutputMode, ProgressMode, StartMethod
 
 
 @dataclass(frozen=True)

@@ -13,25 +13,11 @@ import os
 import platform
 import sys
 from collections.abc import Iterator, Mapping
-from enum import Enum
 from functools import cache
 
+from nbtrain.shared.frontend import Frontend, frontend
 
-class Frontend(Enum):
-    JUPYTER = "jupyter"  # an ipykernel kernel: JupyterLab, Notebook, VS Code, Colab, Kaggle
-    IPYTHON = "ipython"  # a terminal IPython shell
-    PLAIN = "plain"  # a script or a plain Python REPL
-
-
-def frontend() -> Frontend:
-    ipython_module = sys.modules.get("IPython")
-    if ipython_module is None:
-        return Frontend.PLAIN
-    shell = ipython_module.get_ipython()
-    if shell is None:
-        return Frontend.PLAIN
-    # A kernel shell has a `kernel` attribute; checking it beats matching str(get_ipython()).
-    return Frontend.JUPYTER if getattr(shell, "kernel", None) is not None else Frontend.IPYTHON
+__all__ = ["Frontend", "frontend"]  # re-exported: the kernel asks here for every fact
 
 
 def in_colab() -> bool:

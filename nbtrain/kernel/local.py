@@ -9,10 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 from nbtrain.kernel import environment, processes
-from nbtrain.kernel.config import LaunchConfig, StartMethod
+from nbtrain.kernel.config import LaunchConfig
 from nbtrain.kernel.rendezvous import LocalRendezvous, open_local
 from nbtrain.kernel.run import Run
-from nbtrain.shared.specs import RankInfo, RankSpec, rank_entry
+from nbtrain.rank import rank_entry
+from nbtrain.shared.options import StartMethod
+from nbtrain.shared.specs import RankInfo, RankSpec
 
 
 def run_ranks(config: LaunchConfig, payload: bytes) -> Any:

@@ -20,7 +20,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 
-from nbtrain.rank.reporting import LOOP_SEPARATOR
 from nbtrain.shared.events import (
     Event,
     Exited,
@@ -69,6 +68,9 @@ class RankView:
     step: int = 0  # of the innermost running loop
     total: int | None = None
     desc: str | None = None
+    # What identifies the running loop: its own description and length, not the outer loops'
+    # position ('epoch 2/8 · train' and 'epoch 3/8 · train' are one loop).
+    loop: tuple[str | None, int | None] = (None, None)
     rate: float | None = None  # steps per second, smoothed
     iterations: int = 0  # steps counted across every loop of this attempt: for steps/s and it/s
     metrics: dict[str, float] = field(default_factory=dict)
@@ -238,7 +240,7 @@ def _busy_time(view: RankView, state: RunState) -> float:
 def _reset_attempt(view: RankView) -> None:
     """Forget what belonged to the rank's last attempt; keep its metrics and their history."""
     view.status, view.note, view.failure, view.collateral = RankStatus.STARTING, "", "", False
-    view.step, view.total, view.desc = 0, None, None
+    view.step, view.total, view.desc, view.loop = 0, None, None, (None, None)
     view.rate, view._last_progress, view.iterations = None, None, 0
     view.started_at = view.ended_at = None
     view.version += 1
@@ -250,7 +252,8 @@ def _one_line(text: str) -> str:
 
 
 def _apply_progress(view: RankView, event: Progress) -> None:
-    if _loop_key(event.desc, event.total) != _loop_key(view.desc, view.total):
+    key = (event.desc if event.loop is None else event.loop, event.total)
+    if key != view.loop:
         # Another loop (eval after train): its speed is not the last loop's.
         view.iterations += event.step
         view.rate, view._last_progress = None, (event.time, view.iterations)
@@ -265,13 +268,7 @@ def _apply_progress(view: RankView, event: Progress) -> None:
         else:
             view.iterations += event.step - view.step
         _update_rate(view, event.time)
-    view.step, view.total, view.desc = event.step, event.total, event.desc
-
-
-def _loop_key(desc: str | None, total: int | None) -> tuple[str | None, int | None]:
-    """What identifies a loop: its own (innermost) description and length, not the position of
-    the loops around it ('epoch 2/8 · train' and 'epoch 3/8 · train' are one loop)."""
-    return (desc.rsplit(LOOP_SEPARATOR, 1)[-1] if desc else desc), total
+    view.step, view.total, view.desc, view.loop = event.step, event.total, event.desc, key
 
 
 def _update_rate(view: RankView, at: float) -> None:

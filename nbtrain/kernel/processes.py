@@ -22,7 +22,7 @@ from typing import Any
 import torch.multiprocessing as torch_mp
 
 from nbtrain.kernel import shm
-from nbtrain.kernel.config import StartMethod
+from nbtrain.shared.options import StartMethod
 
 _SIGKILL = getattr(signal, "SIGKILL", signal.SIGTERM)
 

@@ -23,8 +23,9 @@ from nbtrain.kernel.config import LaunchConfig
 from nbtrain.kernel.local import current_environment
 from nbtrain.kernel.outcome import Outcome
 from nbtrain.kernel.run import Run
+from nbtrain.rank import host_entry
 from nbtrain.shared.events import Event, Exited
-from nbtrain.shared.specs import HostSpec, host_entry
+from nbtrain.shared.specs import HostSpec
 
 HOST = 0  # the host process's key for processes/Supervisor; its raw output counts as ordinal 0
 

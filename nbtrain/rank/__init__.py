@@ -1,1 +1,32 @@
-"""TODO docstring."""
+"""The rank side: code that runs in each rank process (and in torch_xla's host process).
+
+- ``worker``: the rank's entry: set up the process, run the user's function, report the outcome.
+- ``process``: process set-up (process group, output pipes, signals), shared with ``xla_host``.
+- ``failures``: how a failure is reported, and whether it only echoes a peer's death.
+- ``runtime``: the launch context a rank runs in; ``reporting``: ``progress()`` and ``log()``;
+  ``textbar``: their text fallback outside a launch.
+- ``rankenv``: the rank side's one reader of the environment; ``teardown``: ending cleanly.
+- ``xla_host``: torch_xla's host process, which runs the XLA ordinals.
+
+This package's ``__init__`` holds only the process targets the kernel starts ranks with: the
+kernel names them without importing any rank logic, and the child imports it when it starts.
+Nothing here imports the kernel side or widgets.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def rank_entry(*args: Any) -> None:
+    """Process target of a rank (see worker.rank_main)."""
+    from nbtrain.rank.worker import rank_main
+
+    rank_main(*args)
+
+
+def host_entry(*args: Any) -> None:
+    """Process target of torch_xla's host process (see xla_host.host_main)."""
+    from nbtrain.rank.xla_host import host_main
+
+    host_main(*args)

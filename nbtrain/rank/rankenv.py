@@ -65,6 +65,11 @@ def force_cpu() -> bool:
     return os.environ.get("ACCELERATE_USE_CPU", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
+def xla_device_chosen() -> bool:
+    """torch_xla's PJRT device is set for this process (the XLA host sets it)."""
+    return bool(os.environ.get("PJRT_DEVICE"))
+
+
 def _int_env(name: str, default: int) -> int:
     value = os.environ.get(name)
     if value is None or not value.strip():

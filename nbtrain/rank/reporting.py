@@ -48,7 +48,7 @@ def progress(
         raise TypeError(f"progress(desc={desc!r}) must be a string or None, e.g. desc='train'.")
     current = runtime.current()
     if current is None:
-        from nbtrain.display.textbar import text_progress
+        from nbtrain.rank.textbar import text_progress
 
         return text_progress(iterable, total, desc)
     return _rank_progress(reporter_for(current), iterable, total, desc)
@@ -67,7 +67,7 @@ def log(values: Mapping[str, Any], step: int | None = None) -> None:
         raise TypeError(f"log(step={step!r}) must be an int or None, e.g. step=100.")
     current = runtime.current()
     if current is None:
-        from nbtrain.display.textbar import print_metrics
+        from nbtrain.rank.textbar import print_metrics
 
         print_metrics(numbers_only, None if step is None else int(step))
         return
@@ -88,7 +88,7 @@ def open_bar(total: int | None = None, desc: str | None = None) -> ProgressHandl
     total = _resolve_total((), total) if total is not None else None
     current = runtime.current()
     if current is None:
-        from nbtrain.display.textbar import TextBar
+        from nbtrain.rank.textbar import TextBar
 
         return TextBar(total, desc)
     return reporter_for(current).open(total, desc)
@@ -215,7 +215,7 @@ class Reporter:
         if not self.bars:
             return None
         bar = self.bars[-1]
-        return Progress(self.rank, bar.n, bar.total, _compose_desc(self.bars))
+        return Progress(self.rank, bar.n, bar.total, _compose_desc(self.bars), loop=bar.desc)
 
     def _offer(self, event: Event, final: bool) -> bool:
         if final:

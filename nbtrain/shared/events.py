@@ -60,8 +60,9 @@ class Progress:
     rank: int
     step: int
     total: int | None
-    desc: str | None = None
+    desc: str | None = None  # what the view shows: outer loops as a prefix ('epoch 2/3 · train')
     time: float = field(default_factory=now)
+    loop: str | None = None  # the innermost loop's own description (None: same as desc)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,14 +1,9 @@
-"""What the kernel decides for each rank (or XLA host process), and the process entry points.
-
-Plain frozen records, pickled to the child under spawn/forkserver. The entry points are
-trampolines: the kernel names them as process targets without importing any rank-side logic;
-the child imports its side when it starts.
-"""
+"""What the kernel decides for each rank (or XLA host process): plain frozen records, pickled
+to the child under spawn/forkserver (the process targets are in ``nbtrain.rank``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 
 @dataclass(frozen=True)
@@ -48,17 +43,3 @@ class HostSpec:
     close_fds: tuple[int, ...] = field(default=())
     kernel_env: dict[str, str] | None = None  # forkserver: the kernel's environment at launch
     counted: str = ""  # how the kernel arrived at ``ordinals`` (said if torch_xla disagrees)
-
-
-def rank_entry(*args: Any) -> None:
-    """Process target of a rank (see rank/worker.py)."""
-    from nbtrain.rank.worker import rank_main
-
-    rank_main(*args)
-
-
-def host_entry(*args: Any) -> None:
-    """Process target of torch_xla's host process (see rank/xla_host.py)."""
-    from nbtrain.rank.xla_host import host_main
-
-    host_main(*args)

@@ -316,15 +316,15 @@ def test_finish_records_the_verdict_told_or_what_the_ranks_show(
 
 def test_the_rate_runs_on_across_epochs_of_the_same_loop() -> None:
     # Epochs of 10 steps in 0.125 s (80 it/s): most coalesced updates (every 0.1 s) land in
-    # the next epoch, whose description differs ('epoch 2/8 · train').
+    # the next epoch, whose description differs ("epoch 2/8 · train"); the rank names its loop.
     state = RunState([0])
     for update in range(6):
         t = 0.1 * update
         epoch, step = divmod(round(t * 80), 10)
-        state.apply(Progress(0, step, 10, f"epoch {epoch + 1}/8 · train", time=t))
+        state.apply(Progress(0, step, 10, f"epoch {epoch + 1}/8 · train", time=t, loop="train"))
     assert state.ranks[0].desc == "epoch 5/8 · train"
     assert state.ranks[0].rate == pytest.approx(80.0, rel=0.1)
-    state.apply(Progress(0, 1, 4, "epoch 6/8 · eval", time=0.6))
+    state.apply(Progress(0, 1, 4, "epoch 6/8 · eval", time=0.6, loop="eval"))
     assert state.ranks[0].rate is None  # another loop: its speed is not known yet
 
 

@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from nbtrain.display import textbar
-from nbtrain.rank import reporting, runtime
+from nbtrain.rank import reporting, runtime, textbar
 from nbtrain.rank.reporting import log, open_bar, progress
 from nbtrain.rank.runtime import RankInfo, Runtime
 from nbtrain.shared.events import Event, Log, Progress
@@ -78,7 +77,7 @@ def sink() -> Iterator[RecordingSink]:
 def test_progress_yields_every_item_and_sends_the_first_and_final_step(sink) -> None:
     assert list(progress(range(5000), desc="train")) == list(range(5000))
     steps = sink.of(Progress)
-    assert steps[0] == Progress(3, 0, 5000, "train", time=steps[0].time)
+    assert steps[0] == Progress(3, 0, 5000, "train", time=steps[0].time, loop="train")
     assert (steps[-1].step, steps[-1].total, steps[-1].desc) == (5000, 5000, "train")
     assert all(e.rank == 3 for e in steps)
 

@@ -14,8 +14,8 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import TextIO, TypeVar
 
-from nbtrain.display.formatting import format_duration, format_metrics
-from nbtrain.kernel.environment import Frontend, frontend
+from nbtrain.shared.frontend import Frontend, frontend
+from nbtrain.shared.units import format_duration, format_metrics
 
 T = TypeVar("T")
 

@@ -1,0 +1,164 @@
+"""The house rules of the package layout (README: Layout), checked on the source and in fresh
+interpreters: which side a module runs on is visible from its folder, and imports respect it.
+
+- A rank never imports the kernel side (nor widgets): checked in a fresh interpreter that
+  imports everything a rank does.
+- Importing the kernel side loads no rank logic: the kernel names rank entry points through
+  shared/specs.py trampolines; only the in-process path runs rank code, and imports it at call time.
+- No import cycles among nbtrain's modules (type-only imports aside), and each package imports
+  only the packages allowed beneath it.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "nbtrain"
+
+# Which packages each package may import (module-level or lazily inside functions).
+ALLOWED = {
+    "shared": {"shared"},
+    "rank": {"shared", "rank"},
+    "accelerator": {"shared", "rank", "accelerator"},
+    "integrations": {"shared", "rank", "integrations"},
+    # The display renders the kernel's RunState (kernel.monitor) for the kernel's frontend
+    # (kernel.environment); nothing else of the kernel.
+    "display": {"shared", "display", "kernel.monitor", "kernel.environment"},
+    # ...and ``nbtrain.rank`` itself: its __init__ holds only the process targets (trampolines).
+    "kernel": {"shared", "kernel", "display", "rank.__init__"},
+    "": {"shared", "kernel", "rank", "accelerator", "integrations", "display", ""},  # nbtrain/*
+}
+# Documented exceptions: the kernel module that runs rank logic (num_processes=1: the kernel is
+# rank 0), and torch_xla's host process, which keeps the XLA backend's per-ordinal bookkeeping.
+EXCEPTIONS = {"nbtrain.kernel.inprocess": {"rank"}, "nbtrain.rank.xla_host": {"accelerator"}}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """nbtrain modules ``path`` imports, outside ``if TYPE_CHECKING:`` blocks."""
+    tree = ast.parse(path.read_text())
+    skipped = {
+        id(node)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+        for node in ast.walk(block)
+    }
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith("nbtrain")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("nbtrain"):
+            assert node.level == 0, f"{path}: relative import"
+            for alias in node.names:
+                candidate = f"{node.module}.{alias.name}"
+                is_module = (PACKAGE.parent / (candidate.replace(".", "/") + ".py")).exists()
+                found.add(candidate if is_module else node.module)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    return {module_name(p): imports_of(p) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def package_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and (PACKAGE / parts[1]).is_dir()) else ""
+
+
+def test_every_import_stays_within_what_its_side_may_use():
+    wrong = []
+    for module, targets in graph().items():
+        allowed = ALLOWED[package_of(module)] | EXCEPTIONS.get(module, set())
+        for target in targets - {"nbtrain"}:
+            package = package_of(target)
+            if target == f"nbtrain.{package}" and package:
+                package = f"{package}.__init__"  # the package itself, not one of its modules
+            if package not in allowed and ".".join(target.split(".")[1:3]) not in allowed:
+                wrong.append(f"{module} imports {target}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_import_cycles():
+    edges = graph()
+    cycles = []
+
+    def visit(module: str, path: list[str]) -> None:
+        for target in sorted(edges.get(module, ())):
+            if target in path:
+                cycles.append(" -> ".join([*path[path.index(target):], target]))
+            elif target in edges and target not in done:
+                visit(target, [*path, target])
+        done.add(module)
+
+    done: set[str] = set()
+    for module in sorted(edges):
+        if module not in done:
+            visit(module, [module])
+    # nbtrain/__init__ names every public module lazily; importing it is no cycle.
+    cycles = [c for c in cycles if not c.startswith("nbtrain ->") and " -> nbtrain " not in c + " "]
+    assert not cycles, "\n".join(sorted(set(cycles)))
+
+
+def test_no_module_outside_the_side_environment_readers_reads_os_environ():
+    readers = {"nbtrain.kernel.environment", "nbtrain.rank.rankenv"}
+    offenders = [
+        module_name(path)
+        for path in PACKAGE.rglob("*.py")
+        if "os.environ" in path.read_text().replace('os.environ[\'RANK\']', "")
+        and module_name(path) not in readers
+    ]
+    assert not offenders, offenders
+
+
+def loaded_after(code: str) -> set[str]:
+    script = textwrap.dedent(code) + "\nimport sys\nprint('\\n'.join(sorted(sys.modules)))\n"
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
+    ).stdout
+    return set(out.split())
+
+
+RANK_IMPORTS = """
+import nbtrain
+from nbtrain import Accelerator, DistributedType, log, progress, set_seed
+import nbtrain.rank.worker
+import nbtrain.rank.xla_host
+import nbtrain.integrations.transformers
+import pkgutil, importlib, nbtrain.accelerator
+for info in pkgutil.iter_modules(nbtrain.accelerator.__path__):
+    importlib.import_module(f"nbtrain.accelerator.{info.name}")
+acc = Accelerator(cpu=True)
+"""
+
+
+def test_a_rank_imports_nothing_of_the_kernel_side():
+    loaded = loaded_after(RANK_IMPORTS)
+    assert "nbtrain.accelerator.core" in loaded and "nbtrain.rank.worker" in loaded  # it ran
+    kernel = sorted(m for m in loaded if m.startswith(("nbtrain.kernel", "nbtrain.display")))
+    assert kernel == []
+    assert "ipywidgets" not in loaded
+
+
+@pytest.mark.parametrize(
+    "entry",
+    ["nbtrain.kernel.launcher", "nbtrain.kernel.agent", "nbtrain.kernel.xla", "nbtrain.kernel.cli"],
+)
+def test_importing_the_kernel_side_loads_no_rank_logic(entry):
+    loaded = loaded_after(f"import {entry}\nfrom nbtrain import notebook_launcher")
+    assert entry in loaded
+    rank_side = sorted(
+        m for m in loaded if m.startswith(("nbtrain.rank.", "nbtrain.accelerator", "nbtrain.integ"))
+    )
+    assert rank_side == []  # (nbtrain.rank itself holds only the process targets)
