@@ -87,7 +87,7 @@ def dispatch(
 
         return run_xla(config, pack_call(function, args, kwargs))
     if elastic or config.multi_node or config.max_restarts:
-        from nbtrain.kernel.agent import run_elastic  # torch's elastic agent and rendezvous
+        from nbtrain.kernel.elastic.agent import run_elastic  # torch's elastic agent and rendezvous
 
         return run_elastic(config, pack_call(function, args, kwargs))
     if config.num_processes == 1:

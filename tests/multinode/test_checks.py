@@ -9,7 +9,8 @@ import pytest
 
 from nbtrain import WorkerError, notebook_launcher
 from nbtrain.kernel.config import build_config
-from nbtrain.kernel.elastic import News, check_nodes, is_local_address, split_endpoint
+from nbtrain.kernel.elastic.network import is_local_address, split_endpoint
+from nbtrain.kernel.elastic.news import News, check_nodes
 
 
 def config(**overrides):
@@ -127,7 +128,7 @@ def test_a_store_closed_while_a_node_connects_is_waited_out(monkeypatch):
 
     from torch.distributed import TCPStore
 
-    from nbtrain.kernel import elastic
+    from nbtrain.kernel.elastic import node as elastic
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -153,7 +153,12 @@ def test_a_rank_imports_nothing_of_the_kernel_side():
 
 @pytest.mark.parametrize(
     "entry",
-    ["nbtrain.kernel.launcher", "nbtrain.kernel.agent", "nbtrain.kernel.xla", "nbtrain.kernel.cli"],
+    [
+        "nbtrain.kernel.launcher",
+        "nbtrain.kernel.elastic.agent",
+        "nbtrain.kernel.xla",
+        "nbtrain.kernel.cli",
+    ],
 )
 def test_importing_the_kernel_side_loads_no_rank_logic(entry):
     loaded = loaded_after(f"import {entry}\nfrom nbtrain import notebook_launcher")

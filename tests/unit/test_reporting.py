@@ -197,8 +197,10 @@ def test_in_the_kernels_process_logs_go_out_at_once(sink) -> None:
                                                           ({"val_acc": 0.8}, 13)]
 
 
-def test_a_forked_child_sends_its_logs_at_once(pipe) -> None:
+def test_a_forked_child_sends_its_logs_at_once(pipe, monkeypatch) -> None:
     # A DataLoader worker logging: nothing flushes the child before it exits.
+    # The parent's coalescing interval outlasts any delay of a loaded machine (fork, wait).
+    monkeypatch.setattr(reporting, "INTERVAL", 600.0)
     log({"loss": 1.0})
     read_end, write_end = os.pipe()
     pid = os.fork()

@@ -22,10 +22,7 @@ them at once:
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
-import traceback
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any, NoReturn
 
@@ -40,18 +37,25 @@ from torch.distributed.elastic.agent.server.api import (
 
 from nbtrain.kernel import processes
 from nbtrain.kernel.config import LaunchConfig
-from nbtrain.kernel.elastic import (
+from nbtrain.kernel.elastic.endings import (
+    AttemptEnded,
+    forget_locals,
+    quiet_agent_log,
+    stopped_error,
+    title_of,
+)
+from nbtrain.kernel.elastic.network import check_endpoint_here
+from nbtrain.kernel.elastic.news import (
     COLLATERAL_GRACE,
     RUN_ID,
     Coordinator,
-    LocalCoordinator,
     News,
-    NodeCoordinator,
     RendezvousTimeout,
     StaleRendezvous,
-    check_endpoint_here,
     first_line,
 )
+from nbtrain.kernel.elastic.node import NodeCoordinator
+from nbtrain.kernel.elastic.one_node import LocalCoordinator
 from nbtrain.kernel.local import rank_specs
 from nbtrain.kernel.monitor import Verdict
 from nbtrain.kernel.outcome import Outcome
@@ -100,7 +104,7 @@ class NodeAgent(SimpleElasticAgent):
         self.coordinator = coordinator
         first = config.node_rank * config.num_processes
         self.ranks = list(range(first, first + config.num_processes))
-        self.run = Run(config, self.ranks, title=_title(config, self.ranks))
+        self.run = Run(config, self.ranks, title=title_of(config, self.ranks))
         self.verdict: News | None = None  # the news that ended the last attempt
         self.workers: LocalRendezvous | None = None  # the ranks' store of this attempt
         self._begin_attempt()
@@ -119,7 +123,7 @@ class NodeAgent(SimpleElasticAgent):
         try:
             self.coordinator.connect(self.say)
             self._worker_group.spec.rdzv_handler = self.coordinator.handler
-            with _quiet_agent_log():
+            with quiet_agent_log():
                 result = self.run()
             # (torch's run() returns None only for a rendezvous closed gracefully, which
             # joining() turns into StaleRendezvous before torch sees it.)
@@ -127,14 +131,14 @@ class NodeAgent(SimpleElasticAgent):
                 assert self.verdict is not None
                 self._fail(self.verdict)
             return self._succeed()
-        except _Ended as ended:
+        except AttemptEnded as ended:
             # Raised from inside torch's loop: the user sees the error, not torch's frames.
-            _forget_locals(ended)
+            forget_locals(ended)
             raise ended.error.with_traceback(None) from ended.cause
         except BaseException as exc:
             if not self.run.ended:
                 self._abandon(exc)
-            _forget_locals(exc)
+            forget_locals(exc)
             raise
 
     def release_stores(self) -> None:
@@ -383,7 +387,7 @@ class NodeAgent(SimpleElasticAgent):
     def _time_out(self, supervisor: Supervisor) -> NoReturn:
         self.coordinator.publish(News.stop(self.config.node_rank, "timeout"))
         self._end(f"Timed out after {self.config.timeout:g}s", Verdict.TIMED_OUT)
-        raise _Ended(TimeoutError(self.run.timeout_message(supervisor.stuck_frames())))
+        raise AttemptEnded(TimeoutError(self.run.timeout_message(supervisor.stuck_frames())))
 
     # -- endings -----------------------------------------------------------------------------
 
@@ -394,12 +398,12 @@ class NodeAgent(SimpleElasticAgent):
         if news.kind == "stopped":
             verdict = Verdict.TIMED_OUT if news.reason == "timeout" else Verdict.STOPPED
             self._end(f"Stopped after {self.run.state.elapsed:.1f}s: {news.summary()}", verdict)
-            raise _Ended(_stopped_error(news, self.config, finished=self._done))
+            raise AttemptEnded(stopped_error(news, self.config, finished=self._done))
         local = news.node == self.config.node_rank and self.outcome.root_cause() == news.rank
         error = self._local_error() if local else news.error(others=self._local_failures())
         self._end(self.run.state.failed_summary(error), Verdict.FAILED)
         cause = RemoteTraceback(error.remote_traceback) if error.remote_traceback else None
-        raise _Ended(error, cause)
+        raise AttemptEnded(error, cause)
 
     def _failed(self) -> bool:
         # Outcome forgets a peer-loss failure of a rank the launcher then stopped; here that
@@ -449,73 +453,3 @@ class NodeAgent(SimpleElasticAgent):
     @property
     def outcome(self) -> Outcome:
         return self.run.outcome
-
-
-class _Ended(Exception):
-    """The launch's outcome, raised from inside torch's agent loop and re-raised by
-    ``NodeAgent.launch`` as ``error`` (whose traceback then starts there)."""
-
-    def __init__(self, error: Exception, cause: BaseException | None = None) -> None:
-        super().__init__(str(error))
-        self.error = error
-        self.cause = cause
-
-
-def _stopped_error(news: News, config: LaunchConfig, *, finished: bool) -> Exception:
-    where = (
-        f"this node's ranks (node {config.node_rank}) had finished, the run as a whole did not"
-        if finished
-        else f"every rank of this node (node {config.node_rank}) was stopped"
-    )
-    if news.reason == "timeout" and news.node == config.node_rank:
-        return TimeoutError(
-            f"notebook_launcher(timeout={config.timeout:g}) expired on this node "
-            f"(node {news.node}) while it waited for the other nodes to finish; they "
-            "were told to stop. Raise timeout= if the run needs longer."
-        )
-    if news.reason == "timeout":
-        return TimeoutError(
-            f"Node {news.node} reached its notebook_launcher(timeout=...) and stopped "
-            f"the run; {where}."
-        )
-    return LaunchError(f"The run was stopped: {news.summary()}; {where}.")
-
-
-def _forget_locals(exc: BaseException) -> None:
-    """Clear the finished frames an exception leaving the launch carries: torch's loop holds
-    the rendezvous handler (and through it node 0's store) in a local, and IPython keeps the
-    last exception with its frames; what the launch closed must not be kept alive there."""
-    for error in (exc, exc.__cause__, exc.__context__):
-        if error is not None:
-            traceback.clear_frames(error.__traceback__)
-
-
-def _title(config: LaunchConfig, ranks: list[int]) -> str:
-    method = config.start.method.value
-    restarts = f", up to {config.max_restarts} restarts" if config.max_restarts else ""
-    if not config.multi_node:
-        return f"{len(ranks)} ranks, {method}{restarts}"
-    return (
-        f"node {config.node_rank} of {config.num_nodes}: ranks {ranks[0]}-{ranks[-1]} of "
-        f"{config.world_size}, {method}{restarts}"
-    )
-
-
-@contextlib.contextmanager
-def _quiet_agent_log() -> Iterator[None]:
-    """torch's agent logs every phase, and a warning per restart; the live view and the
-    launch's result say all of it, in the cell, so keep its records out of the kernel's log.
-    (torch gives each of its modules a logger with a level of its own: set each one.)"""
-    names = [
-        name for name in logging.root.manager.loggerDict
-        if name.startswith("torch.distributed.elastic")
-    ]
-    loggers = [logging.getLogger(name) for name in names]
-    previous = [log.level for log in loggers]
-    for log in loggers:
-        log.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for log, level in zip(loggers, previous, strict=True):
-            log.setLevel(level)
