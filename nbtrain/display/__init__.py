@@ -1,11 +1,11 @@
-"""Views of a RunState: widgets in a Jupyter kernel, text everywhere else.
+"""Views of a RunState: widgets in a Jupyter kernel, text everywhere else. Kernel side.
 
 A view has ``draw(state)`` (called by the launcher about 10 times a second while ranks run),
 ``close(state)`` (once, after ``state.finish``) and ``note(text)``: a node-level message from the
 launcher ("waiting for nodes (1 of 2 joined)", "restarting every rank ..."), shown at once: in the
 dashboard's header (until ranks start again or the run ends), as one line in the text view, not
 at all with progress="off". Only the kernel process draws; views read the RunState and nothing
-else.
+else: this package imports ``kernel.monitor`` and ``shared`` only, and never torch.
 """
 
 from __future__ import annotations

@@ -1,1 +1,20 @@
-"""TODO docstring."""
+"""The kernel side: code that runs in the launching process (a Jupyter kernel, or
+``nbtrain launch`` in a terminal). Nothing here is imported by a rank.
+
+One way through, no back and forth::
+
+    launcher    validate every option (config.py), pick the launch path
+    run         ONE lifecycle per launch (Run): state, view, interrupt, timeout, outcome
+      local       ranks on this machine          (processes.py, rendezvous.py)
+      xla         torch_xla's host process       (the ordinals are ranks)
+      elastic/    torch's elastic agent          (multi-node, restarts)
+      inprocess   num_processes=1, in the kernel itself
+    supervisor  the non-blocking watch loop over every rank's pipes and exit
+    monitor     RunState: events folded into a plain per-rank model (display/ draws it)
+    outcome     results and the root-cause rule
+
+Also here: ``environment`` (the kernel's one reader of os.environ and of what the machine
+offers), ``shm`` (what killed ranks leave in /dev/shm), ``cli`` / ``envreport`` / ``demo`` (the
+``nbtrain`` command). Rank entry points are named through ``nbtrain.rank``'s trampolines, so
+importing this package loads no rank logic.
+"""
