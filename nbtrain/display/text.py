@@ -1,11 +1,11 @@
-"""Text view: rank-prefixed output lines, compact progress lines per rank, a final summary.
+"""Text view: compact progress lines per rank and a final summary.
 
-For terminals, CI logs, ``nbtrain launch`` and frontends without widgets. Every output line of
-every rank is printed as it arrives (a listener on the RunState, not its capped deque: a burst
-between two draws loses nothing). Progress is printed as whole lines
-(``[rank 1] train 40/100 12.3 it/s loss 0.52``) at most every ``every`` seconds per rank; only on
-an interactive terminal does one status line redraw in place, and it is erased before anything
-else is printed (output, notes), so no carriage returns reach logs or files.
+For terminals, CI logs, ``nbtrain launch`` and frontends without widgets. The ranks' output lines
+are not this view's: the run prints them (kernel/cellout.py), calling ``erase_status`` first.
+Progress is printed as whole lines (``[rank 1] train 40/100 12.3 it/s loss 0.52``) at most every
+``every`` seconds per rank; only on an interactive terminal does one status line redraw in place,
+and it is erased before anything else is printed (output, notes), so no carriage returns reach
+logs or files.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 from typing import TextIO
 
 from nbtrain.display.formatting import format_metrics, format_status, format_steps, has_progress
-from nbtrain.kernel.monitor import OutputLine, RankStatus, RankView, RunState
+from nbtrain.kernel.monitor import RankStatus, RankView, RunState
 from nbtrain.shared.options import OutputMode
 
 PROGRESS_EVERY = 2.0  # seconds between progress lines per rank: readable in CI logs
@@ -39,7 +39,6 @@ class TextView:
         self._stdout = stdout
         self._stderr = stderr
         self.live = _is_terminal(self.stdout) if live is None else live
-        self._attached: RunState | None = None  # the state whose lines stream to us
         self._last_stream: TextIO | None = None
         self._reported: dict[int, tuple[float, tuple[object, ...]]] = {}
         self._status = ""  # the live status line now on screen
@@ -54,7 +53,6 @@ class TextView:
         return self._stderr if self._stderr is not None else sys.stderr
 
     def draw(self, state: RunState) -> None:
-        self._attach(state)
         self._flush()
         if not self.show_progress:
             return
@@ -65,8 +63,7 @@ class TextView:
             self._print_progress(state, final=False)
 
     def close(self, state: RunState) -> None:
-        self._attach(state)
-        self._erase_status()
+        self.erase_status()
         self._flush()
         if self.show_progress:
             self._print_progress(state, final=True)
@@ -80,32 +77,9 @@ class TextView:
             return
         self._note = text
         if text:
-            self._erase_status()
+            self.erase_status()
             self._write(self.stderr, f"[nbtrain] {text}\n")
             self._flush()
-
-    # -- output lines -------------------------------------------------------------------------
-
-    def _attach(self, state: RunState) -> None:
-        """Print what arrived before the first draw, then take every line as it arrives."""
-        if self._attached is state:
-            return
-        self._attached = state
-        backlog = state.lines_since(0)
-        dropped = backlog[0].index if backlog else 0
-        if dropped:  # only a flood before the very first draw can do this
-            message = f"[nbtrain] {dropped} output lines dropped (too many to keep)\n"
-            self._write(self.stderr, message)
-        for line in backlog:
-            self._print_line(line)
-        state.add_output_listener(self._print_line)
-
-    def _print_line(self, line: OutputLine) -> None:
-        if not self._shows(line):
-            return
-        self._erase_status()
-        stream = self.stderr if line.stream == "stderr" else self.stdout
-        self._write(stream, f"[rank {line.rank}] {line.text}\n")
 
     def _write(self, stream: TextIO, text: str) -> None:
         # Lines are buffered until the next draw, but stdout and stderr keep their order.
@@ -117,11 +91,6 @@ class TextView:
     def _flush(self) -> None:
         self.stdout.flush()
         self.stderr.flush()
-
-    def _shows(self, line: OutputLine) -> bool:
-        if self.output is OutputMode.NONE:
-            return False
-        return self.output is OutputMode.ALL or line.rank == 0
 
     # -- progress lines -----------------------------------------------------------------------
 
@@ -145,14 +114,14 @@ class TextView:
         """Live mode: a rank that ended gets its final line above the status line at once."""
         for rank, view in sorted(state.ranks.items()):
             if view.finished and self._reported.get(rank, (0, None))[1] != _shown_state(view):
-                self._erase_status()
+                self.erase_status()
                 self.stdout.write(format_rank(view) + "\n")
                 self._reported[rank] = (time.monotonic(), _shown_state(view))
 
     def _draw_status(self, state: RunState) -> None:
         running = [v for _, v in sorted(state.ranks.items()) if not v.finished]
         if not running:
-            self._erase_status()
+            self.erase_status()
             return
         text = " | ".join(_compact(view) for view in running)
         width = max(20, shutil.get_terminal_size().columns - 1)
@@ -164,7 +133,7 @@ class TextView:
         self.stdout.flush()
         self._status = text
 
-    def _erase_status(self) -> None:
+    def erase_status(self) -> None:
         if self._status:
             self.stdout.write("\r" + " " * len(self._status) + "\r")
             self.stdout.flush()

@@ -192,12 +192,8 @@ class WidgetView:
             for rank, row in self.rows.items():
                 row.render(state.ranks[rank])
             self._draw_summary(state)
+        # The ranks' output is the cell's own output (kernel/cellout.py), not the dashboard's.
         now = time.monotonic()
-        if state.output_count != self._output_drawn and (
-            final or now - self._output_at >= OUTPUT_EVERY
-        ):
-            self._output_at = now
-            self._draw_output(state)
         if state.metrics_version != self._metrics_drawn and (
             final or now - self._chart_at >= CHART_EVERY
         ):

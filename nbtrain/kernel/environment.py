@@ -12,8 +12,10 @@ import multiprocessing
 import os
 import platform
 import sys
+import tempfile
 from collections.abc import Iterator, Mapping
 from functools import cache
+from pathlib import Path
 
 from nbtrain.shared.frontend import Frontend, frontend
 
@@ -107,6 +109,13 @@ def variables() -> Mapping[str, str]:
 def snapshot() -> dict[str, str]:
     """A copy of the kernel's environment now: what a forkserver rank adopts."""
     return dict(os.environ)
+
+
+def log_root() -> Path:
+    """Where each launch's complete rank output is kept: $NBTRAIN_LOG_DIR, else
+    <temp dir>/nbtrain-logs."""
+    chosen = os.environ.get("NBTRAIN_LOG_DIR")
+    return Path(chosen) if chosen else Path(tempfile.gettempdir()) / "nbtrain-logs"
 
 
 def omp_threads_set() -> bool:

@@ -4,6 +4,7 @@ A ``Run`` owns a launch from validated options to the value returned in the cell
 
 - the ``RunState`` (per-rank model, monitor.py) and the ``Outcome`` (results, root cause);
 - the view (widgets or text) and its throttled redraws;
+- the ranks' output as the cell's own output, and the launch's log folder (cellout.py);
 - the deadline of ``timeout=`` and what to say about where each rank was stuck;
 - the interrupt rule: while ranks are being stopped a second Ctrl-C is deferred, never lost;
 - the ending: deliver the values, or raise ``WorkerError`` / ``TimeoutError`` / the interrupt,
@@ -37,6 +38,7 @@ from typing import Any, NoReturn
 
 from nbtrain.display import View, make_view
 from nbtrain.kernel import processes
+from nbtrain.kernel.cellout import CellOutput
 from nbtrain.kernel.config import LaunchConfig
 from nbtrain.kernel.monitor import RunState, Verdict
 from nbtrain.kernel.outcome import Outcome
@@ -65,6 +67,10 @@ class Run:
         self.state = RunState(ranks, title=title)
         self.outcome = Outcome(ranks)
         self.view = open_view(config)
+        self.output = CellOutput(
+            config.output, before_write=getattr(self.view, "erase_status", _nothing)
+        )
+        self.state.add_output_listener(self.output.take)
         self.deadline: float | None = None
         self.ended = False
         self._last_draw = 0.0
@@ -78,10 +84,11 @@ class Run:
         self.state.apply(event)
 
     def tick(self) -> None:
-        """Redraw, at most every REFRESH seconds."""
+        """Publish the ranks' new output lines and redraw, at most every REFRESH seconds."""
         now = time.monotonic()
         if now - self._last_draw >= REFRESH:
             self._last_draw = now
+            self.output.flush()
             self.view.draw(self.state)
 
     def say(self, text: str) -> None:
@@ -216,9 +223,15 @@ class Run:
 
     def end(self, summary: str, verdict: Verdict | None = None) -> None:
         self.ended = True
-        self.state.finish(summary, verdict)
+        self.output.close()  # every line is in the cell before the final view
+        held = self.output.held_summary()
+        self.state.finish(f"{summary}. {held}" if held else summary, verdict)
         with contextlib.suppress(Exception):  # a broken frontend must not mask the outcome
             self.view.close(self.state)
+
+
+def _nothing() -> None:
+    pass
 
 
 def _interrupted_summary(exc: BaseException, state: RunState) -> str:

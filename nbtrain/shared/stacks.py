@@ -49,6 +49,18 @@ def user_frames(lines: list[str]) -> list[str]:
     return []
 
 
+def is_thread_header(line: str) -> bool:
+    """A dump's 'Current thread 0x... (most recent call first):' line."""
+    return _THREAD.match(line) is not None
+
+
+def is_entry_frame(line: str) -> bool:
+    """A dump's frame of a rank's entry point: every frame after it (outer ones) is nbtrain's
+    or, under fork, the kernel's own stack from before the fork."""
+    match = _FRAME.match(line)
+    return match is not None and match["file"].replace("\\", "/").endswith(_ENTRY)
+
+
 def describe(stacks: dict[int, list[str]]) -> str:
     """The TimeoutError's account of where each stuck rank was."""
     parts = []

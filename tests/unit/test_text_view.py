@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 
 from nbtrain.display.text import TextView, format_rank
+from nbtrain.kernel.cellout import CellOutput
 from nbtrain.kernel.config import OutputMode
 from nbtrain.kernel.monitor import RunState
 from nbtrain.shared.events import Exited, Failed, Finished, Log, Output, Progress, Started, Status
@@ -82,46 +83,15 @@ def test_a_failed_rank_line_names_the_failure() -> None:
     assert lines[-1].startswith("Failed after 1.0s")
 
 
-def test_output_lines_are_prefixed_routed_and_filtered() -> None:
-    state = running_state()
-    state.apply(Output(0, "stdout", "hello from 0"))
-    state.apply(Output(1, "stderr", "warning from 1"))
-    view, out, err = make_view()
-    view.draw(state)
-    assert "[rank 0] hello from 0\n" in out.getvalue()
-    assert err.getvalue() == "[rank 1] warning from 1\n"
-    main_only, out_main, err_main = make_view(output=OutputMode.MAIN)
-    main_only.draw(state)
-    assert "[rank 0] hello from 0" in out_main.getvalue() and err_main.getvalue() == ""
-    none, out_none, err_none = make_view(output=OutputMode.NONE)
-    none.draw(state)
-    assert out_none.getvalue() == err_none.getvalue() == ""
-    state.apply(Output(0, "stdout", "second"))
-    view.draw(state)  # each line once
-    assert out.getvalue().count("hello from 0") == 1 and "[rank 0] second" in out.getvalue()
-
-
-def test_progress_off_prints_output_but_no_progress_or_summary() -> None:
-    view, out, _ = make_view(show_progress=False)
+def test_progress_off_prints_no_progress_and_no_summary() -> None:
+    view, out, err = make_view(show_progress=False)
     state = running_state()
     state.apply(Progress(0, 5, 10, None))
-    state.apply(Output(0, "stdout", "epoch 1"))
+    state.apply(Output(0, "stdout", "epoch 1"))  # the run prints output lines (cellout.py)
     state.finish("Done in 1.0s")
     view.draw(state)
     view.close(state)
-    assert out.getvalue() == "[rank 0] epoch 1\n"
-
-
-def test_a_flood_before_the_first_draw_is_counted_if_lines_were_dropped() -> None:
-    from nbtrain.kernel import monitor
-
-    state = running_state()
-    for i in range(monitor.OUTPUT_CAP + 7):
-        state.apply(Output(0, "stdout", f"line {i}"))
-    view, out, err = make_view()
-    view.draw(state)
-    assert err.getvalue() == "[nbtrain] 7 output lines dropped (too many to keep)\n"
-    assert out.getvalue().startswith("[rank 0] line 7\n")
+    assert out.getvalue() == err.getvalue() == ""
 
 
 def test_no_carriage_returns_when_not_a_terminal() -> None:
@@ -142,7 +112,10 @@ def test_on_a_terminal_one_status_line_redraws_and_is_erased_before_output() -> 
     state.apply(Progress(0, 3, 10, None, time=1.0))
     view.draw(state)
     assert out.getvalue() == "\rr0 3/10 | r1 running"
+    cells = CellOutput(OutputMode.ALL, before_write=view.erase_status, stdout=out, stderr=out)
+    state.add_output_listener(cells.take)
     state.apply(Output(1, "stdout", "hello"))
+    cells.flush()
     view.draw(state)
     text = out.getvalue()
     erased = text.index("hello")
@@ -152,33 +125,6 @@ def test_on_a_terminal_one_status_line_redraws_and_is_erased_before_output() -> 
     state.finish("Done in 1.0s")
     view.close(state)
     assert out.getvalue().endswith("Done in 1.0s\n")
-
-
-def test_every_output_line_is_printed_even_a_burst_beyond_the_kept_lines() -> None:
-    from nbtrain.kernel import monitor
-
-    state = running_state()
-    view, out, err = make_view()
-    view.draw(state)
-    burst = 2 * monitor.OUTPUT_CAP + 3  # between two draws: more than the RunState keeps
-    for i in range(burst):
-        state.apply(Output(i % 2, "stdout", f"line {i}"))
-    view.draw(state)
-    printed = out.getvalue().splitlines()
-    assert printed == [f"[rank {i % 2}] line {i}" for i in range(burst)]
-    assert err.getvalue() == ""  # nothing dropped
-
-
-def test_stdout_and_stderr_lines_keep_their_order_on_a_shared_terminal() -> None:
-    shared = io.StringIO()
-    view = TextView(output=OutputMode.ALL, show_progress=True, live=False, stdout=shared,
-                    stderr=shared)
-    state = running_state()
-    view.draw(state)
-    for i in range(6):
-        state.apply(Output(0, "stderr" if i % 3 else "stdout", f"line {i}"))
-    view.draw(state)
-    assert shared.getvalue().splitlines() == [f"[rank 0] line {i}" for i in range(6)]
 
 
 def test_a_node_note_erases_the_status_line_and_prints_once() -> None:

@@ -19,15 +19,12 @@ from nbtrain.display import make_view
 from nbtrain.display import widgets as widgets_module
 from nbtrain.display.text import TextView
 from nbtrain.display.widgets import (
-    MAX_OUTPUT_LINES,
     STATUS_COLORS,
-    TEXT_TAIL_CHARS,
-    TEXT_TAIL_LINES,
     WidgetView,
 )
 from nbtrain.kernel.config import OutputMode, ProgressMode
 from nbtrain.kernel.monitor import RankStatus, RunState, Verdict
-from nbtrain.shared.events import Exited, Failed, Finished, Log, Output, Progress, Started, Status
+from nbtrain.shared.events import Exited, Failed, Finished, Log, Progress, Started, Status
 
 GREEN, RED, ORANGE = (STATUS_COLORS[s] for s in (RankStatus.DONE, RankStatus.FAILED,
                                                  RankStatus.STOPPED))
@@ -234,26 +231,6 @@ def test_the_chart_redraws_at_most_every_chart_interval_and_at_the_end(
     assert ">0.5</text>" in frontend.state_of(view.charts)["value"]  # the final chart is whole
 
 
-def test_output_lines_are_escaped_filtered_and_capped(
-    frontend, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(widgets_module, "OUTPUT_EVERY", 0.0)
-    view, _ = dashboard(output=OutputMode.MAIN)
-    state = state_with()
-    state.apply(Output(0, "stdout", "<b>not bold</b>"))
-    state.apply(Output(1, "stdout", "from rank one"))
-    view.draw(state)
-    markup = frontend.state_of(view.log)["value"]
-    assert "&lt;b&gt;not bold&lt;/b&gt;" in markup and "from rank one" not in markup
-    for i in range(MAX_OUTPUT_LINES + 50):
-        state.apply(Output(0, "stderr", f"chatty {i}"))
-    view.draw(state)
-    markup = frontend.state_of(view.log)["value"]
-    assert markup.count("chatty") == MAX_OUTPUT_LINES
-    assert f"chatty {MAX_OUTPUT_LINES + 49}<" in markup and "chatty 49<" not in markup
-    assert "51 earlier lines not shown" in markup
-
-
 def test_close_shows_the_summary_and_leaves_a_text_version(frontend) -> None:
     view, display = dashboard()
     state = state_with()
@@ -433,65 +410,3 @@ def test_a_node_note_shows_in_the_header_until_ranks_start(frontend) -> None:
     state.finish("Done in 1.0s")
     view.close(state)
     assert "1 of 2 done" not in text(frontend.state_of(view.title)["value"])
-
-
-def test_the_output_area_redraws_only_for_shown_lines_and_at_most_every_interval(
-    frontend, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(widgets_module, "OUTPUT_EVERY", 3600.0)
-    view, _ = dashboard(output=OutputMode.MAIN)
-    state = state_with()
-    state.apply(Output(0, "stdout", "first"))
-    view.draw(state)  # the first lines show at once
-    assert "first" in frontend.state_of(view.log)["value"]
-    sent = len(frontend.messages)
-    for i in range(50):
-        state.apply(Output(0, "stdout", f"later {i}"))
-        view.draw(state)
-    assert view.log.model_id not in {m[1] for m in frontend.messages[sent:]}  # held back
-    state.finish("Done")
-    view.close(state)
-    assert "later 49" in frontend.state_of(view.log)["value"]  # the final draw shows all
-
-    monkeypatch.setattr(widgets_module, "OUTPUT_EVERY", 0.0)
-    quiet, _ = dashboard(output=OutputMode.MAIN)
-    state = state_with()
-    state.apply(Output(0, "stdout", "from rank 0"))
-    quiet.draw(state)
-    sent = len(frontend.messages)
-    state.apply(Output(1, "stdout", "rank 1 is not shown"))
-    quiet.draw(state)
-    assert quiet.log.model_id not in {m[1] for m in frontend.messages[sent:]}
-
-
-def test_the_text_version_keeps_a_bounded_tail_of_the_output(frontend) -> None:
-    view, display = dashboard()
-    state = state_with()
-    for i in range(50):
-        state.apply(Output(i % 2, "stdout", f"line {i}"))
-    state.apply(Output(1, "stderr", "x" * 1000))
-    for rank in (0, 1):
-        state.apply(Finished(rank, None))
-    state.finish("Done in 1.0s")
-    view.close(state)
-    lines = display.updates[-1]["text/plain"].splitlines()
-    assert lines[:2] == ["[rank 0] done", "[rank 1] done"]
-    assert lines[2] == f"… {51 - TEXT_TAIL_LINES} earlier output lines not shown"
-    tail = [f"[rank {i % 2}] line {i}" for i in range(51 - TEXT_TAIL_LINES, 50)]
-    assert lines[3:-2] == tail
-    assert lines[-2] == "[rank 1] " + "x" * TEXT_TAIL_CHARS + "…"
-    assert lines[-1] == "Done in 1.0s"
-
-
-def test_the_text_version_leaves_out_the_launchers_stack_dumps(frontend) -> None:
-    view, display = dashboard()
-    state = state_with()
-    state.apply(Output(0, "stdout", "what the rank printed"))
-    state.apply(Output(1, "stderr", '  File "train.py", line 3 in train', dump=True))
-    view.draw(state)
-    state.finish("Timed out after 1s", Verdict.TIMED_OUT)
-    view.close(state)
-    text = display.updates[-1]["text/plain"]
-    assert "[rank 0] what the rank printed" in text
-    assert "train.py" not in text
-    assert "train.py" in html.unescape(view.log.value)  # the output area still shows it

@@ -1,0 +1,210 @@
+"""Rank output as the calling cell's own output, and every line kept in a per-launch log folder.
+
+Every whole line a rank writes reaches the kernel as an ``Output`` event. Here it becomes part of
+the cell's stream output: written to the kernel's ``sys.stdout`` / ``sys.stderr`` (which ipykernel
+sends as the cell's stream messages, so it is in the saved notebook, nbconvert, papermill and
+nbclient), rank-prefixed, filtered by ``output=``. Lines are buffered and written once per tick
+of the run (ipykernel coalesces further), never one message per line.
+
+A rank that floods is summarised, not dropped silently: the cell takes lines at up to RATE per
+second (with a burst of BURST); past that, lines are held back and counted, and a line in the cell
+says how many and where they are. Every line of every rank (whatever ``output=`` says) is also
+written to ``<log root>/<launch>/rank-<r>.log``, so nothing is ever lost; the newest KEEP launch
+folders are kept.
+
+Stack dumps a timeout asks for are shown from the user's frames: the frames below the rank's
+entry (nbtrain's, and under fork the kernel's own stack before the fork) are cut.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, TextIO
+
+from nbtrain.kernel import environment
+from nbtrain.kernel.monitor import OutputLine
+from nbtrain.shared import stacks
+from nbtrain.shared.options import OutputMode
+
+RATE = 2000.0  # lines per second the cell takes from all ranks together, sustained
+BURST = 5000  # lines the cell takes at once before the rate applies
+KEEP = 20  # launch log folders kept under the log root (oldest removed first)
+NOTICE_EVERY = 2.0  # seconds between "held back" lines while a flood goes on
+
+
+@dataclass
+class _Held:
+    total: int = 0
+    by_rank: dict[int, int] = field(default_factory=dict)
+    said: int = 0  # how many of them a line in the cell already told about
+    said_at: float = 0.0
+
+
+class CellOutput:
+    """The output side of one launch: log files, the cell's streams, flood control."""
+
+    def __init__(
+        self,
+        mode: OutputMode,
+        *,
+        before_write: Callable[[], None] = lambda: None,
+        stdout: TextIO | None = None,
+        stderr: TextIO | None = None,
+    ) -> None:
+        self.mode = mode
+        self._before_write = before_write  # a terminal view erases its live status line
+        self._stdout, self._stderr = stdout, stderr
+        self._pending: list[tuple[str, str]] = []  # (stream, text) in arrival order
+        self._tokens = float(BURST)
+        self._refilled = time.monotonic()
+        self._held = _Held()
+        self._files: dict[int, IO[str]] = {}
+        self._cut_dump: set[int] = set()  # ranks whose current dump block reached the entry
+        self.folder: Path | None = None  # created with the first line
+
+    # -- lines in --------------------------------------------------------------------------
+
+    def take(self, line: OutputLine) -> None:
+        """Called for every line as it arrives (a RunState output listener)."""
+        text = line.text
+        self._log(line.rank, line.stream, text)
+        if line.dump and self._cut(line):
+            return
+        if not self._shows(line.rank):
+            return
+        if not self._admit():
+            self._held.total += 1
+            self._held.by_rank[line.rank] = self._held.by_rank.get(line.rank, 0) + 1
+            return
+        self._pending.append((line.stream, f"[rank {line.rank}] {text}\n"))
+
+    def _shows(self, rank: int) -> bool:
+        if self.mode is OutputMode.NONE:
+            return False
+        return self.mode is OutputMode.ALL or rank == 0
+
+    def _admit(self) -> bool:
+        now = time.monotonic()
+        self._tokens = min(float(BURST), self._tokens + (now - self._refilled) * RATE)
+        self._refilled = now
+        if self._tokens < 1.0:
+            return False
+        self._tokens -= 1.0
+        return True
+
+    def _cut(self, line: OutputLine) -> bool:
+        """Inside a stack dump: True for frames below the rank's entry (not the user's)."""
+        if stacks.is_thread_header(line.text):
+            self._cut_dump.discard(line.rank)
+            return False
+        if line.rank in self._cut_dump:
+            return True
+        if stacks.is_entry_frame(line.text):
+            self._cut_dump.add(line.rank)
+            return True
+        return False
+
+    # -- lines out -------------------------------------------------------------------------
+
+    def flush(self, *, final: bool = False) -> None:
+        """Write what arrived since the last flush to the cell, one write per stream run."""
+        notice = self._notice(final)
+        if not self._pending and notice is None:
+            return
+        self._before_write()
+        runs: list[tuple[str, list[str]]] = []
+        for stream, text in self._pending:
+            if runs and runs[-1][0] == stream:
+                runs[-1][1].append(text)
+            else:
+                runs.append((stream, [text]))
+        self._pending = []
+        for stream, texts in runs:
+            self._stream(stream).write("".join(texts))
+            self._stream(stream).flush()  # keeps stdout and stderr in their order
+        if notice is not None:
+            self._stream("stderr").write(notice)
+            self._stream("stderr").flush()
+
+    def _notice(self, final: bool) -> str | None:
+        held = self._held
+        fresh = held.total - held.said
+        if not fresh:
+            return None
+        now = time.monotonic()
+        if not final and now - held.said_at < NOTICE_EVERY:
+            return None
+        held.said, held.said_at = held.total, now
+        return f"[nbtrain] {self.held_summary()}\n"
+
+    def held_summary(self) -> str:
+        """'1,234 output lines held back (rank 0: 1,200, rank 1: 34); every line is in DIR'."""
+        held = self._held
+        if not held.total:
+            return ""
+        ranks = ", ".join(f"rank {rank}: {n:,}" for rank, n in sorted(held.by_rank.items()))
+        return (
+            f"{held.total:,} output lines held back from the cell ({ranks}); every line is in "
+            f"{self.folder}"
+        )
+
+    def _stream(self, name: str) -> TextIO:
+        import sys
+
+        if name == "stderr":
+            return self._stderr if self._stderr is not None else sys.stderr
+        return self._stdout if self._stdout is not None else sys.stdout
+
+    # -- the log folder ----------------------------------------------------------------------
+
+    def _log(self, rank: int, stream: str, text: str) -> None:
+        handle = self._files.get(rank)
+        if handle is None:
+            handle = self._open(rank)
+            if handle is None:
+                return
+        handle.write(text + "\n" if stream == "stdout" else f"[stderr] {text}\n")
+
+    def _open(self, rank: int) -> IO[str] | None:
+        with contextlib.suppress(OSError):  # no writable log root: the cell still gets lines
+            if self.folder is None:
+                self.folder = _new_launch_folder(environment.log_root())
+            handle = open(self.folder / f"rank-{rank}.log", "a", encoding="utf-8")  # noqa: SIM115
+            self._files[rank] = handle
+            return handle
+        return None
+
+    def close(self) -> None:
+        self.flush(final=True)
+        for handle in self._files.values():
+            with contextlib.suppress(OSError):
+                handle.close()
+        self._files.clear()
+
+
+def _new_launch_folder(root: Path) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for attempt in range(1000):
+        folder = root / f"{stamp}-{os.getpid()}-{attempt}"
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            continue
+        _prune(root, keep=folder)
+        return folder
+    raise OSError(f"no free launch folder name under {root}")
+
+
+def _prune(root: Path, *, keep: Path) -> None:
+    """Keep the newest KEEP launch folders (never the one just made)."""
+    folders = sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
+    for old in folders[: max(0, len(folders) - KEEP)]:
+        if old != keep:
+            shutil.rmtree(old, ignore_errors=True)
