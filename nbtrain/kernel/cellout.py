@@ -12,6 +12,12 @@ says how many and where they are. Every line of every rank (whatever ``output=``
 written to ``<log root>/<launch>/rank-<r>.log``, so nothing is ever lost; the newest KEEP launch
 folders are kept.
 
+Rich output a rank displays (``display()``, ``plt.show()``) arrives as a ``Display`` event and is
+shown in the cell in its rich form, labelled with the rank: text/plain is prefixed, and a
+text/html form (the rank's HTML, or its image inlined) carries the label; the original mime types
+stay in the bundle for other tools. A rank's display updates (``display_id``) update the same
+output. Outside a Jupyter kernel its text/plain form is printed as a rank line.
+
 Stack dumps a timeout asks for are shown from the user's frames: the frames below the rank's
 entry (nbtrain's, and under fork the kernel's own stack before the fork) are cut.
 """
@@ -19,17 +25,20 @@ entry (nbtrain's, and under fork the kernel's own stack before the fork) are cut
 from __future__ import annotations
 
 import contextlib
+import html
 import os
 import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TextIO
+from typing import IO, Any, TextIO
 
 from nbtrain.kernel import environment
 from nbtrain.kernel.monitor import OutputLine
 from nbtrain.shared import stacks
+from nbtrain.shared.events import Display
+from nbtrain.shared.frontend import Frontend, frontend
 from nbtrain.shared.options import OutputMode
 
 RATE = 2000.0  # lines per second the cell takes from all ranks together, sustained
@@ -67,6 +76,7 @@ class CellOutput:
         self._files: dict[int, IO[str]] = {}
         self._cut_dump: set[int] = set()  # ranks whose current dump block reached the entry
         self.folder: Path | None = None  # created with the first line
+        self._handles: dict[tuple[int, str | None], Any] = {}  # a rank's display ids
 
     # -- lines in --------------------------------------------------------------------------
 
@@ -161,6 +171,32 @@ class CellOutput:
             return self._stderr if self._stderr is not None else sys.stderr
         return self._stdout if self._stdout is not None else sys.stdout
 
+    # -- rich output ---------------------------------------------------------------------------
+
+    def show(self, event: Display) -> None:
+        """A rank's display: after the lines that came before it, in the cell."""
+        if not self._shows(event.rank):
+            return
+        self.flush()
+        text = str(event.data.get("text/plain", "")).rstrip("\n")
+        self._log(event.rank, "stdout", f"[display] {text}")
+        if frontend() is not Frontend.JUPYTER:
+            self._pending.append(("stdout", f"[rank {event.rank}] {text}\n"))
+            return
+        from IPython.display import display
+
+        bundle = labelled(event.rank, event.data)
+        key = (event.rank, event.display_id)
+        handle = self._handles.get(key) if event.display_id else None
+        if handle is not None and event.update:
+            handle.update(bundle, raw=True, metadata=event.metadata)
+        elif event.display_id:
+            self._handles[key] = display(
+                bundle, raw=True, metadata=event.metadata, display_id=True
+            )
+        else:
+            display(bundle, raw=True, metadata=event.metadata)
+
     # -- the log folder ----------------------------------------------------------------------
 
     def _log(self, rank: int, stream: str, text: str) -> None:
@@ -186,6 +222,27 @@ class CellOutput:
             with contextlib.suppress(OSError):
                 handle.close()
         self._files.clear()
+
+
+def labelled(rank: int, data: dict[str, Any]) -> dict[str, Any]:
+    """The bundle with the rank's label in its text forms; images also get an HTML form that
+    shows the label above them (frontends prefer HTML; image/png stays for other tools)."""
+    label = f"rank {rank}"
+    bundle = dict(data)
+    if "text/plain" in bundle:
+        bundle["text/plain"] = f"[{label}] {bundle['text/plain']}"
+    body = bundle.get("text/html")
+    if body is None:
+        for mime in ("image/png", "image/jpeg"):
+            if isinstance(bundle.get(mime), str):
+                body = f'<img src="data:{mime};base64,{bundle[mime]}">'
+                break
+    if body is not None:
+        bundle["text/html"] = (
+            '<div class="nbtrain-rank-display"><div style="font-size:smaller;opacity:0.7">'
+            f"{html.escape(label)}</div>{body}</div>"
+        )
+    return bundle
 
 
 def _new_launch_folder(root: Path) -> Path:

@@ -45,7 +45,7 @@ from nbtrain.kernel.outcome import Outcome
 from nbtrain.kernel.supervisor import EXIT_WAIT, Supervisor
 from nbtrain.shared import stacks
 from nbtrain.shared.errors import RemoteTraceback, ResultError, WorkerError
-from nbtrain.shared.events import Event
+from nbtrain.shared.events import Display, Event
 
 GRACE = 2.0  # seconds between SIGTERM and SIGKILL when stopping ranks (read at each use)
 REFRESH = 0.1  # seconds between redraws of the view (about 10 per second)
@@ -80,6 +80,9 @@ class Run:
     # -- feeding the run -------------------------------------------------------------------
 
     def emit(self, event: Event) -> None:
+        if isinstance(event, Display):
+            self.output.show(event)  # rich output a rank displayed: into the cell, in order
+            return
         self.outcome.apply(event)
         self.state.apply(event)
 

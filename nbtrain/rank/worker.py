@@ -11,7 +11,7 @@ import sys
 from multiprocessing.connection import Connection
 from typing import Any
 
-from nbtrain.rank import process, rankenv, reporting, runtime, teardown
+from nbtrain.rank import notebook, process, rankenv, reporting, runtime, teardown
 from nbtrain.rank.failures import exit_code_of, failure_event
 from nbtrain.rank.runtime import Runtime
 from nbtrain.shared.events import EventSink, Finished, PipeWriter, Started
@@ -72,6 +72,7 @@ def rank_main(
     process.fork_children_on_linux()
     rankenv.adopt_environment(spec.kernel_env, spec.env)
     process.set_threads(spec.torch_threads)
+    notebook.install()  # no message from this fork over the kernel's sockets, ever
     teardown.install()
     sink = PipeWriter(events.fileno())
     info = spec.info

@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 _PACKET = struct.Struct("!IIB")  # writer id (pid), payload length, flags (_LAST | _FIRST)
 _LAST = 1
@@ -85,6 +85,19 @@ class Output:
 
 
 @dataclass(frozen=True, slots=True)
+class Display:
+    """Rich output a rank displayed (``display()``, ``plt.show()``): a mime bundle for the cell.
+    ``display_id`` and ``update`` follow IPython's display updates, per rank."""
+
+    rank: int
+    data: dict[str, Any]
+    metadata: dict[str, Any]
+    display_id: str | None = None
+    update: bool = False
+    time: float = field(default_factory=now)
+
+
+@dataclass(frozen=True, slots=True)
 class Finished:
     rank: int
     result: bytes | None
@@ -121,7 +134,7 @@ class Exited:
     stop_requested: bool = False  # the launcher had asked it to stop (it may have ended first)
 
 
-Event = Started | Status | Progress | Log | Output | Finished | Failed | Exited
+Event = Started | Status | Progress | Log | Output | Display | Finished | Failed | Exited
 
 
 class EventSink(Protocol):

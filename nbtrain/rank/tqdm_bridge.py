@@ -1,0 +1,113 @@
+"""tqdm in a rank drives that rank's row of the live view, and draws nothing itself.
+
+Training code creates ``tqdm(...)`` bars from ``tqdm``, ``tqdm.auto``, ``tqdm.notebook`` or
+``tqdm.rich`` (Hugging Face's Trainer and Accelerate's tutorials do). In a rank none of them can
+draw: ``tqdm.notebook`` builds widgets whose comm messages a forked rank would send over the
+kernel's own sockets, and the others write carriage-return text. So, in a rank only, a bar of any
+of those classes is made as a ``RankTqdm`` instead: tqdm's own counting, rate and ``set_*``
+methods, with its display going to nbtrain's progress reporting (``open_bar``: step, total,
+description; nested bars show as outer loops). A user's own subclass of tqdm is left alone.
+
+Installed by the rank at start (``install``); outside a launch tqdm behaves as usual.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import sys
+from typing import Any
+
+from nbtrain.rank.reporting import ProgressHandle, open_bar
+
+# tqdm's front ends: a bar made from one of these classes becomes a RankTqdm in a rank.
+FRONTENDS = {"tqdm.std", "tqdm.notebook", "tqdm.rich", "tqdm.asyncio", "tqdm.auto",
+             "tqdm.autonotebook", "tqdm._tqdm", "tqdm"}
+NOT_FOR_STD = ("display", "options")  # keyword arguments only the notebook / rich bars take
+
+
+class _Discard(io.StringIO):
+    """Where a RankTqdm's own text goes: nowhere (its state goes to the live view)."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+
+def install() -> bool:
+    """Route every tqdm front end's bars in this process to the live view. False when tqdm is
+    not installed (nothing to do)."""
+    try:
+        std = importlib.import_module("tqdm.std")
+    except ImportError:
+        return False
+    if getattr(std.tqdm, "_nbtrain_original_new", None) is not None:
+        return True  # already installed (a forked child of a rank)
+    original_new = std.tqdm.__new__
+    rank_class = _rank_class(std.tqdm)
+
+    def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:
+        if cls.__module__ not in FRONTENDS or issubclass(cls, rank_class):
+            return original_new(cls, *args, **kwargs)
+        bar = original_new(rank_class)
+        if not isinstance(bar, cls):  # Python calls __init__ only for instances of cls
+            bar.__init__(*args, **kwargs)
+        return bar
+
+    std.tqdm._nbtrain_original_new = original_new
+    std.tqdm.__new__ = staticmethod(__new__)
+    _plain_trainer_progress()
+    return True
+
+
+def _rank_class(base: type) -> type:
+    class RankTqdm(base):
+        """A tqdm bar whose display is this rank's row in the live view."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            for name in NOT_FOR_STD:
+                kwargs.pop(name, None)
+            kwargs["file"] = _Discard()
+            self._nbtrain_bar: ProgressHandle | None = None
+            super().__init__(*args, **kwargs)
+
+        def display(self, msg: str | None = None, pos: int | None = None) -> bool:
+            if self.disable:
+                return True
+            bar = self._nbtrain_bar
+            if bar is None:
+                bar = self._nbtrain_bar = open_bar(self.total, self.desc or None)
+            bar.update_to(int(self.n))
+            return True
+
+        def close(self) -> None:
+            if self.disable:
+                return
+            bar = self._nbtrain_bar
+            super().close()
+            if bar is None:
+                bar = open_bar(self.total, self.desc or None)
+            bar.update_to(int(self.n))
+            bar.close(complete=self.total is None or self.n >= self.total)
+            self._nbtrain_bar = None
+
+    RankTqdm.__module__ = __name__
+    RankTqdm.__qualname__ = "RankTqdm"
+    return RankTqdm
+
+
+def _plain_trainer_progress() -> None:
+    """Transformers' Trainer picks its HTML notebook progress callback when it believes it runs
+    in a notebook (a forked rank still holds the kernel's shell): in a rank, its tqdm callback,
+    which feeds the view through this bridge, serves instead."""
+    for name in ("transformers.utils", "transformers.utils.import_utils"):
+        module = sys.modules.get(name)
+        if module is not None and hasattr(module, "is_in_notebook"):
+            setattr(module, "is_in_notebook", _not_a_notebook)  # noqa: B010
+    trainer = sys.modules.get("transformers.trainer")
+    if trainer is not None:
+        callbacks = importlib.import_module("transformers.trainer_callback")
+        setattr(trainer, "DEFAULT_PROGRESS_CALLBACK", callbacks.ProgressCallback)  # noqa: B010
+
+
+def _not_a_notebook() -> bool:
+    return False
