@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 from nbtrain.display import View, make_view
-from nbtrain.kernel import processes
+from nbtrain.kernel import processes, tracebacks
 from nbtrain.kernel.cellout import CellOutput
 from nbtrain.kernel.config import LaunchConfig
 from nbtrain.kernel.monitor import RunState, Verdict
@@ -66,6 +66,7 @@ class Run:
         self.ranks = ranks
         self.state = RunState(ranks, title=title)
         self.outcome = Outcome(ranks)
+        tracebacks.install()  # the cell's tracebacks show the user's frames, not nbtrain's
         self.view = open_view(config)
         self.output = CellOutput(
             config.output, before_write=getattr(self.view, "erase_status", _nothing)
@@ -160,6 +161,9 @@ class Run:
                 self.abandon(exc)
                 processes.close(started)
                 cleanup()
+            if isinstance(exc, KeyboardInterrupt):
+                # Where the watch loop was is no news to the user: the cell line and this.
+                raise KeyboardInterrupt("every rank was stopped") from None
             raise
         processes.close(started)
         cleanup()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -179,3 +180,56 @@ pid_inside = notebook_launcher(lambda: os.getpid(), num_processes=1, progress="o
 """)
     assert out.error is None, out.traceback_text
     assert kernel.value("pid_inside == os.getpid()") is True
+
+
+def _nbtrain_frames(traceback_text: str) -> list[str]:
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", traceback_text)
+    return [line for line in plain.splitlines() if "/nbtrain/" in line or "skipping hidden" in line]
+
+
+def test_the_cell_shows_the_users_frames_for_a_failure_and_a_timeout(kernel):
+    failed = kernel.run("""
+def fails():
+    if os.environ["RANK"] == "1":
+        raise ValueError("boom in user code")
+notebook_launcher(fails, num_processes=2, progress="off")
+""")
+    assert failed.error["ename"] == "WorkerError"
+    assert 'raise ValueError("boom in user code")' in failed.traceback_text
+    assert _nbtrain_frames(failed.traceback_text) == []
+    timed_out = kernel.run("""
+def hangs():
+    time.sleep(600)
+notebook_launcher(hangs, num_processes=2, progress="off", timeout=3)
+""")
+    assert timed_out.error["ename"] == "TimeoutError"
+    assert _nbtrain_frames(timed_out.traceback_text) == []
+    assert "notebook_launcher(hangs" in re.sub(r"\x1b\[[0-9;]*m", "", timed_out.traceback_text)
+
+
+def test_an_interrupt_shows_the_cell_line_and_one_line_saying_every_rank_stopped(kernel):
+    msg_id = kernel.start("""
+def sleeper():
+    print("rank started", flush=True)
+    time.sleep(600)
+notebook_launcher(sleeper, num_processes=2, progress="off")
+""")
+    kernel.collect(msg_id, timeout=60, until="rank started")
+    time.sleep(0.5)
+    kernel.manager.interrupt_kernel()
+    out = kernel.collect(msg_id, timeout=60)
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", out.traceback_text)
+    assert out.error["ename"] == "KeyboardInterrupt"
+    assert _nbtrain_frames(out.traceback_text) == []
+    assert "multiprocessing" not in plain and "selectors" not in plain
+    assert plain.rstrip().endswith("KeyboardInterrupt: every rank was stopped")
+
+
+def test_exceptions_that_never_went_through_nbtrain_keep_their_traceback(kernel):
+    out = kernel.run("""
+def plain():
+    raise TimeoutError("not ours")
+plain()
+""")
+    plain_text = re.sub(r"\x1b\[[0-9;]*m", "", out.traceback_text)
+    assert out.error["ename"] == "TimeoutError" and "in plain" in plain_text
