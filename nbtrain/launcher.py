@@ -25,6 +25,7 @@ from .events import Event
 from .inprocess import run_in_process
 from .monitor import RunState, Verdict
 from .outcome import Outcome
+from .payload import PreparedCall, as_prepared, prepare_call
 from .rendezvous import LocalRendezvous, open_local
 from .runtime import RankInfo
 from .serialization import pack_call
@@ -102,7 +103,7 @@ def dispatch(
         return run_elastic(config, pack_call(function, args, kwargs))
     if config.num_processes == 1:
         return run_in_process(config, function, args, kwargs, _view(config))
-    return run_ranks(config, pack_call(function, args, kwargs))
+    return run_ranks(config, prepare_call(function, args, kwargs, config.start.method))
 
 
 def debug_launcher(function: Callable[..., Any], args: tuple = (), num_processes: int = 2) -> Any:
@@ -127,7 +128,7 @@ def debug_launcher(function: Callable[..., Any], args: tuple = (), num_processes
     with _hide_gpus():
         if config.num_processes == 1:
             return run_in_process(config, function, args, kwargs, _view(config))
-        return run_ranks(config, pack_call(function, args, kwargs))
+        return run_ranks(config, prepare_call(function, args, kwargs, config.start.method))
 
 
 @contextlib.contextmanager
@@ -199,7 +200,16 @@ def current_environment(config: LaunchConfig) -> dict[str, str] | None:
     return dict(os.environ) if config.start.method is StartMethod.FORKSERVER else None
 
 
-def run_ranks(config: LaunchConfig, payload: bytes) -> Any:
+def run_ranks(config: LaunchConfig, payload: bytes | PreparedCall) -> Any:
+    __tracebackhide__ = True
+    call = as_prepared(payload)
+    try:  # big data shared with the ranks is released on every outcome (payload.py)
+        return _run_ranks(config, call)
+    finally:
+        call.release()
+
+
+def _run_ranks(config: LaunchConfig, call: PreparedCall) -> Any:
     __tracebackhide__ = True
     rendezvous = open_local(config.world_size)
     specs = rank_specs(config, rendezvous)
@@ -217,12 +227,13 @@ def run_ranks(config: LaunchConfig, payload: bytes) -> Any:
         spec = specs[rank]
         if close:
             spec = RankSpec(**{**spec.__dict__, "close_fds": close})
-        return (spec, payload, pipes.stdout_w, pipes.stderr_w, pipes.events_w)
+        return (spec, call.data, pipes.stdout_w, pipes.stderr_w, pipes.events_w)
 
     deadline = None if config.timeout is None else time.monotonic() + config.timeout
     started: list[processes.RankProcess] = []
     supervisor: Supervisor | None = None
     try:
+        call.commit(view.note, len(ranks))
         started = processes.start_ranks(config.start.method, ranks, worker.rank_main, make_args)
         supervisor = Supervisor(
             started, emit, failed=outcome.has_failure, grace=GRACE, exit_wait=EXIT_WAIT
