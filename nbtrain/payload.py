@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from . import sharedmem
@@ -39,7 +39,6 @@ class PreparedCall:
     prefix: str = ""  # of every segment name of this launch ("" for a plain payload)
     segment: sharedmem.Segment | None = None
     registry_key: str | None = None
-    paths: dict[int, str] = field(default_factory=dict)
 
     @property
     def shared_bytes(self) -> int:
@@ -93,11 +92,25 @@ def prepare_call(
         data = sharedmem.dumps(sharedmem.Envelope(call, prefix), segment=segment)
     except Exception as exc:
         raise describe_payload_error(function, args, kwargs, exc) from None
-    _check_room(segment, call)
+    _check_room(segment, [("function", function), ("args", args), ("kwargs", kwargs)])
     return PreparedCall(data, prefix, segment=segment)
 
 
-def _check_room(segment: sharedmem.Segment, call: tuple) -> None:
+def share(value: Any, label: str = "value") -> PreparedCall:
+    """``value`` for ranks that are already running (a warm-rank session's ``push``): pickled,
+    its large tensors and arrays in a new segment (not by reference: the ranks were forked
+    before it existed). ``commit``, send ``data``; each rank reads it with
+    ``sharedmem.loads(data, private=True)``; ``release`` once every rank has (their mappings
+    outlive the name). PayloadError, naming ``label``'s part, if it cannot fit."""
+    sharedmem.sweep_orphans()
+    prefix = f"{sharedmem.PREFIX}{os.getpid()}_{secrets.token_hex(6)}_"
+    segment = sharedmem.Segment(f"{prefix}push")
+    data = sharedmem.dumps(value, segment=segment)
+    _check_room(segment, [(label, value)])
+    return PreparedCall(data, prefix, segment=segment)
+
+
+def _check_room(segment: sharedmem.Segment, roots: list[tuple[str, object]]) -> None:
     """A payload larger than /dev/shm's free space (or than free memory) fails now."""
     if not segment.regions:
         return
@@ -105,8 +118,7 @@ def _check_room(segment: sharedmem.Segment, call: tuple) -> None:
     if segment.size <= free:
         return
     biggest, nbytes = max(segment.objects, key=lambda item: item[1])
-    function, args, kwargs = call
-    path = find_path(biggest, function, args, kwargs) or "an argument"
+    path = find_path(biggest, roots) or "an argument"
     kind = f"{type(biggest).__module__}.{type(biggest).__qualname__}"
     raise PayloadError(
         f"{path} ({kind}, {human_size(nbytes)}) is too large to share with the ranks: the "

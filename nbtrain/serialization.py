@@ -97,9 +97,9 @@ def describe_payload_error(
     )
 
 
-def find_path(target: object, function: object, args: tuple, kwargs: dict) -> str | None:
-    """Where ``target`` sits in the call ("args[0]._parameters['weight']"), breadth first."""
-    queue = [("function", function), ("args", args), ("kwargs", kwargs)]
+def find_path(target: object, roots: list[tuple[str, object]]) -> str | None:
+    """Where ``target`` sits below ``roots`` ("args[0]._parameters['weight']"), breadth first."""
+    queue = list(roots)
     seen: set[int] = set()
     for _ in range(100_000):  # bounded: a huge container must not stall a failing launch
         if not queue:

@@ -145,10 +145,10 @@ def test_big_results_arrive_mapped_not_copied(method):
     assert float(tensor[0]) == 3.0
 
 
-def fail_after_results(numel, how):
+def fail_after_results(data, how):
     dist.init_process_group("gloo")
     if int(os.environ["RANK"]) == 0:
-        return torch.ones(numel)  # a result the kernel will never collect
+        return data + 1  # a result the kernel will never collect
     time.sleep(0.5)
     if how == "raise":
         raise ValueError("boom")
@@ -157,12 +157,19 @@ def fail_after_results(numel, how):
     time.sleep(600)  # "timeout", "interrupt"
 
 
-@pytest.mark.parametrize("how", ["raise", "sigkill", "timeout", "interrupt"])
-def test_every_outcome_leaves_dev_shm_clean(how):
-    """forkserver: the argument lives in a segment, rank 0's result in another; a failure,
-    a SIGKILLed rank, a timeout or an interrupt must remove both."""
+OUTCOMES = [
+    *((method, how) for method in ("fork", "forkserver", "spawn") for how in ("raise", "sigkill")),
+    ("forkserver", "timeout"),
+    ("forkserver", "interrupt"),
+]
+
+
+@pytest.mark.parametrize(("method", "how"), OUTCOMES)
+def test_every_outcome_leaves_dev_shm_clean(method, how):
+    """The argument lives in a segment (forkserver, spawn), rank 0's result in another; a
+    failure, a SIGKILLed rank, a timeout or an interrupt must remove both."""
     data = torch.ones(32 * MiB // 4)
-    run = {"num_processes": 2, "start_method": "forkserver", **QUIET}
+    run = {"num_processes": 2, "start_method": method, **QUIET}
     expected = {"raise": WorkerError, "sigkill": WorkerError, "timeout": TimeoutError,
                 "interrupt": KeyboardInterrupt}[how]
     timer = threading.Timer(4.0, os.kill, (os.getpid(), signal.SIGINT))
@@ -170,13 +177,14 @@ def test_every_outcome_leaves_dev_shm_clean(how):
         timer.start()
     try:
         with pytest.raises(expected):
-            notebook_launcher(fail_after_results, args=(data.numel(), how),
+            notebook_launcher(fail_after_results, args=(data, how),
                               timeout=4.0 if how == "timeout" else None, **run)
     finally:
         timer.cancel()
         if timer.is_alive():
             timer.join()
     assert own_segments() == []
+    assert sharedmem.FORK_REGISTRY == {}
 
 
 def echo_size(tensor):

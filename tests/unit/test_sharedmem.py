@@ -105,14 +105,15 @@ def test_too_large_for_dev_shm_is_refused_before_anything_starts(monkeypatch):
 
     monkeypatch.setattr(payload, "shm_room", lambda: (48 * MiB, "/dev/shm"))
     data = {"x": torch.zeros(16 * MiB)}  # 64 MiB
-    before = set(glob.glob(os.path.join(sharedmem.SHM_DIR, "nbtrain_*")))
+    mine = os.path.join(sharedmem.SHM_DIR, f"nbtrain_{os.getpid()}_*")
+    before = set(glob.glob(mine))
     with pytest.raises(PayloadError) as info:
         prepare_call(len, (data,), {}, StartMethod.FORKSERVER)
     message = str(info.value)
     for fragment in ("args[0]['x']", "torch.Tensor", "64 MiB", "/dev/shm has 48 MiB free",
                      "start_method='fork'", "--shm-size"):
         assert fragment in message, f"{fragment!r} not in {message!r}"
-    assert set(glob.glob(os.path.join(sharedmem.SHM_DIR, "nbtrain_*"))) == before
+    assert set(glob.glob(mine)) == before
 
 
 def test_room_is_the_smaller_of_dev_shm_and_memory():
@@ -137,3 +138,24 @@ def test_orphaned_segments_of_a_dead_kernel_are_swept():
         for name in (path, mine):
             if os.path.exists(name):
                 os.unlink(name)
+
+
+def test_share_for_running_ranks_then_release():
+    """The warm-rank path: no fork to inherit from, so even under fork it is a segment."""
+    from nbtrain.payload import share
+
+    value = {"x": torch.arange(MiB // 2, dtype=torch.float64), "n": np.ones(MiB)}
+    pushed = share(value, label="data")
+    pushed.commit(lambda text: None, ranks=2)
+    loaded = sharedmem.loads(pushed.data, private=True)
+    pushed.release()
+    assert not os.path.exists(pushed.segment.path)
+    assert torch.equal(loaded["x"], value["x"]) and np.array_equal(loaded["n"], value["n"])
+
+
+def test_share_names_the_part_that_does_not_fit(monkeypatch):
+    import nbtrain.payload as payload
+
+    monkeypatch.setattr(payload, "shm_room", lambda: (MiB, "/dev/shm"))
+    with pytest.raises(PayloadError, match=r"data\['n'\] \(numpy.ndarray, 8 MiB\)"):
+        payload.share({"n": np.ones(MiB)}, label="data")
