@@ -9,7 +9,7 @@ torch in one run, the cases alternating round by round:
 
 Every rank reports its USS (psutil: memory only it holds) after reading the whole tensor.
 
-    python benchmarks/payload.py [--rounds 5] [--mib 512]
+    python benchmarks/payload.py [--rounds 5] [--mib 512] [--only global|argument|result]
 """
 
 from __future__ import annotations
@@ -167,11 +167,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--mib", type=int, default=512)
+    parser.add_argument("--only", choices=["global", "argument", "result"],
+                        help="run one pair of cases")
     options = parser.parse_args()
     torch.set_num_threads(1)
     numel = options.mib * MiB // 4
     DATA = torch.ones(numel)
-    table = cases(numel)
+    table = {name: case for name, case in cases(numel).items()
+             if options.only in (None, case[1])}
     notebook_launcher(make_result, args=(1,), num_processes=2, start_method="forkserver", **QUIET)
     times: dict[str, list[float]] = {name: [] for name in table}
     uss: dict[str, list[float]] = {name: [] for name in table}
