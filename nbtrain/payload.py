@@ -72,7 +72,7 @@ def prepare_call(
     """Pickle ``function(*args, **kwargs)`` for ranks started with ``method``."""
     sharedmem.sweep_orphans()
     launch = secrets.token_hex(6)
-    prefix = f"{sharedmem.PREFIX}{os.getpid()}_{launch}_"
+    prefix = f"{sharedmem.PREFIX}{os.getpid()}_{launch}_" if sharedmem.available() else ""
     call = (function, args, kwargs)
     if method is StartMethod.FORK:
         try:
@@ -82,17 +82,18 @@ def prepare_call(
         objects: dict[int, object] = {}
         sharedmem.FORK_REGISTRY[launch] = objects
         data = sharedmem.dumps(
-            sharedmem.Envelope(call, prefix),
+            sharedmem.Envelope(call, prefix or None),
             registry=(launch, objects),
             by_reference=lambda obj: obj is call,
         )
         return PreparedCall(data, prefix, registry_key=launch)
-    segment = sharedmem.Segment(f"{prefix}args")
+    segment = sharedmem.Segment(f"{prefix}args") if prefix else None
     try:
-        data = sharedmem.dumps(sharedmem.Envelope(call, prefix), segment=segment)
+        data = sharedmem.dumps(sharedmem.Envelope(call, prefix or None), segment=segment)
     except Exception as exc:
         raise describe_payload_error(function, args, kwargs, exc) from None
-    _check_room(segment, [("function", function), ("args", args), ("kwargs", kwargs)])
+    if segment is not None:
+        _check_room(segment, [("function", function), ("args", args), ("kwargs", kwargs)])
     return PreparedCall(data, prefix, segment=segment)
 
 
@@ -103,6 +104,8 @@ def share(value: Any, label: str = "value") -> PreparedCall:
     ``sharedmem.loads(data, private=True)``; ``release`` once every rank has (their mappings
     outlive the name). PayloadError, naming ``label``'s part, if it cannot fit."""
     sharedmem.sweep_orphans()
+    if not sharedmem.available():  # no /dev/shm: the value travels whole in the pickle
+        return PreparedCall(sharedmem.dumps(value))
     prefix = f"{sharedmem.PREFIX}{os.getpid()}_{secrets.token_hex(6)}_"
     segment = sharedmem.Segment(f"{prefix}push")
     data = sharedmem.dumps(value, segment=segment)

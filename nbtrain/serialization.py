@@ -6,6 +6,7 @@ same payload works under fork, forkserver and spawn.
 
 from __future__ import annotations
 
+import collections
 import importlib
 import inspect
 import pickle
@@ -99,12 +100,12 @@ def describe_payload_error(
 
 def find_path(target: object, roots: list[tuple[str, object]]) -> str | None:
     """Where ``target`` sits below ``roots`` ("args[0]._parameters['weight']"), breadth first."""
-    queue = list(roots)
+    queue = collections.deque(roots)
     seen: set[int] = set()
     for _ in range(100_000):  # bounded: a huge container must not stall a failing launch
         if not queue:
             break
-        path, obj = queue.pop(0)
+        path, obj = queue.popleft()
         if obj is target:
             return path
         if id(obj) in seen or isinstance(obj, (str, bytes, int, float)):

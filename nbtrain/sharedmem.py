@@ -140,6 +140,11 @@ def _pwrite_all(fd: int, source: memoryview, offset: int) -> None:
         done += os.pwrite(fd, source[done : done + _WRITE_CHUNK], offset + done)
 
 
+def available() -> bool:
+    """Segments need SHM_DIR (Linux's /dev/shm); elsewhere big data is pickled as before."""
+    return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
+
+
 def segment_name(launch: str, what: str) -> str:
     return f"{PREFIX}{os.getpid()}_{launch}_{what}"
 

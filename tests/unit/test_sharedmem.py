@@ -159,3 +159,12 @@ def test_share_names_the_part_that_does_not_fit(monkeypatch):
     monkeypatch.setattr(payload, "shm_room", lambda: (MiB, "/dev/shm"))
     with pytest.raises(PayloadError, match=r"data\['n'\] \(numpy.ndarray, 8 MiB\)"):
         payload.share({"n": np.ones(MiB)}, label="data")
+
+
+def test_without_dev_shm_everything_is_pickled(monkeypatch, tmp_path):
+    """macOS has no /dev/shm: the same calls work, with the bytes in the pickle."""
+    monkeypatch.setattr(sharedmem, "SHM_DIR", str(tmp_path / "missing"))
+    call = prepare_call(len, (torch.ones(MiB),), {}, StartMethod.SPAWN)
+    assert call.segment is None and len(call.data) > 4 * MiB
+    function, args, _ = sharedmem.loads(call.data, private=True).call
+    assert function is len and torch.equal(args[0], torch.ones(MiB))
