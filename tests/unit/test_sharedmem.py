@@ -168,3 +168,16 @@ def test_without_dev_shm_everything_is_pickled(monkeypatch, tmp_path):
     assert call.segment is None and len(call.data) > 4 * MiB
     function, args, _ = sharedmem.loads(call.data, private=True).call
     assert function is len and torch.equal(args[0], torch.ones(MiB))
+
+
+def test_too_large_names_a_variable_the_function_captured(monkeypatch):
+    import nbtrain.payload as payload
+
+    monkeypatch.setattr(payload, "shm_room", lambda: (MiB, "memory"))
+    table = np.zeros(MiB)
+
+    def train():
+        return table.sum()
+
+    with pytest.raises(PayloadError, match=r"function \(closure variable 'table'\) \(numpy"):
+        prepare_call(train, (), {}, StartMethod.SPAWN)
