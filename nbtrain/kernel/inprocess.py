@@ -23,7 +23,7 @@ from nbtrain.kernel.monitor import Verdict
 from nbtrain.kernel.rendezvous import open_local
 from nbtrain.kernel.run import Run
 from nbtrain.shared.events import CallbackSink, Event, Exited, Finished, Started
-from nbtrain.shared.serialization import pack_result, unpack
+from nbtrain.shared.serialization import unpack
 from nbtrain.shared.specs import RankInfo
 
 
@@ -94,6 +94,8 @@ def _to_cpu(value: Any) -> Any:
     torch = sys.modules.get("torch")
     if torch is None or not _used_accelerator(torch):
         return value
+    from nbtrain.rank.payload import pack_result
+
     return unpack(pack_result(value))
 
 

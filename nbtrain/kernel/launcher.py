@@ -21,6 +21,7 @@ from nbtrain.kernel.config import (
 )
 from nbtrain.kernel.inprocess import run_in_process
 from nbtrain.kernel.local import run_ranks
+from nbtrain.kernel.payload import prepare_call
 from nbtrain.shared.serialization import pack_call
 
 
@@ -92,7 +93,7 @@ def dispatch(
         return run_elastic(config, pack_call(function, args, kwargs))
     if config.num_processes == 1:
         return run_in_process(config, function, args, kwargs)
-    return run_ranks(config, pack_call(function, args, kwargs))
+    return run_ranks(config, prepare_call(function, args, kwargs, config.start.method))
 
 
 def debug_launcher(function: Callable[..., Any], args: tuple = (), num_processes: int = 2) -> Any:
@@ -117,7 +118,7 @@ def debug_launcher(function: Callable[..., Any], args: tuple = (), num_processes
     with environment.gpus_hidden():  # the ranks see no GPU (they inherit the environment)
         if config.num_processes == 1:
             return run_in_process(config, function, args, kwargs)
-        return run_ranks(config, pack_call(function, args, kwargs))
+        return run_ranks(config, prepare_call(function, args, kwargs, config.start.method))
 
 
 __all__ = ["OutputMode", "ProgressMode", "debug_launcher", "notebook_launcher"]

@@ -10,6 +10,7 @@ from typing import Any
 
 from nbtrain.kernel import environment, processes
 from nbtrain.kernel.config import LaunchConfig
+from nbtrain.kernel.payload import PreparedCall, as_prepared
 from nbtrain.kernel.rendezvous import LocalRendezvous, open_local
 from nbtrain.kernel.run import Run
 from nbtrain.rank import rank_entry
@@ -17,8 +18,17 @@ from nbtrain.shared.options import StartMethod
 from nbtrain.shared.specs import RankInfo, RankSpec
 
 
-def run_ranks(config: LaunchConfig, payload: bytes) -> Any:
+def run_ranks(config: LaunchConfig, payload: bytes | PreparedCall) -> Any:
     __tracebackhide__ = True  # IPython shows the cell and the rank's traceback, not ours
+    call = as_prepared(payload)
+    try:  # big data shared with the ranks is released on every outcome (payload.py)
+        return _run_ranks(config, call)
+    finally:
+        call.release()
+
+
+def _run_ranks(config: LaunchConfig, call: PreparedCall) -> Any:
+    __tracebackhide__ = True
     rendezvous = open_local(config.world_size)
     specs = rank_specs(config, rendezvous)
     ranks = list(specs)
@@ -28,9 +38,10 @@ def run_ranks(config: LaunchConfig, payload: bytes) -> Any:
         spec = specs[rank]
         if close:
             spec = RankSpec(**{**spec.__dict__, "close_fds": close})
-        return (spec, payload, pipes.stdout_w, pipes.stderr_w, pipes.events_w)
+        return (spec, call.data, pipes.stdout_w, pipes.stderr_w, pipes.events_w)
 
     def start() -> list[processes.RankProcess]:
+        call.commit(run.say, len(ranks))  # big data into shared memory, said if it takes time
         return processes.start_ranks(config.start.method, ranks, rank_entry, make_args)
 
     supervisor = run.supervise(start, cleanup=rendezvous.close)

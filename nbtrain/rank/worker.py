@@ -13,9 +13,9 @@ from typing import Any
 
 from nbtrain.rank import notebook, process, rankenv, reporting, runtime, teardown
 from nbtrain.rank.failures import exit_code_of, failure_event
+from nbtrain.rank.payload import pack_result, unpack_call
 from nbtrain.rank.runtime import Runtime
 from nbtrain.shared.events import EventSink, Finished, PipeWriter, Started
-from nbtrain.shared.serialization import pack_result, unpack_call
 from nbtrain.shared.specs import RankSpec
 
 

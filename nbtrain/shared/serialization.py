@@ -6,9 +6,9 @@ same payload works under fork, forkserver and spawn.
 
 from __future__ import annotations
 
+import collections
 import importlib
 import inspect
-import io
 import pickle
 import pickletools
 import types
@@ -16,6 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
+
+from nbtrain.shared import sharedmem
 
 
 class PayloadError(TypeError):
@@ -73,20 +75,44 @@ def pack_call(function: Callable[..., Any], args: tuple, kwargs: dict) -> bytes:
     try:
         return cloudpickle.dumps((function, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as exc:
-        chain = (
-            _find_unpicklable(function, "function")
-            or _find_unpicklable(args, "args")
-            or _find_unpicklable(kwargs, "kwargs")
-            or []
-        )
-        culprit = "(could not narrow it down)"
-        if chain:
-            path, obj = chain[-1]
-            culprit = f"{path} = {_describe(obj)} ({type(obj).__qualname__})"
-        raise PayloadError(
-            f"Cannot send the function and its arguments to the ranks: {culprit} cannot be "
-            f"pickled ({type(exc).__name__}: {exc}). {_advice([o for _, o in chain], exc)}"
-        ) from None
+        raise describe_payload_error(function, args, kwargs, exc) from None
+
+
+def describe_payload_error(
+    function: Callable[..., Any], args: tuple, kwargs: dict, exc: Exception
+) -> PayloadError:
+    """The PayloadError for a call that failed to pickle with ``exc``: names the culprit."""
+    chain = (
+        _find_unpicklable(function, "function")
+        or _find_unpicklable(args, "args")
+        or _find_unpicklable(kwargs, "kwargs")
+        or []
+    )
+    culprit = "(could not narrow it down)"
+    if chain:
+        path, obj = chain[-1]
+        culprit = f"{path} = {_describe(obj)} ({type(obj).__qualname__})"
+    return PayloadError(
+        f"Cannot send the function and its arguments to the ranks: {culprit} cannot be "
+        f"pickled ({type(exc).__name__}: {exc}). {_advice([o for _, o in chain], exc)}"
+    )
+
+
+def find_path(target: object, roots: list[tuple[str, object]]) -> str | None:
+    """Where ``target`` sits below ``roots`` ("args[0]._parameters['weight']"), breadth first."""
+    queue = collections.deque(roots)
+    seen: set[int] = set()
+    for _ in range(100_000):  # bounded: a huge container must not stall a failing launch
+        if not queue:
+            break
+        path, obj = queue.popleft()
+        if obj is target:
+            return path
+        if id(obj) in seen or isinstance(obj, (str, bytes, int, float)):
+            continue
+        seen.add(id(obj))
+        queue.extend(_children(obj, path))
+    return None
 
 
 def _advice(objects: list[object], exc: Exception) -> str:
@@ -117,45 +143,9 @@ def _advice(objects: list[object], exc: Exception) -> str:
     )
 
 
-def unpack_call(payload: bytes) -> tuple[Callable[..., Any], tuple, dict]:
-    function, args, kwargs = pickle.loads(payload)
-    return function, args, kwargs
-
-
-class _ResultPickler(cloudpickle.Pickler):
-    """Moves tensors to the CPU on the way out, so the kernel needs no GPU or XLA runtime."""
-
-    def reducer_override(self, obj: Any) -> Any:
-        torch = _torch()
-        if torch is not None and isinstance(obj, torch.Tensor):
-            needs_cpu = obj.device.type != "cpu"
-            needs_detach = obj.requires_grad and obj.grad_fn is not None
-            if needs_cpu or needs_detach:
-                moved = obj.detach().cpu()
-                if obj.requires_grad and not needs_detach:
-                    moved.requires_grad_(True)
-                return _identity, (moved,)
-        return super().reducer_override(obj)
-
-
-def _identity(value: Any) -> Any:
-    return value
-
-
-def _torch() -> Any:
-    import sys
-
-    return sys.modules.get("torch")
-
-
-def pack_result(value: Any) -> bytes:
-    buffer = io.BytesIO()
-    _ResultPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
-    return buffer.getvalue()
-
-
 def unpack(data: bytes) -> Any:
-    return pickle.loads(data)
+    """The kernel maps (and unlinks) the segments a rank's result names: no copy."""
+    return sharedmem.loads(data, private=False, unlink=True)
 
 
 _STRING_OPS = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "SHORT_BINSTRING",

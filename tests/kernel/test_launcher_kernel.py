@@ -233,3 +233,41 @@ plain()
 """)
     plain_text = re.sub(r"\x1b\[[0-9;]*m", "", out.traceback_text)
     assert out.error["ename"] == "TimeoutError" and "in plain" in plain_text
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_a_big_notebook_global_is_shared_not_copied(kernel, method):
+    """A 128 MiB tensor from one cell, read by the function of the next: each rank's private
+    memory exceeds a small global's launch by at most 64 MiB; a notebook class comes back as
+    the kernel's own class; nothing stays in /dev/shm."""
+    out = kernel.run(f"""
+import glob, psutil
+big, small = torch.ones(128 * 2**20 // 4), torch.ones(2**20)
+
+class Box:
+    def __init__(self, value): self.value = value
+
+def measure(data):
+    dist.init_process_group("gloo")
+    total = float(data.sum())
+    dist.barrier()
+    uss = psutil.Process().memory_full_info().uss
+    dist.destroy_process_group()
+    return uss, Box(total)
+
+def read_big(): return measure(big)
+def read_small(): return measure(small)
+
+run = dict(num_processes=2, start_method="{method}", return_all=True, progress="off")
+base, measured = notebook_launcher(read_small, **run), notebook_launcher(read_big, **run)
+growth = max(m[0] - b[0] for m, b in zip(measured, base)) // 2**20
+same_class = all(isinstance(box, Box) for _, box in measured)
+totals = [box.value for _, box in measured]
+left = glob.glob(f"/dev/shm/nbtrain_{{os.getpid()}}_*")
+del big
+""")
+    assert out.error is None, out.traceback_text
+    assert kernel.value("totals") == [128 * 2**20 / 4] * 2
+    assert kernel.value("growth") <= 64
+    assert kernel.value("same_class") is True
+    assert kernel.value("left") == []

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from nbtrain.kernel.outcome import Outcome
+from nbtrain.rank.payload import pack_result
 from nbtrain.shared.events import Exited, Failed, Finished, Output
-from nbtrain.shared.serialization import pack_exception, pack_result
+from nbtrain.shared.serialization import pack_exception
 
 
 def failed(rank, t, *, collateral=False, type_name="ValueError", message="boom"):
