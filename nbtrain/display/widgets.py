@@ -3,7 +3,12 @@
 A header (title, elapsed time, the launcher's node-level note), a row per rank (rank and device,
 bar, steps/rate/ETA, latest metrics, status), a live metric chart (inline SVG), the ranks' output
 (last lines, capped) and a summary line: green only when the run succeeded, red when it failed or
-timed out, orange when it was interrupted or stopped. Each draw compares versions kept in the
+timed out, orange when it was interrupted or stopped. When the launch ends, whatever its outcome,
+the dashboard is replaced in place (same display id) by a static HTML + text/plain rendering of
+its final state and its widgets are closed: a saved, reopened, converted or GitHub-rendered
+notebook shows the final rows, chart and summary, never "model not found" (no widget mimetype
+is left in the saved output), and a kernel that launches hundreds of times keeps no comms for
+finished runs. Each draw compares versions kept in the
 RunState and touches only the widgets whose content changed; ipywidgets then sends a message only
 for traits whose value actually differs. The chart and the output area are the heavy parts (each
 update resends their whole markup, up to tens of kilobytes): they redraw at most every
@@ -12,9 +17,10 @@ CHART_EVERY / OUTPUT_EVERY seconds, and always at the end.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from html import escape
 from typing import Any, Protocol
@@ -22,7 +28,17 @@ from typing import Any, Protocol
 import ipywidgets as widgets
 
 from nbtrain.display.chart import rank_color, svg_chart
-from nbtrain.display.formatting import format_duration, format_metrics, format_status, format_steps
+from nbtrain.display.formatting import format_duration
+from nbtrain.display.rows import (
+    BAR_MIN,
+    COLUMNS,
+    LIVE_CSS,
+    STATUS_COLORS,
+    one_line_html,
+    row_cells,
+    static_dashboard,
+    status_html,
+)
 from nbtrain.display.text import format_rank
 from nbtrain.kernel.monitor import OutputLine, RankStatus, RankView, RunState, Verdict
 from nbtrain.shared.options import OutputMode
@@ -38,20 +54,6 @@ MAX_CHARTS = 3  # metrics charted side by side (the first ones logged)
 # still looking live; rows (a few hundred bytes) follow every draw.
 CHART_EVERY = 0.5
 OUTPUT_EVERY = 0.5
-LIVE_DASHBOARDS = 8  # finished dashboards kept as live widgets; older ones become static HTML
-
-BAR_STYLES = {
-    RankStatus.STARTING: "",
-    RankStatus.RUNNING: "",
-    RankStatus.DONE: "success",
-    RankStatus.FAILED: "danger",
-    RankStatus.STOPPED: "warning",
-}
-STATUS_COLORS = {
-    RankStatus.DONE: "#2e7d32",
-    RankStatus.FAILED: "#c62828",
-    RankStatus.STOPPED: "#ef6c00",
-}
 VERDICT_COLORS = {
     Verdict.SUCCEEDED: STATUS_COLORS[RankStatus.DONE],
     Verdict.FAILED: STATUS_COLORS[RankStatus.FAILED],
@@ -82,50 +84,23 @@ class IPythonDisplay:
             self._handle.update(bundle, raw=True)
 
 
-# Finished dashboards still holding widgets, oldest first. Every widget is a comm in the kernel
-# and a model in the browser: a kernel that launches hundreds of times must not keep them all.
-_finished: deque[WidgetView] = deque()
-
-
-def _retire_old_dashboards() -> None:
-    while len(_finished) > LIVE_DASHBOARDS:
-        _finished.popleft().freeze()
-
-
 class RankRow:
-    """The widgets of one rank's row."""
+    """The widgets of one rank's row (columns as in rows.COLUMNS, shared with the static row)."""
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
-        self.label = widgets.HTML(layout=widgets.Layout(width="120px"))
+        self.label = _cell("label")
         self.bar = widgets.IntProgress(
-            value=0, min=0, max=1, layout=widgets.Layout(flex="1 1 auto", min_width="120px")
+            value=0, min=0, max=1, layout=widgets.Layout(flex=COLUMNS["bar"], min_width=BAR_MIN)
         )
-        self.steps = widgets.HTML(layout=widgets.Layout(width="250px"))
-        self.metrics = widgets.HTML(layout=widgets.Layout(width="220px"))
-        self.status = widgets.HTML(layout=widgets.Layout(width="240px"))
+        self.steps = _cell("steps")
+        self.metrics = _cell("metrics")
+        self.status = _cell("status")
         self.box = widgets.HBox(
             [self.label, self.bar, self.steps, self.metrics, self.status],
             layout=widgets.Layout(align_items="center", width="100%"),
         )
         self.version = -1
-
-    def static_html(self) -> str:
-        """The row as plain HTML (a CSS bar), for a dashboard whose widgets were released."""
-        bar = self.bar
-        percent = 100 * bar.value / bar.max if bar.max else 0
-        color = {"success": "#4caf50", "danger": "#e53935", "warning": "#fb8c00"}.get(
-            bar.bar_style, "#2196f3"
-        )
-        cells = [
-            f'<div style="width:120px">{self.label.value}</div>',
-            '<div style="flex:1 1 auto;min-width:120px;height:14px;background:#eee">'
-            f'<div style="width:{percent:.0f}%;height:100%;background:{color}"></div></div>',
-            f'<div style="width:250px;padding-left:6px">{self.steps.value}</div>',
-            f'<div style="width:220px">{self.metrics.value}</div>',
-            f'<div style="width:240px">{self.status.value}</div>',
-        ]
-        return f'<div style="display:flex;align-items:center;gap:4px">{"".join(cells)}</div>'
 
     def widgets(self) -> list[widgets.Widget]:
         return [self.label, self.bar, self.steps, self.metrics, self.status, self.box]
@@ -134,16 +109,21 @@ class RankRow:
         if view.version == self.version:
             return
         self.version = view.version
-        device = f" · {escape(view.device)}" if view.device else ""
-        self.label.value = f"<b>rank {view.rank}</b>{device}"
-        value, maximum = _bar_position(view)
+        cells = row_cells(view)
+        self.label.value = cells.label
         with self.bar.hold_sync():
-            self.bar.max = maximum
-            self.bar.value = value
-            self.bar.bar_style = BAR_STYLES[view.status]
-        self.steps.value = _one_line_html(format_steps(view)) if _has_steps(view) else ""
-        self.metrics.value = _one_line_html(format_metrics(view.metrics)) if view.metrics else ""
-        self.status.value = _status_html(view)
+            self.bar.max = cells.maximum
+            self.bar.value = cells.value
+            self.bar.bar_style = cells.bar_style
+        self.steps.value = one_line_html(cells.steps)
+        self.metrics.value = one_line_html(cells.metrics)
+        self.status.value = status_html(cells)
+
+
+def _cell(column: str) -> widgets.HTML:
+    cell = widgets.HTML(layout=widgets.Layout(flex=COLUMNS[column], min_width="0"))
+    cell.add_class("nbtrain-cell")
+    return cell
 
 
 @dataclass
@@ -181,8 +161,11 @@ class WidgetView:
         self._note: _Note | None = None
         self._state: RunState | None = None
         self._final_text = ""
+        self._closed = False
 
     def draw(self, state: RunState, *, final: bool = False) -> None:
+        if self._closed:
+            return
         if self.box is None:
             self._build(state)
         self._state = state
@@ -211,23 +194,19 @@ class WidgetView:
             self._draw_title(self._state)
 
     def close(self, state: RunState) -> None:
+        """The launch ended: its final state replaces the live dashboard (see the module doc)."""
+        if self._closed:
+            return
         self.draw(state, final=True)
         assert self.box is not None
-        # Frontends without widget support (and saved notebooks) show this text instead.
+        self._closed = True
+        # Frontends without HTML (and terminals reading the saved notebook) show this text.
         earlier = self._output_total - self._dump_lines - len(self._tail)
         self._final_text = final_text(state, self._tail, earlier)
-        self._display.update(self._bundle(self._final_text))
-        _finished.append(self)
-        _retire_old_dashboards()
-
-    def freeze(self) -> None:
-        """Replace the live dashboard by static HTML of its final state and close its widgets."""
-        if self.box is None:
-            return
-        parts = [self.title.value, *(row.static_html() for row in self.rows.values())]
-        extras = (self.charts, self.log, self.summary)
-        parts += [w.value for w in extras if w.layout.display != "none"]
-        html = "".join(f"<div>{part}</div>" for part in parts)
+        parts = (self.charts, self.log, self.summary)
+        extras = [w.value for w in parts if w.layout.display != "none"]
+        ranks = [state.ranks[rank] for rank in self.rows]
+        html = static_dashboard(self._title_html(state), ranks, extras)
         self._display.update({"text/html": html, "text/plain": self._final_text})
         for widget in [self.title, self.charts, self.log, self.summary, self.box]:
             _close(widget)
@@ -251,6 +230,7 @@ class WidgetView:
             layout=widgets.Layout(width="100%"),
         )
         self.box.add_class("nbtrain-dashboard")
+        self.title.add_class("nbtrain-cell")
         self._display.show(self._bundle(f"nbtrain: {len(self.rows)} rank(s) running"))
 
     def _bundle(self, text: str) -> dict[str, Any]:
@@ -262,10 +242,13 @@ class WidgetView:
     # -- parts ----------------------------------------------------------------------------------
 
     def _draw_title(self, state: RunState) -> None:
+        self.title.value = LIVE_CSS + self._title_html(state)
+
+    def _title_html(self, state: RunState) -> str:
         title = escape(state.title) if state.title else f"{len(self.rows)} ranks"
         note = self._current_note(state)
         note_html = f' · <span class="nbtrain-note">{escape(note)}</span>' if note else ""
-        self.title.value = (
+        return one_line_html_markup(
             f"<b>nbtrain</b> · {title} · {format_duration(state.elapsed)}{note_html}"
         )
 
@@ -283,7 +266,7 @@ class WidgetView:
         return note.text
 
     def _draw_charts(self, state: RunState) -> None:
-        names = _metric_names(state)[:MAX_CHARTS]
+        names = _charted_names(state)[:MAX_CHARTS]
         if not names:
             return
         legend = " ".join(
@@ -368,37 +351,24 @@ def final_text(state: RunState, tail: Iterable[OutputLine] = (), earlier: int = 
     return "\n".join(lines)
 
 
-def _bar_position(view: RankView) -> tuple[int, int]:
-    """(value, max) of the bar; a rank that reported no total fills its bar when done."""
-    if view.total:
-        return min(view.step, view.total), view.total
-    done = view.status is RankStatus.DONE
-    return (1 if done else 0), 1
-
-
-def _has_steps(view: RankView) -> bool:
-    return view.total is not None or view.step > 0
-
-
-_ONE_LINE = "white-space:nowrap;overflow:hidden;text-overflow:ellipsis;display:block"
-
-
-def _one_line_html(text: str, style: str = "") -> str:
-    """A cell that never wraps (rows keep their height); the full text shows on hover."""
-    shown = escape(text)
-    return f'<span title="{shown}" style="{_ONE_LINE}{style}">{shown}</span>'
-
-
-def _status_html(view: RankView) -> str:
-    color = STATUS_COLORS.get(view.status)
-    return _one_line_html(format_status(view), f";color:{color};font-weight:bold" if color else "")
-
-
-def _metric_names(state: RunState) -> list[str]:
+def _charted_names(state: RunState) -> list[str]:
+    """Metrics with a line to draw: two points on some rank. A metric logged once (or not yet
+    twice) is shown by its value in the rows, not as an empty box with made-up axes."""
     names: dict[str, None] = {}
     for _, view in sorted(state.ranks.items()):
-        names.update(dict.fromkeys(view.history))
+        names.update(
+            (name, None) for name, series in view.history.items() if _drawable(series)
+        )
     return list(names)
+
+
+def _drawable(series: Sequence[tuple[int, float]]) -> bool:
+    return sum(1 for _, value in series if math.isfinite(value)) >= 2
+
+
+def one_line_html_markup(markup: str) -> str:
+    """Markup kept on one line (the title): it ends in "…" when the dashboard is narrow."""
+    return f'<div style="white-space:nowrap;overflow:hidden;text-overflow:ellipsis">{markup}</div>'
 
 
 def _line_html(line: OutputLine) -> str:

@@ -215,7 +215,9 @@ class Reporter:
         if not self.bars:
             return None
         bar = self.bars[-1]
-        return Progress(self.rank, bar.n, bar.total, _compose_desc(self.bars), loop=bar.desc)
+        outer = tuple((above.n, above.total) for above in self.bars[:-1])
+        desc = _compose_desc(self.bars)
+        return Progress(self.rank, bar.n, bar.total, desc, loop=bar.desc, outer=outer)
 
     def _offer(self, event: Event, final: bool) -> bool:
         if final:

@@ -124,6 +124,9 @@ def test_nested_loops_show_the_outer_position_in_the_description(sink) -> None:
             time.sleep(0.06)  # some updates become due inside the inner loop
     descs = [e.desc for e in sink.of(Progress)]
     assert "epoch 1/2 · train" in descs and "epoch 2/2 · train" in descs
+    # The outer loops' position as data, for the whole run's ETA: (passes done, total).
+    inner = [e for e in sink.of(Progress) if e.loop == "train"]
+    assert {e.outer for e in inner} == {((0, 2),), ((1, 2),)}
     last = sink.of(Progress)[-1]
     assert (last.step, last.total, last.desc) == (2, 2, "epoch")
 
