@@ -17,13 +17,15 @@ from html import escape
 from nbtrain.display.formatting import format_metrics, format_status, format_steps, has_progress
 from nbtrain.kernel.monitor import RankStatus, RankView
 
-# flex of each column of a row: the bar takes what the others leave (at least BAR_MIN).
+# flex of each column of a row: the bar takes what the others leave (at least BAR_MIN). The
+# text columns' sizes come from the row's width only (min-width 0: never from their text); when
+# the row is too narrow for them all they shrink together, so nothing leaves the row.
 COLUMNS = {
-    "label": "0 0 110px",
+    "label": "0 1 110px",
     "bar": "1 1 0px",
-    "steps": "0 0 27%",
-    "metrics": "0 0 25%",
-    "status": "0 0 16%",
+    "steps": "0 1 27%",
+    "metrics": "0 1 25%",
+    "status": "0 1 16%",
 }
 BAR_MIN = "60px"
 BAR_COLORS = {"": "#2196f3", "success": "#4caf50", "danger": "#e53935", "warning": "#fb8c00"}
@@ -112,9 +114,10 @@ def static_row(view: RankView) -> str:
     column = "min-width:0;overflow:hidden;flex:"
     parts = [
         f'<div class="nbtrain-label" style="{column}{COLUMNS["label"]}">{cells.label}</div>',
-        f'<div class="nbtrain-bar" style="flex:{COLUMNS["bar"]};min-width:{BAR_MIN};'
+        f'<div class="nbtrain-bar" data-value="{cells.value}" data-max="{cells.maximum}" '
+        f'data-style="{cells.bar_style}" style="flex:{COLUMNS["bar"]};min-width:{BAR_MIN};'
         'height:14px;background:#eee">'
-        f'<div style="width:{percent:.0f}%;height:100%;background:{color}"></div></div>',
+        f'<div style="width:{percent:.1f}%;height:100%;background:{color}"></div></div>',
         f'<div class="nbtrain-steps" style="{column}{COLUMNS["steps"]};padding-left:6px">'
         f"{one_line_html(cells.steps)}</div>",
         f'<div class="nbtrain-metrics" style="{column}{COLUMNS["metrics"]}">'

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 import ipywidgets as widgets
 
+from nbtrain.display.chart import WIDTH as CHART_WIDTH
 from nbtrain.display.chart import rank_color, svg_chart
 from nbtrain.display.formatting import format_duration
 from nbtrain.display.rows import (
@@ -48,6 +49,7 @@ MAX_LINE_CHARS = 400
 TEXT_TAIL_LINES = 12  # output lines kept in the plain-text version (saved notebooks stay small)
 TEXT_TAIL_CHARS = 200
 MAX_CHARTS = 3  # metrics charted side by side (the first ones logged)
+CHART_MIN = 200  # pixels: narrower, the axis labels would be too small to read
 # Seconds between redraws of the chart and of the output area. Each redraw rebuilds and resends
 # the whole markup: up to 3 charts of ~15 KB at full history, 200 output lines of ~40 KB. Twice
 # a second keeps the kernel's share and the traffic to the browser small (see chart.py) while
@@ -273,8 +275,11 @@ class WidgetView:
             f'<span style="color:{rank_color(rank)}">■</span> rank {rank}'
             for rank in sorted(state.ranks)
         )
+        # Each chart scales down with the width (its SVG has a viewBox), two or three a line.
         charts = "".join(
-            svg_chart(name, {r: v.history.get(name, []) for r, v in state.ranks.items()})
+            f'<div style="flex:1 1 {CHART_MIN}px;max-width:{CHART_WIDTH}px">'
+            + svg_chart(name, {r: v.history.get(name, []) for r, v in state.ranks.items()})
+            + "</div>"
             for name in names
         )
         self.charts.value = (
@@ -311,7 +316,11 @@ class WidgetView:
         if not state.summary:
             return
         color = summary_color(state)
-        self.summary.value = f'<b style="color:{color}">{escape(state.summary)}</b>'
+        # A long unbroken word (a path, a repeated character) wraps instead of overflowing.
+        self.summary.value = (
+            f'<div style="overflow-wrap:anywhere"><b style="color:{color}">'
+            f"{escape(state.summary)}</b></div>"
+        )
         self.summary.layout.display = ""
 
 

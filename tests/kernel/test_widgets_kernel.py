@@ -1,18 +1,20 @@
-"""The live dashboard inside a real Jupyter kernel (nbclient, widget state stored).
+"""The dashboard inside a real Jupyter kernel (nbclient), read from the saved notebook.
 
-The notebook's saved widget state is what a frontend received over the comms: every model with
-its final values. The text/plain of the widget output is the dashboard's plain-text version.
+When a launch ends its live dashboard is replaced in place by a static HTML + text/plain
+rendering of the final state: that is what the saved notebook keeps (no widget mimetype, so a
+reopened notebook never says "model not found"), and what these tests read. The text/plain is
+the dashboard's plain-text version.
 """
 
 from __future__ import annotations
 
 import html
 import re
+from html.parser import HTMLParser
 
 import pytest
 from kernelutil import Kernel
 
-WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 TRAIN = """
@@ -31,53 +33,70 @@ def train(steps, fail_rank=None):
 """
 
 
-def text(markup: str) -> str:
-    """What the reader sees of an HTML widget's value."""
-    return html.unescape(re.sub(r"<[^>]+>", "", markup))
+class _Rows(HTMLParser):
+    """Each div.nbtrain-row of the static dashboard: its data attributes and column texts."""
+
+    COLUMNS = ("label", "steps", "metrics", "status")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: dict[int, dict[str, str]] = {}
+        self._row: dict[str, str] | None = None
+        self._column: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        found = {name: value or "" for name, value in attrs}
+        kind = found.get("class", "")
+        if kind == "nbtrain-row":
+            self._row = {"status_name": found["data-status"]}
+            self.rows[int(found["data-rank"])] = self._row
+        elif kind == "nbtrain-bar" and self._row is not None:
+            self._row.update(value=found["data-value"], max=found["data-max"],
+                             bar_style=found["data-style"])
+        elif kind.removeprefix("nbtrain-") in self.COLUMNS and self._row is not None:
+            self._column = kind.removeprefix("nbtrain-")
+            self._row[self._column] = ""
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "div":
+            self._column = None
+
+    def handle_data(self, data: str) -> None:
+        if self._row is not None and self._column is not None:
+            self._row[self._column] += data
 
 
 class Dashboard:
-    """Reads the dashboard's rows out of the saved widget models."""
+    """The static dashboard a cell's saved output holds once the launch ended."""
 
-    def __init__(self, notebook) -> None:
-        self.models = {
-            model_id: model["state"]
-            for model_id, model in notebook.metadata["widgets"][WIDGET_STATE]["state"].items()
-        }
-        self.names = {
-            model_id: model["model_name"]
-            for model_id, model in notebook.metadata["widgets"][WIDGET_STATE]["state"].items()
-        }
+    def __init__(self, notebook, cell: int = 1) -> None:
+        outputs = [
+            o for o in notebook.cells[cell].outputs
+            if "nbtrain-static" in o.get("data", {}).get("text/html", "")
+        ]
+        assert len(outputs) == 1, f"expected one dashboard, got {notebook.cells[cell].outputs}"
+        self.data = outputs[0]["data"]
+        self.markup = self.data["text/html"]
 
-    def child(self, reference: str) -> dict:
-        return self.models[reference.removeprefix("IPY_MODEL_")]
+    def rows(self) -> dict[int, dict[str, str]]:
+        """rank -> {"label", "value", "max", "bar_style", "steps", "metrics", "status", ...}."""
+        parser = _Rows()
+        parser.feed(self.markup)
+        return parser.rows
 
-    def rows(self) -> dict[int, dict[str, dict]]:
-        """rank -> {"label", "bar", "steps", "metrics", "status"} states."""
-        rows = {}
-        for model_id, state in self.models.items():
-            if self.names[model_id] != "HBoxModel" or len(state.get("children", [])) != 5:
-                continue
-            parts = dict(
-                zip(
-                    ["label", "bar", "steps", "metrics", "status"],
-                    (self.child(c) for c in state["children"]),
-                    strict=True,
-                )
-            )
-            label = parts["label"]["value"]  # "<b>rank 2</b> · cpu"
-            rank = int(label.split("rank ")[1].split("<")[0])
-            rows[rank] = parts
-        return rows
 
-    def html_values(self) -> list[str]:
-        return [s["value"] for i, s in self.models.items() if self.names[i] == "HTMLModel"]
+def text(markup: str) -> str:
+    """What the reader sees of a piece of markup."""
+    return html.unescape(re.sub(r"<[^>]+>", "", markup))
 
 
 def widget_output(cell) -> dict:
-    outputs = [o for o in cell.outputs if WIDGET_VIEW in o.get("data", {})]
+    """The dashboard's saved output: static HTML and text, never a widget to look up."""
+    outputs = [o for o in cell.outputs if "text/html" in o.get("data", {})]
     assert len(outputs) == 1, f"expected one dashboard, got {cell.outputs}"
-    return outputs[0]["data"]
+    data = outputs[0]["data"]
+    assert WIDGET_VIEW not in data, "a saved notebook would show 'model not found'"
+    return data
 
 
 @pytest.mark.timeout(300)
@@ -95,13 +114,12 @@ def test_a_three_rank_run_ends_with_every_bar_full_and_green(run_notebook) -> No
     rows = dashboard.rows()
     assert sorted(rows) == [0, 1, 2]
     for rank, row in rows.items():
-        assert text(row["label"]["value"]) == f"rank {rank} · cpu"
-        bar = row["bar"]
-        assert (bar["value"], bar["max"], bar["bar_style"]) == (40, 40, "success")
-        assert text(row["steps"]["value"]).startswith("train 40/40")
-        assert text(row["metrics"]["value"]) == f"loss {1 / 40 + rank:.4g}"
-        assert text(row["status"]["value"]) == "done"
-    markup = "\n".join(dashboard.html_values())
+        assert row["label"] == f"rank {rank} · cpu"
+        assert (row["value"], row["max"], row["bar_style"]) == ("40", "40", "success")
+        assert row["steps"].startswith("train 40/40")
+        assert row["metrics"] == f"loss {1 / 40 + rank:.4g}"
+        assert row["status"] == "done"
+    markup = dashboard.markup
     assert 'data-metric="loss"' in markup and markup.count("<polyline") == 3  # the live chart
     assert all(f"rank {rank} finished" in markup for rank in range(3))  # the output area
     assert "Done in" in markup  # the summary line
@@ -127,12 +145,12 @@ def test_a_failing_rank_is_shown_in_red_with_its_reason(run_notebook) -> None:
     assert any("raised WorkerError 1" in o.get("text", "") for o in notebook.cells[1].outputs)
     rows = Dashboard(notebook).rows()
     failed = rows[1]
-    assert failed["bar"]["bar_style"] == "danger"
-    assert failed["bar"]["value"] == 5  # where it stopped
-    assert text(failed["status"]["value"]) == "failed: ValueError: boom on rank 1"
+    assert failed["bar_style"] == "danger"
+    assert failed["value"] == "5"  # where it stopped
+    assert failed["status"] == "failed: ValueError: boom on rank 1"
     for rank in (0, 2):
-        assert rows[rank]["bar"]["bar_style"] != "danger"  # stopped by the launcher, not failed
-        assert text(rows[rank]["status"]["value"]) == "stopped"
+        assert rows[rank]["bar_style"] == "warning"  # stopped by the launcher, not failed
+        assert rows[rank]["status"] == "stopped"
     summary = widget_output(notebook.cells[1])["text/plain"].splitlines()[-1]
     assert summary.startswith("Failed after") and "rank 1" in summary
 
@@ -142,9 +160,8 @@ def test_one_process_shows_the_same_dashboard(run_notebook) -> None:
     notebook = run_notebook([TRAIN, "notebook_launcher(train, (30,), num_processes=1)"])
     rows = Dashboard(notebook).rows()
     assert list(rows) == [0]
-    bar = rows[0]["bar"]
-    assert (bar["value"], bar["max"], bar["bar_style"]) == (30, 30, "success")
-    assert text(rows[0]["metrics"]["value"]) == f"loss {1 / 30:.4g}"
+    assert (rows[0]["value"], rows[0]["max"], rows[0]["bar_style"]) == ("30", "30", "success")
+    assert rows[0]["metrics"] == f"loss {1 / 30:.4g}"
 
 
 @pytest.mark.timeout(300)
@@ -184,7 +201,7 @@ def test_a_timeout_keeps_its_stack_dumps_out_of_the_saved_text(run_notebook) -> 
         ]
     )
     assert any("raised TimeoutError" in o.get("text", "") for o in notebook.cells[1].outputs)
-    markup = text("\n".join(Dashboard(notebook).html_values()))
+    markup = text(Dashboard(notebook).markup)
     assert "in sleepy" in markup  # the dumps are in the output area
     saved = widget_output(notebook.cells[1])["text/plain"]
     assert "[rank 0] about to sleep" in saved and "[rank 1] about to sleep" in saved
