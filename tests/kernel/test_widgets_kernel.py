@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import re
+import time
 from html.parser import HTMLParser
 
 import pytest
@@ -208,3 +209,39 @@ def test_a_timeout_keeps_its_stack_dumps_out_of_the_saved_text(run_notebook) -> 
     assert "File " not in saved and "in sleepy" not in saved, saved
     assert "earlier output lines" not in saved  # the dumps are not counted as lines left out
     assert saved.splitlines()[-1].startswith("Timed out after 3s")
+
+
+@pytest.mark.timeout(300)
+def test_after_an_interrupt_every_row_says_stopped_at_its_step(tmp_path) -> None:
+    """The stop button: the dashboard that replaces the live one says 'stopped' (orange) on
+    every row, at the step the rank had reached, with no ETA; no widget is left to look up."""
+    marker = tmp_path / "under-way"
+    kernel = Kernel(tmp_path)
+    try:
+        msg_id = kernel.start(TRAIN.replace("time.sleep(0.01)", "time.sleep(0.02)\n"
+                                            f"        if i == 20: open({str(marker)!r}, 'w')")
+                              + "notebook_launcher(train, (5000,), num_processes=2, "
+                                "start_method='fork')")
+        deadline = time.monotonic() + 120
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert marker.exists(), "the ranks never reached step 20"
+        time.sleep(0.5)
+        kernel.manager.interrupt_kernel()
+        out = kernel.collect(msg_id, timeout=120)
+    finally:
+        kernel.shutdown()
+    assert out.error is not None and out.error["ename"] == "KeyboardInterrupt"
+    final = out.displays[-1]["data"]
+    assert set(final) == {"text/html", "text/plain"}, final.keys()
+    parser = _Rows()
+    parser.feed(final["text/html"])
+    assert sorted(parser.rows) == [0, 1]
+    for row in parser.rows.values():
+        assert (row["status_name"], row["status"], row["bar_style"]) == (
+            "stopped", "stopped", "warning"
+        )
+        assert int(row["value"]) >= 20 and row["max"] == "5000"
+        assert "ETA" not in row["steps"] and row["steps"].startswith("train ")
+    assert final["text/plain"].splitlines()[-1].startswith("Interrupted")
+    assert all(line.endswith(" stopped") for line in final["text/plain"].splitlines()[:2])
