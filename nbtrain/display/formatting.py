@@ -18,14 +18,15 @@ __all__ = [
 
 
 def format_steps(view: RankView) -> str:
-    """'train 40/100 12.3 it/s ETA 0:05' (the parts that are known)."""
+    """'train 40/100 ETA 0:05 12.3 it/s' (the parts that are known). The ETA comes before the
+    rate: in a narrow column the text is cut at its end, and the ETA says more."""
     parts = [view.desc] if view.desc else []
     parts.append(f"{view.step}/{view.total}" if view.total is not None else str(view.step))
-    if view.rate:
-        parts.append(f"{view.rate:.1f} it/s")
     eta = run_eta(view)
     if eta is not None and not view.finished:
         parts.append(f"ETA {format_duration(eta)}")
+    if view.rate:
+        parts.append(f"{view.rate:.1f} it/s")
     return " ".join(parts)
 
 

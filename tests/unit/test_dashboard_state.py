@@ -65,7 +65,7 @@ def test_the_eta_covers_the_whole_run_when_every_outer_total_is_known() -> None:
     view = state.ranks[0]
     assert view.rate == 10.0
     assert run_eta(view) == 3.0
-    assert format_steps(view).endswith("ETA 0:03")
+    assert "ETA 0:03" in format_steps(view)
     # An outer loop without a total: only the current loop's rest is known.
     state.apply(Progress(0, 11, 20, "epoch 2 · train", time=1.6, loop="train", outer=((1, None),)))
     eta = run_eta(state.ranks[0])

@@ -140,7 +140,7 @@ def test_each_rank_row_shows_device_bar_steps_rate_metrics_and_status(frontend) 
     assert "cpu" in frontend.state_of(row.label)["value"]
     bar = frontend.state_of(row.bar)
     assert (bar["value"], bar["max"], bar["bar_style"]) == (40, 100, "")
-    assert text(frontend.state_of(row.steps)["value"]) == "train 40/100 12.5 it/s ETA 0:05"
+    assert text(frontend.state_of(row.steps)["value"]) == "train 40/100 ETA 0:05 12.5 it/s"
     assert text(frontend.state_of(row.metrics)["value"]) == "loss 0.1234 acc 0.5"
     assert text(frontend.state_of(row.status)["value"]) == "running"
     assert frontend.state_of(view.rows[0].bar)["value"] == 0
