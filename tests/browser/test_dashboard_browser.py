@@ -277,6 +277,7 @@ def test_rows_fit_their_columns_stop_cleanly_and_survive_save_and_reopen(server)
     # Mid-run: the live rows' columns never drew over each other.
     assert live["samples"] >= 3, live
     assert live["problems"] == [], live["problems"][:5]
+    assert len(live["columns"]) == 1, f"columns moved as their texts changed: {live['columns']}"
     assert any("ETA" in col["text"] for cols in live["rows"] for col in cols), live["rows"]
     for width, rows in ended.items():
         assert len(rows) == 4, (width, rows)  # 2 ranks x 2 launches
@@ -303,6 +304,7 @@ def _watch_live_run(page, frontend: str) -> dict:
     """Sample the long launch's live rows until it is well under way; screenshot it."""
     deadline = time.monotonic() + 240
     samples, problems, rows = 0, [], []
+    columns = set()  # the x-extent of every column, per sample: text changes must not move them
     page.wait_for_function(
         "() => document.querySelectorAll('.nbtrain-static').length === 1", timeout=180_000
     )
@@ -311,6 +313,7 @@ def _watch_live_run(page, frontend: str) -> dict:
         if len(rows) == 2:
             samples += 1
             problems += _overlaps(rows)
+            columns.add(tuple((round(c["left"]), round(c["right"])) for cols in rows for c in cols))
             texts = " ".join(col["text"] for cols in rows for col in cols)
             if samples >= 3 and "epoch 2/3" in texts:
                 _scroll_to(page, ".nbtrain-dashboard")
@@ -323,4 +326,4 @@ def _watch_live_run(page, frontend: str) -> dict:
                 page.set_viewport_size({"width": 1400, "height": 1000})
                 break
         time.sleep(0.5)
-    return {"samples": samples, "problems": problems, "rows": rows}
+    return {"samples": samples, "problems": problems, "rows": rows, "columns": columns}
