@@ -116,8 +116,10 @@ def start_ranks(
     """
     ctx = context(method)
     if method is StartMethod.FORK:
-        for module in WARM_IMPORTS:
-            importlib.import_module(module)  # the first launch pays; later ones inherit it
+        # What a rank imports anyway (torch, the rank side) is imported here once, as the
+        # forkserver preloads it: the first launch pays, later ranks inherit it.
+        for module in FORKSERVER_PRELOAD:
+            importlib.import_module(module)
     all_pipes = {rank: RankPipes.create(ctx) for rank in ranks}
     started: list[RankProcess] = []
     try:

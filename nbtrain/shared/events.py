@@ -63,6 +63,9 @@ class Progress:
     desc: str | None = None  # what the view shows: outer loops as a prefix ('epoch 2/3 · train')
     time: float = field(default_factory=now)
     loop: str | None = None  # the innermost loop's own description (None: same as desc)
+    # The enclosing loops, outermost first: (iterations completed before the current one,
+    # total or None). With every total known the view can tell the whole run's ETA.
+    outer: tuple[tuple[int, int | None], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
