@@ -15,6 +15,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "Accelerator": "accelerator",
     "DistributedType": "accelerator",
+    "FullyShardedDataParallelPlugin": "fsdp_plugin",
     "set_seed": "seed",
     "progress": "reporting",
     "log": "reporting",
@@ -32,6 +33,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "Accelerator",
     "DistributedType",
+    "FullyShardedDataParallelPlugin",
     "NbtrainCallback",
     "ResultError",
     "WorkerError",

@@ -20,7 +20,18 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 
-from .events import Event, Exited, Failed, Finished, Log, Output, Progress, Started, Status
+from .events import (
+    Event,
+    Exited,
+    Failed,
+    Finished,
+    Log,
+    Output,
+    Progress,
+    Started,
+    Status,
+    Strategy,
+)
 from .reporting import LOOP_SEPARATOR
 
 
@@ -53,6 +64,7 @@ class RankView:
     rank: int
     status: RankStatus = RankStatus.STARTING
     device: str = ""
+    strategy: str = ""  # e.g. 'fsdp2' (a Strategy event); '' for plain data parallelism
     host: str = ""
     pid: int | None = None
     note: str = ""  # a free-text phase from a Status event; cleared when the rank moves on
@@ -132,9 +144,11 @@ class RunState:
             view.status, view.device, view.host, view.pid = (
                 RankStatus.RUNNING, event.device, event.host, event.pid
             )
-            view.started_at, view.note = event.time, ""
+            view.started_at, view.note, view.strategy = event.time, "", ""
         elif isinstance(event, Status):
             view.note = event.text
+        elif isinstance(event, Strategy):
+            view.strategy = event.name
         elif isinstance(event, Progress):
             # A note tells what a rank waits for; a step (or a metric) means it moved on.
             view.note = ""

@@ -134,7 +134,7 @@ class RankRow:
         if view.version == self.version:
             return
         self.version = view.version
-        device = f" · {escape(view.device)}" if view.device else ""
+        device = "".join(f" · {escape(text)}" for text in (view.device, view.strategy) if text)
         self.label.value = f"<b>rank {view.rank}</b>{device}"
         value, maximum = _bar_position(view)
         with self.bar.hold_sync():
