@@ -241,3 +241,46 @@ def test_live_view_rows_show_the_strategy(monkeypatch):
     assert launch(prepare_only) == "FSDPNet"  # fully_shard changed the user's module in place
     (state,) = states
     assert [view.strategy for view in state.ranks.values()] == ["fsdp2", "fsdp2"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Hugging Face Trainer: it makes Accelerate's own Accelerator, not nbtrain's
+
+
+def trainer_with_fsdp(output_dir: str) -> tuple[str, str, bool]:
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=16)
+    ids = torch.randint(0, 64, (16, 16))
+    args = TrainingArguments(
+        output_dir,
+        fsdp="full_shard",
+        fsdp_config={"transformer_layer_cls_to_wrap": ["GPT2Block"]},
+        use_cpu=True,
+        max_steps=2,
+        per_device_train_batch_size=4,
+        report_to=[],
+        save_strategy="no",
+    )
+    trainer = Trainer(
+        model=GPT2LMHeadModel(config),
+        args=args,
+        train_dataset=[{"input_ids": row, "labels": row} for row in ids],
+    )
+    trainer.train()
+    state = trainer.accelerator.state
+    return (
+        state.distributed_type.value,
+        type(trainer.model_wrapped).__name__,
+        getattr(state, "fsdp_plugin", None) is not None,
+    )
+
+
+def test_trainer_fsdp_on_cpu_ranks_trains_unsharded_as_the_readme_says(tmp_path):
+    # Accelerate 1.15 turns its FSDP plugin on for accelerator devices only (MULTI_GPU, ...;
+    # not MULTI_CPU), so on CPU ranks the Trainer trains with DDP. If this starts failing,
+    # Accelerate changed: update the README's FSDP section.
+    pytest.importorskip("transformers")
+    result = launch(trainer_with_fsdp, str(tmp_path / "out"))
+    assert result == ("MULTI_CPU", "DistributedDataParallel", False)
