@@ -302,8 +302,8 @@ class Accelerator:
             if model is prepared or model is self._strategy.unwrap_model(prepared):
                 return prepared
         placement = self.device_placement if device_placement is None else device_placement
-        if placement:
-            model.to(self._device)
+        if placement and not any(p.is_meta for p in model.parameters()):
+            model.to(self._device)  # (meta weights: FSDP's cpu_ram_efficient_loading fills them)
         self._precision.wrap_forward(self._strategy.unwrap_model(model))
         wrapped = model if evaluation_mode else self._strategy.wrap_model(model, self._ddp_kwargs)
         self._models.append(wrapped)

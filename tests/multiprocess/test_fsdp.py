@@ -123,13 +123,14 @@ def test_fsdp_trains_like_ddp_with_accumulation_and_clipping():
     assert fsdp["unsynced_grads"] == [False] * 8  # non-final micro-steps: no reduce-scatter
 
 
-def test_fsdp_size_based_wrap_without_resharding_matches_ddp():
+def test_fsdp_size_based_wrap_without_resharding_with_checkpointing_matches_ddp():
     ddp, fsdp = launch(
         compare,
         {
             "auto_wrap_policy": "size_based_wrap",
             "min_num_params": 200,
             "reshard_after_forward": False,
+            "activation_checkpointing": True,  # recomputed activations: the same gradients
         },
     )
     assert_same_training(ddp, fsdp)
@@ -152,6 +153,7 @@ def save_resume(directory: str, kind: str) -> tuple[dict, dict]:
     whole = build(True, state_dict_type=kind)
     train(whole, epochs=1)
     whole[0].save_state(directory)
+    whole[0].save_state(directory)  # again, over the first (in place: a user file is there)
     uninterrupted = train(whole, epochs=1)
     set_seed(123)
     resumed_parts = build(True, state_dict_type=kind)  # same init: reset the weights first
@@ -165,6 +167,8 @@ def save_resume(directory: str, kind: str) -> tuple[dict, dict]:
 
 @pytest.mark.parametrize("kind", ["SHARDED_STATE_DICT", "FULL_STATE_DICT"])
 def test_save_load_continue_equals_uninterrupted_run(tmp_path, kind):
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "tokenizer.json").write_text("{}")
     uninterrupted, resumed = launch(save_resume, str(tmp_path / "ck"), kind)
     assert resumed["losses"] == uninterrupted["losses"]
     for key, value in uninterrupted["weights"].items():
@@ -178,6 +182,7 @@ def test_save_load_continue_equals_uninterrupted_run(tmp_path, kind):
         assert {"pytorch_model_fsdp_0.safetensors", "optimizer_0.bin"} <= set(entries)
     assert meta["fsdp"]["state_dict_type"] == kind and meta["world_size"] == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+    assert ".nbtrain-partial" not in entries and "tokenizer.json" in entries
 
 
 def save_after_training(directory: str) -> dict:
@@ -284,3 +289,31 @@ def test_trainer_fsdp_on_cpu_ranks_trains_unsharded_as_the_readme_says(tmp_path)
     pytest.importorskip("transformers")
     result = launch(trainer_with_fsdp, str(tmp_path / "out"))
     assert result == ("MULTI_CPU", "DistributedDataParallel", False)
+
+
+# ---------------------------------------------------------------------------------------------
+# cpu_ram_efficient_loading: only rank 0 builds real weights
+
+
+def meta_on_other_ranks() -> dict:
+    acc = Accelerator(fsdp_plugin=plugin(cpu_ram_efficient_loading=True))
+    torch.manual_seed(7)
+    if acc.is_main_process:
+        model = Net()
+        expected = {k: v.clone() for k, v in model.state_dict().items()}
+    else:
+        with torch.device("meta"):
+            model = Net()
+        expected = {}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    model, optimizer = acc.prepare(model, optimizer)
+    weights = acc.get_state_dict(model)
+    loss = model(torch.ones(2, 8)).sum()  # every rank computes with rank 0's weights
+    return {"expected": expected, "weights": weights, "loss": float(acc.gather(loss[None]).std())}
+
+
+def test_cpu_ram_efficient_loading_broadcasts_rank0_weights_into_meta_ranks():
+    result = launch(meta_on_other_ranks)
+    assert result["loss"] == 0.0  # the same output on both ranks
+    for key, value in result["expected"].items():
+        assert torch.equal(result["weights"][key], value), key
