@@ -68,6 +68,11 @@ class FsdpStrategy:
         self._replaced: dict[int, tuple[weakref.ref[nn.Parameter], nn.Parameter]] = {}
         self.models: list[nn.Module] = []
 
+    @property
+    def sharding(self) -> bool:
+        """Whether models are sharded (several ranks), not kept whole (one rank)."""
+        return self._mesh is not None
+
     # -- Strategy protocol ----------------------------------------------------------------
 
     def wrap_model(self, model: nn.Module, ddp_kwargs: dict[str, Any]) -> nn.Module:

@@ -43,7 +43,7 @@ def split_training_state(state: checkpoint.TrainingState, strategy: FsdpStrategy
         models,
         list(state.optimizers),
         SHARDED if strategy.settings.sharded_state_dict else FULL,
-        distributed=strategy._mesh is not None,
+        distributed=strategy.sharding,
         rank=strategy.collectives.rank,
     )
     return dataclasses.replace(

@@ -85,7 +85,11 @@ def train(parts, epochs: int = 2, clip: float | None = None, probe: bool = False
                 optimizer.step()
                 optimizer.zero_grad()
             losses.append(float(acc.reduce(loss.detach(), "mean")))
+    held_out = DataLoader(TensorDataset(torch.randn(30, 8)), batch_size=4)  # uneven: 30 = 7*4+2
+    with torch.no_grad():
+        evaluated = sum(len(acc.gather_for_metrics(model(x))) for (x,) in acc.prepare(held_out))
     return {
+        "evaluated": evaluated,
         "losses": losses,
         "norms": norms,
         "unsynced_grads": unsynced_grads,
@@ -103,6 +107,7 @@ def compare(options: dict, accumulation: int = 1, precision: str = "no", clip=No
 
 def assert_same_training(ddp: dict, fsdp: dict, atol: float = 1e-5) -> None:
     assert ddp["type"] == "MULTI_CPU" and fsdp["type"] == "FSDP" and fsdp["is_fsdp2"]
+    assert fsdp["evaluated"] == ddp["evaluated"] == 30  # gather_for_metrics drops the padding
     torch.testing.assert_close(fsdp["losses"], ddp["losses"], rtol=0, atol=atol)
     assert fsdp["weights"].keys() == ddp["weights"].keys()
     for key, value in ddp["weights"].items():
@@ -134,6 +139,13 @@ def test_fsdp_size_based_wrap_without_resharding_with_checkpointing_matches_ddp(
         },
     )
     assert_same_training(ddp, fsdp)
+
+
+def test_fsdp_fp16_scaler_skips_and_clips_like_ddp():
+    ddp, fsdp = launch(compare, {}, 2, "fp16", 0.05)
+    assert_same_training(ddp, fsdp)
+    assert fsdp["norms"][0] == ddp["norms"][0] == float("inf")  # the first scale overflows
+    torch.testing.assert_close(fsdp["norms"][1:], ddp["norms"][1:], rtol=1e-4, atol=1e-6)
 
 
 def test_fsdp_bf16_autocast_and_policy_stay_close_to_ddp():
