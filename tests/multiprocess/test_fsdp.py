@@ -69,7 +69,9 @@ def build(fsdp: bool, accumulation: int = 1, precision: str = "no", **options: A
     return acc, model, optimizer, data
 
 
-def train(parts, epochs: int = 2, clip: float | None = None, probe: bool = False) -> dict:
+def train(
+    parts, epochs: int = 2, clip: float | None = None, probe: bool = False, evaluate: bool = False
+) -> dict:
     acc, model, optimizer, data = parts
     losses, norms, unsynced_grads = [], [], []
     for _ in range(epochs):
@@ -85,9 +87,11 @@ def train(parts, epochs: int = 2, clip: float | None = None, probe: bool = False
                 optimizer.step()
                 optimizer.zero_grad()
             losses.append(float(acc.reduce(loss.detach(), "mean")))
-    held_out = DataLoader(TensorDataset(torch.randn(30, 8)), batch_size=4)  # uneven: 30 = 7*4+2
-    with torch.no_grad():
-        evaluated = sum(len(acc.gather_for_metrics(model(x))) for (x,) in acc.prepare(held_out))
+    evaluated = 0
+    if evaluate:
+        held_out = DataLoader(TensorDataset(torch.randn(30, 8)), batch_size=4)  # 30 = 7 * 4 + 2
+        with torch.no_grad():
+            evaluated = sum(len(acc.gather_for_metrics(model(x))) for (x,) in acc.prepare(held_out))
     return {
         "evaluated": evaluated,
         "losses": losses,
@@ -100,8 +104,10 @@ def train(parts, epochs: int = 2, clip: float | None = None, probe: bool = False
 
 
 def compare(options: dict, accumulation: int = 1, precision: str = "no", clip=None) -> tuple:
-    ddp = train(build(False, accumulation, precision), clip=clip)
-    fsdp = train(build(True, accumulation, precision, **options), clip=clip, probe=True)
+    ddp = train(build(False, accumulation, precision), clip=clip, evaluate=True)
+    fsdp = train(
+        build(True, accumulation, precision, **options), clip=clip, probe=True, evaluate=True
+    )
     return ddp, fsdp
 
 
