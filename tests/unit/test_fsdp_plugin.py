@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from nbtrain import Accelerator, DistributedType, FullyShardedDataParallelPlugin
+from nbtrain.display.text import format_rank
 from nbtrain.display.widgets import RankRow
 from nbtrain.fsdp import _layers_to_shard
 from nbtrain.fsdp_setup import plugin_for
@@ -127,3 +128,5 @@ def test_a_rank_row_shows_its_strategy_beside_its_device():
     assert row.label.value == "<b>rank 0</b> · cpu · fsdp2"
     row.render(RankView(rank=1, device="cuda:1", version=1))
     assert row.label.value == "<b>rank 1</b> · cuda:1"
+    assert format_rank(RankView(rank=0, strategy="fsdp2")).startswith("[rank 0 · fsdp2] ")
+    assert format_rank(RankView(rank=1)).startswith("[rank 1] ")
