@@ -335,3 +335,20 @@ def test_cpu_ram_efficient_loading_broadcasts_rank0_weights_into_meta_ranks():
     assert result["loss"] == 0.0  # the same output on both ranks
     for key, value in result["expected"].items():
         assert torch.equal(result["weights"][key], value), key
+
+
+def prepare_a_stepped_optimizer() -> str:
+    acc = Accelerator(fsdp_plugin=plugin())
+    model = Net()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    model(torch.ones(1, 8)).sum().backward()
+    optimizer.step()  # its moments belong to the full parameters
+    try:
+        acc.prepare(model, optimizer)
+    except ValueError as error:
+        return str(error)
+    return "prepared"
+
+
+def test_an_optimizer_that_stepped_before_prepare_is_refused():
+    assert "already has state" in launch(prepare_a_stepped_optimizer)
