@@ -67,6 +67,7 @@ class Op(IntEnum):
     SAVE_STATE = 8
     LOAD_STATE = 9
     MAIN_PROCESS_FIRST = 10
+    GET_STATE_DICT = 11
 
     @property
     def call(self) -> str:

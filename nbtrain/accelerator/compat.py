@@ -8,7 +8,7 @@ features nbtrain does not have (checked here, so the Accelerator stays a thin fr
   checkpoint naming (``save_state()`` without a directory), read from Accelerate's own
   ProjectConfiguration or this module's.
 - Arguments for experiment trackers, RNG synchronisation and torch.compile are accepted with a
-  one-time warning saying what nbtrain does instead; DeepSpeed, FSDP, Megatron-LM and tensor
+  one-time warning saying what nbtrain does instead; DeepSpeed, Megatron-LM and tensor
   parallelism are refused (training silently without them would not be the run that was asked
   for).
 """
@@ -41,7 +41,6 @@ def warn_once(key: str, text: str, stacklevel: int = 4) -> None:
 _REFUSED = {
     "deepspeed_plugin": "DeepSpeed",
     "deepspeed_plugins": "DeepSpeed",
-    "fsdp_plugin": "FSDP",
     "megatron_lm_plugin": "Megatron-LM",
     "torch_tp_plugin": "tensor parallelism",
     "parallelism_config": "tensor/context parallelism",
@@ -141,7 +140,6 @@ class State:
     Accelerator's own."""
 
     deepspeed_plugin = None
-    fsdp_plugin = None
     megatron_lm_plugin = None
     dynamo_plugin = None
     parallelism_config = None
@@ -149,6 +147,10 @@ class State:
 
     def __init__(self, accelerator: Accelerator) -> None:
         self._accelerator = accelerator
+
+    @property
+    def fsdp_plugin(self) -> Any:
+        return self._accelerator.fsdp_plugin
 
     @property
     def backend(self) -> str | None:

@@ -32,6 +32,7 @@ from nbtrain.accelerator import (
     compat,
     data,
     devices,
+    fsdp_setup,
     handlers,
     nested,
     parallel,
@@ -56,7 +57,9 @@ class Accelerator:
     dispatch_batches is refused), ``project_dir`` / ``project_config`` (automatic checkpoint
     naming). Accepted with a one-time warning saying what nbtrain does instead: ``log_with``
     (no trackers: ``log()`` feeds the live view), ``rng_types``, ``dynamo_backend`` /
-    ``dynamo_plugin``. Refused: DeepSpeed, FSDP, Megatron-LM and tensor-parallel plugins.
+    ``dynamo_plugin``; ``fsdp_plugin`` (FSDP2, see accelerator/fsdp_plugin.py; also turned on by
+    ACCELERATE_USE_FSDP=true, as ``accelerate launch --use_fsdp`` sets it). Refused: DeepSpeed,
+    Megatron-LM and tensor-parallel plugins.
 
     Intentional differences from Accelerate 1.15, each for a reason:
 
@@ -103,7 +106,6 @@ class Accelerator:
                 "dynamo_plugin": dynamo_plugin,
                 "deepspeed_plugin": deepspeed_plugin,
                 "deepspeed_plugins": deepspeed_plugins,
-                "fsdp_plugin": fsdp_plugin,
                 "megatron_lm_plugin": megatron_lm_plugin,
                 "torch_tp_plugin": torch_tp_plugin,
                 "parallelism_config": parallelism_config,
@@ -141,8 +143,12 @@ class Accelerator:
         mode = precision.resolve(mixed_precision, default, source)
         self._precision = precision.Precision(mode, self._device, options.scaler, options.autocast)
         self._ddp_kwargs = options.ddp
-        self._strategy = _strategy_for(self._device, self._placement.world_size, options)
+        self.fsdp_plugin = fsdp_setup.plugin_for(fsdp_plugin, self._device)
+        self._strategy = _strategy_for(
+            self._device, self._placement.world_size, options, self.fsdp_plugin
+        )
         self._collectives = self._strategy.collectives
+        fsdp_setup.announce(self._strategy)
         self._models: list[nn.Module] = []
         self._optimizers: list[PreparedOptimizer] = []
         self._schedulers: list[PreparedScheduler] = []
@@ -188,6 +194,10 @@ class Accelerator:
     @property
     def use_distributed(self) -> bool:
         return self.num_processes > 1
+
+    @property
+    def is_fsdp2(self) -> bool:
+        return self.fsdp_plugin is not None
 
     @property
     def mixed_precision(self) -> str:
@@ -292,8 +302,8 @@ class Accelerator:
             if model is prepared or model is self._strategy.unwrap_model(prepared):
                 return prepared
         placement = self.device_placement if device_placement is None else device_placement
-        if placement:
-            model.to(self._device)
+        if placement and not any(p.is_meta for p in model.parameters()):
+            model.to(self._device)  # (meta weights: FSDP's cpu_ram_efficient_loading fills them)
         self._precision.wrap_forward(self._strategy.unwrap_model(model))
         wrapped = model if evaluation_mode else self._strategy.wrap_model(model, self._ddp_kwargs)
         self._models.append(wrapped)
@@ -464,6 +474,9 @@ class Accelerator:
             return self._gradient_norm(params, norm_type)
         self.unscale_gradients()
         self._average_gradients(params)
+        clip = getattr(self._strategy, "clip_grad_norm", None)  # FSDP: the norm over all shards
+        if clip is not None:
+            return clip(params, max_norm, norm_type)
         return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type)
 
     def clip_grad_value_(
@@ -698,7 +711,7 @@ class Accelerator:
         return str(source)
 
     def _training_state(self) -> checkpoint.TrainingState:
-        return checkpoint.TrainingState(
+        state = checkpoint.TrainingState(
             models=[self.unwrap_model(model) for model in self._models],
             optimizers=list(self._optimizers),
             schedulers=list(self._schedulers),
@@ -707,6 +720,8 @@ class Accelerator:
             scaler=self._precision.scaler,
             accumulation_step=self.gradient_state.step,
         )
+        split = getattr(self._strategy, "checkpoint_state", None)  # FSDP: sharded via DCP
+        return split(state) if split is not None else state
 
     def save_model(
         self,
@@ -717,7 +732,13 @@ class Accelerator:
     ) -> None:
         """Write the model's weights (model.safetensors, or pytorch_model.bin without
         safetensors) from the main process; not a collective. ``max_shard_size`` is accepted for
-        compatibility: nbtrain writes a single file."""
+        compatibility: nbtrain writes a single file. Under FSDP every rank must call it (the
+        shards are gathered), as in Accelerate."""
+        if fsdp_setup.sharded(self._strategy, model):
+            state = self.get_state_dict(model)
+            if self.is_main_process:
+                fsdp_setup.save_full(state, save_directory, safe_serialization)
+            return
         if self.is_main_process:
             checkpoint.save_model(
                 self.unwrap_model(model), save_directory, safe_serialization=safe_serialization
@@ -735,6 +756,10 @@ class Accelerator:
             torch.save(obj, f)
 
     def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, Any]:
+        """The model's weights. Under FSDP: the whole model gathered to CPU on the main process
+        ({} on the others); every rank must call it then."""
+        if fsdp_setup.sharded(self._strategy, model):
+            return self._strategy.full_state_dict(model)  # type: ignore[attr-defined]
         return (self.unwrap_model(model) if unwrap else model).state_dict()
 
     def free_memory(self, *objects: Any) -> list[Any]:
@@ -809,7 +834,7 @@ class Accelerator:
 
 
 def _strategy_for(
-    device: torch.device, world_size: int, options: handlers.Options
+    device: torch.device, world_size: int, options: handlers.Options, fsdp_plugin: Any
 ) -> parallel.Strategy:
     """Initialises the process group (lazily: here, not at import) when there are several
     ranks, with the backend that fits the device unless the user's code already made one."""
@@ -819,6 +844,8 @@ def _strategy_for(
     )
     timeout = options.timeout or collectives.DEFAULT_TIMEOUT
     devices.activate(device)  # before the process group: nccl binds the current GPU
+    if fsdp_plugin is not None:
+        return fsdp_setup.create(device, world_size, fsdp_plugin, backend, timeout)
     return parallel.create(kind, device, backend=backend, timeout=timeout)
 
 

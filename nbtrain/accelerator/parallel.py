@@ -29,6 +29,7 @@ class DistributedType(str, Enum):
     MULTI_CPU = "MULTI_CPU"
     MULTI_GPU = "MULTI_GPU"
     XLA = "XLA"
+    FSDP = "FSDP"  # several ranks sharding one model (nbtrain.fsdp), as Accelerate names it
 
 
 def distributed_type_for(device: torch.device, world_size: int) -> DistributedType:

@@ -71,7 +71,8 @@ class RowCells:
 
 
 def row_cells(view: RankView) -> RowCells:
-    device = f" · {escape(view.device)}" if view.device else ""
+    # ' · cpu · fsdp2': the device and, when not plain data parallelism, the strategy
+    device = "".join(f" · {escape(text)}" for text in (view.device, view.strategy) if text)
     value, maximum = bar_position(view)
     return RowCells(
         label=f"<b>rank {view.rank}</b>{device}",

@@ -141,8 +141,9 @@ class TextView:
 
 
 def format_rank(view: RankView) -> str:
-    """'[rank 1] train 40/100 12.3 it/s loss 0.52' plus the status once it is not 'running'."""
-    parts = [f"[rank {view.rank}]"]
+    """'[rank 1] train 40/100 12.3 it/s loss 0.52' plus the status once it is not 'running'
+    ('[rank 1 · fsdp2] ...' for a rank that announced a strategy)."""
+    parts = [f"[rank {view.rank} · {view.strategy}]" if view.strategy else f"[rank {view.rank}]"]
     if has_progress(view):
         parts.append(format_steps(view))
     if view.metrics:

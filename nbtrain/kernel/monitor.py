@@ -30,6 +30,7 @@ from nbtrain.shared.events import (
     Progress,
     Started,
     Status,
+    Strategy,
 )
 
 
@@ -62,6 +63,7 @@ class RankView:
     rank: int
     status: RankStatus = RankStatus.STARTING
     device: str = ""
+    strategy: str = ""  # e.g. 'fsdp2' (a Strategy event); '' for plain data parallelism
     host: str = ""
     pid: int | None = None
     note: str = ""  # a free-text phase from a Status event; cleared when the rank moves on
@@ -145,9 +147,11 @@ class RunState:
             view.status, view.device, view.host, view.pid = (
                 RankStatus.RUNNING, event.device, event.host, event.pid
             )
-            view.started_at, view.note = event.time, ""
+            view.started_at, view.note, view.strategy = event.time, "", ""
         elif isinstance(event, Status):
             view.note = event.text
+        elif isinstance(event, Strategy):
+            view.strategy = event.name
         elif isinstance(event, Progress):
             # A note tells what a rank waits for; a step (or a metric) means it moved on.
             view.note = ""

@@ -26,7 +26,7 @@ from typing import Any, Protocol, TypeVar
 
 from nbtrain.rank import runtime
 from nbtrain.rank.runtime import Runtime
-from nbtrain.shared.events import Event, EventSink, Log, Progress
+from nbtrain.shared.events import Event, EventSink, Log, Progress, Strategy
 
 T = TypeVar("T")
 
@@ -52,6 +52,13 @@ def progress(
 
         return text_progress(iterable, total, desc)
     return _rank_progress(reporter_for(current), iterable, total, desc)
+
+
+def announce_strategy(name: str) -> None:
+    """Show ``name`` (e.g. 'fsdp2') beside this rank's device in the live view."""
+    current = runtime.current()
+    if current is not None:
+        current.sink.send(Strategy(current.info.rank, name))
 
 
 def log(values: Mapping[str, Any], step: int | None = None) -> None:

@@ -56,6 +56,15 @@ class Status:
 
 
 @dataclass(frozen=True, slots=True)
+class Strategy:
+    """How the rank trains, when it is more than data parallel (e.g. 'fsdp2')."""
+
+    rank: int
+    name: str
+    time: float = field(default_factory=now)
+
+
+@dataclass(frozen=True, slots=True)
 class Progress:
     rank: int
     step: int
@@ -137,7 +146,9 @@ class Exited:
     stop_requested: bool = False  # the launcher had asked it to stop (it may have ended first)
 
 
-Event = Started | Status | Progress | Log | Output | Display | Finished | Failed | Exited
+Event = (
+    Started | Status | Strategy | Progress | Log | Output | Display | Finished | Failed | Exited
+)
 
 
 class EventSink(Protocol):

@@ -84,8 +84,9 @@ def test_parallelism_plugins_and_fp8_are_refused_clearly():
         ProfileKwargs,
     )
 
-    with pytest.raises(ValueError, match=r"fsdp_plugin=.*does not support FSDP.*Drop fsdp_plugin"):
-        Accelerator(fsdp_plugin=object())
+    refused = r"fsdp_plugin=builtins.object.*from nbtrain import FullyShardedDataParallelPlugin"
+    with pytest.raises(TypeError, match=refused):
+        Accelerator(fsdp_plugin=object())  # Accelerate's own plugin object is not nbtrain's
     with pytest.raises(ValueError, match="DeepSpeed"):
         Accelerator(deepspeed_plugin=object())
     with pytest.raises(ValueError, match="fp8 training is not supported"):
