@@ -33,6 +33,7 @@ from . import (
     data,
     devices,
     handlers,
+    loaderconfig,
     nested,
     parallel,
     precision,
@@ -122,10 +123,8 @@ class Accelerator:
         self.gradient_state = _gradient_state(
             gradient_accumulation_steps, gradient_accumulation_plugin
         )
-        self.split_batches, self.even_batches = _loader_options(
-            split_batches, even_batches, dataloader_config
-        )
-        self._data_seed: int | None = getattr(dataloader_config, "data_seed", None)
+        self._split_arg, self._even_arg = split_batches, even_batches
+        self.dataloader_config = loaderconfig.make(dataloader_config, split_batches, even_batches)
         self.project_configuration = compat.project_configuration(project_dir, project_config)
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
@@ -202,6 +201,25 @@ class Accelerator:
         """Accelerate's ``accelerator.state``: num_processes, device, distributed_type, ...;
         printing it gives the same summary."""
         return compat.State(self)
+
+    @property
+    def split_batches(self) -> bool:
+        return self._loader_options().split_batches
+
+    @property
+    def even_batches(self) -> bool:
+        return self._loader_options().even_batches
+
+    @property
+    def dispatch_batches(self) -> bool:
+        return self._loader_options().dispatch_batches
+
+    @property
+    def use_seedable_sampler(self) -> bool:
+        return self._loader_options().seedable
+
+    def _loader_options(self) -> loaderconfig.LoaderOptions:
+        return loaderconfig.options(self.dataloader_config, self._split_arg, self._even_arg)
 
     @property
     def project_dir(self) -> str | None:
@@ -337,27 +355,28 @@ class Accelerator:
         device_placement: bool | None = None,
         slice_fn_for_dispatch: Any = None,
     ) -> data.PreparedDataLoader:
-        """``slice_fn_for_dispatch`` (Accelerate's, for dispatch_batches) is accepted and unused:
-        every rank loads its own batches."""
+        """``slice_fn_for_dispatch`` (with dispatch_batches) cuts each rank's share out of a
+        batch the main process loaded: ``slice_fn(batch, slice(start, end), process_index=,
+        num_processes=)``, Accelerate's signature."""
         if isinstance(loader, data.PreparedDataLoader):
             return loader
         placement = self.device_placement if device_placement is None else device_placement
-        # Every rank draws (so every rank's RNG advances alike); rank 0's draw is the seed,
-        # unless DataLoaderConfiguration(data_seed=...) fixed it.
-        drawn = data.draw_seed(data.seed_source(loader))
-        seed = self._collectives.broadcast_object(drawn, 0)
-        if self._data_seed is not None:
-            seed = int(self._data_seed)
+        opts = self._loader_options()
+        seed = loaderconfig.agree_on_seed(loader, opts, self._collectives)
+        xla = self.distributed_type is DistributedType.XLA  # ordinals share the user's objects
         prepared = data.prepare_data_loader(
             loader,
             world_size=self.num_processes,
             rank=self.process_index,
-            split_batches=self.split_batches,
-            even_batches=self.even_batches,
+            split_batches=opts.split_batches,
+            even_batches=opts.even_batches,
             seed=seed,
             device=self._device if placement else None,
             gradient_state=self.gradient_state,
             loader_class=getattr(self._strategy, "dataloader_class", None),
+            seedable=opts.seedable or xla,
+            follow_user=opts.data_seed is None,
+            share=functools.partial(self._collectives.broadcast_object, from_process=0),
         )
         self._dataloaders.append(prepared)
         return prepared
@@ -831,22 +850,6 @@ def _gradient_state(steps: object, plugin: Any) -> GradientState:
             f"(got gradient_accumulation_steps={steps!r} and a plugin)."
         )
     return GradientState.from_plugin(plugin)
-
-
-def _loader_options(split: bool, even: bool, config: Any) -> tuple[bool, bool]:
-    """split_batches / even_batches from the arguments and a DataLoaderConfiguration; a value
-    that differs from the default wins, wherever it was given. (The configuration's other
-    fields need nothing: nbtrain's loaders are always seedable and stateful.)"""
-    if config is None:
-        return split, even
-    if getattr(config, "dispatch_batches", None):
-        raise ValueError(
-            "dataloader_config with dispatch_batches=True is not supported: every rank loads its "
-            "own batches in nbtrain. Drop dispatch_batches."
-        )
-    return split or bool(getattr(config, "split_batches", False)), even and bool(
-        getattr(config, "even_batches", True)
-    )
 
 
 def _kind_of(obj: Any, index: int) -> str:

@@ -3,8 +3,9 @@
 ``prepare_data_loader`` rebuilds the user's DataLoader around a sharded batch sampler
 (``sharding.py`` has the arithmetic), keeping its dataset, collate_fn, workers and pinning.
 
-- Shuffling is the same on every rank and differs per epoch: the sampler's generator is seeded
-  with ``seed + epoch``, the seed agreed once at prepare time (rank 0's draw, broadcast).
+- Every rank draws the same order of samples (``shuffling.py``): by default the order follows
+  the sampler's own generator, synchronised from rank 0 at each pass, so a seeded run on N
+  ranks sees what one process would; with ``use_seedable_sampler`` it is seeded per epoch.
 - The loader knows its position (epoch, batches handed out). ``load_state`` restores it, and the
   next ``for batch in loader`` continues right after the last batch the checkpoint had seen,
   without loading the skipped batches.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import itertools
 import sys
 from collections.abc import Iterator
@@ -29,6 +31,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler
 from . import nested, sharding
 from .accumulation import GradientState
 from .sharding import ShardSpec
+from .shuffling import Shuffling
 
 _WORKER_SEED_SALT = 0x5EED  # keeps the worker-seed stream apart from the shuffle stream
 
@@ -64,21 +67,6 @@ class Position:
         self.epoch, self.yielded, self.pinned, self.in_progress = epoch, yielded, True, False
 
 
-class EpochSeeding:
-    """Seeds the sampler per epoch (same order on every rank) and calls ``set_epoch`` hooks."""
-
-    def __init__(self, seed: int, hooks: list[Any], generator: torch.Generator | None) -> None:
-        self.seed = seed
-        self.hooks = hooks
-        self.generator = generator
-
-    def apply(self, epoch: int) -> None:
-        if self.generator is not None:
-            self.generator.manual_seed(_mix(self.seed, epoch))
-        for hook in self.hooks:
-            hook.set_epoch(epoch)
-
-
 def _mix(seed: int, epoch: int) -> int:
     return (seed * 1_000_003 + epoch) % (2**63 - 1)
 
@@ -90,7 +78,7 @@ class ShardedBatchSampler(Sampler[list[int]]):
         self,
         batch_sampler: Any,
         spec: ShardSpec,
-        seeding: EpochSeeding,
+        seeding: Shuffling,
         last_batch_size: int | None,
         uniform: bool = True,
     ) -> None:
@@ -104,6 +92,15 @@ class ShardedBatchSampler(Sampler[list[int]]):
         self.uniform = uniform
         self.epoch = 0
         self.skip = 0
+
+    @property
+    def even_batches(self) -> bool:
+        """Accelerate's BatchSamplerShard attribute (join_uneven_inputs overrides it)."""
+        return self.spec.even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        self.spec = dataclasses.replace(self.spec, even_batches=bool(value))
 
     def configure(self, epoch: int, skip: int) -> None:
         self.epoch, self.skip = epoch, skip
@@ -158,7 +155,7 @@ class _OneIndexBatches:
 class IterableShard(IterableDataset):
     """Rank's share of an IterableDataset: from every step's worth of items, its slice."""
 
-    def __init__(self, dataset: IterableDataset, spec: ShardSpec, seeding: EpochSeeding) -> None:
+    def __init__(self, dataset: IterableDataset, spec: ShardSpec, seeding: Shuffling) -> None:
         self.dataset = dataset
         self.spec = spec
         self.seeding = seeding
@@ -218,6 +215,7 @@ class PreparedDataLoader(DataLoader):
         seed: int,
         device: torch.device | None,
         gradient_state: GradientState,
+        shuffling: Shuffling | None = None,
     ) -> None:
         self.base_dataloader = loader
         self.device = device
@@ -225,12 +223,21 @@ class PreparedDataLoader(DataLoader):
         self.spec = spec
         self.position = Position()
         self.end_of_dataloader = False
-        self._worker_generator = torch.Generator()
         self._seed = seed
         dataset = loader.dataset
         self._iterable = isinstance(dataset, IterableDataset)
-        seeding = _seeding_for(loader, seed)
+        if shuffling is None:  # one process: nothing to agree on
+            shuffling = Shuffling(seed, seedable=False, follow_user=True, share=None)
+        seeding = _seeding_for(loader, shuffling)
         self._seeding = seeding
+        # Worker seeds come from the loader's own generator when it follows the user's (as a
+        # plain DataLoader draws them, before the order: same stream as one process); else from
+        # a private one, seeded per epoch so a resumed pass gives its workers the same seeds.
+        user = loader.generator if isinstance(loader.generator, torch.Generator) else None
+        self._follows_user = user is not None and seeding.follow_user
+        self._worker_generator: torch.Generator = (
+            user if user is not None and self._follows_user else torch.Generator()
+        )
         self._shard: ShardedBatchSampler | IterableShard
         options = _loader_options(loader, self._worker_generator)
         if self._iterable:
@@ -247,7 +254,11 @@ class PreparedDataLoader(DataLoader):
                 _last_batch_size(loader),
                 uniform=type(batches) in (BatchSampler, _OneIndexBatches),
             )
-            if loader.batch_size is None and loader.batch_sampler is None:
+            if isinstance(loader.sampler, BatchSampler) and loader.batch_sampler is None:
+                # sampler=BatchSampler(...), batch_size=None: each of its batches is one
+                # dataset[list] lookup; whole batches go to the ranks.
+                super().__init__(dataset, sampler=self._shard, batch_size=None, **options)
+            elif loader.batch_size is None and loader.batch_sampler is None:
                 super().__init__(
                     dataset, sampler=UnbatchedSampler(self._shard), batch_size=None, **options
                 )
@@ -295,15 +306,23 @@ class PreparedDataLoader(DataLoader):
 
     # -- checkpointing -------------------------------------------------------------------------
 
-    def state_dict(self) -> dict[str, int]:
-        yielded = (
-            self.position.yielded if (self.position.in_progress or self.position.pinned) else 0
-        )
-        return {"epoch": self.position.epoch, "yielded": yielded, "seed": self._seed}
+    def state_dict(self) -> dict[str, Any]:
+        mid_pass = self.position.in_progress or self.position.pinned
+        yielded = self.position.yielded if mid_pass else 0
+        state: dict[str, Any] = {
+            "epoch": self.position.epoch,
+            "yielded": yielded,
+            "seed": self._seed,
+        }
+        generator = self._seeding.state(mid_pass)
+        if generator is not None:  # the order this pass was (or the next will be) drawn in
+            state["generator"] = generator
+        return state
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self._seed = int(state["seed"])
         self._seeding.seed = self._seed
+        self._seeding.restore(state.get("generator"))
         self.position.pin(int(state["epoch"]), int(state["yielded"]))
 
     # -- iteration ----------------------------------------------------------------------------
@@ -316,7 +335,8 @@ class PreparedDataLoader(DataLoader):
         else:
             self._shard.configure(epoch, skip)
             total = self._shard.exact_length()
-        self._worker_generator.manual_seed(_mix(self._seed ^ _WORKER_SEED_SALT, epoch))
+        if not self._follows_user:
+            self._worker_generator.manual_seed(_mix(self._seed ^ _WORKER_SEED_SALT, epoch))
         self.end_of_dataloader = False
         self.gradient_state.enter(self)
         try:
@@ -379,6 +399,9 @@ def prepare_data_loader(
     device: torch.device | None,
     gradient_state: GradientState,
     loader_class: type[PreparedDataLoader] | None = None,
+    seedable: bool = False,
+    follow_user: bool = True,
+    share: Any = None,
 ) -> PreparedDataLoader:
     if isinstance(loader, PreparedDataLoader):
         return loader
@@ -390,8 +413,18 @@ def prepare_data_loader(
         drop_last=_drop_last(loader),
         batch_size=_batch_size(loader),
     )
+    shuffling = Shuffling(
+        seed, seedable=seedable, follow_user=follow_user, share=share if world_size > 1 else None
+    )
     cls = loader_class or PreparedDataLoader  # a strategy's own subclass (XLA: step marks)
-    return cls(loader, spec=spec, seed=seed, device=device, gradient_state=gradient_state)
+    return cls(
+        loader,
+        spec=spec,
+        seed=seed,
+        device=device,
+        gradient_state=gradient_state,
+        shuffling=shuffling,
+    )
 
 
 def seed_source(loader: DataLoader) -> torch.Generator | None:
@@ -417,8 +450,18 @@ def _length(dataset: Any) -> int | None:
         return None
 
 
+def _batch_sampler(loader: DataLoader) -> Any:
+    """The loader's batch sampler: ``batch_sampler=``, or ``sampler=`` when that is a
+    BatchSampler used with ``batch_size=None`` (each of its batches one dataset lookup)."""
+    if loader.batch_sampler is None and isinstance(loader.sampler, BatchSampler):
+        return loader.sampler
+    return loader.batch_sampler
+
+
 def _sample_count(loader: DataLoader) -> int | None:
     """Samples one epoch draws: the sampler's count (it may differ from len(dataset))."""
+    if isinstance(loader.sampler, BatchSampler) and loader.batch_sampler is None:
+        return _length(loader.dataset)
     if type(loader.batch_sampler) in (BatchSampler, type(None)):
         try:
             return len(loader.sampler)  # type: ignore[arg-type]
@@ -430,29 +473,32 @@ def _sample_count(loader: DataLoader) -> int | None:
 def _batch_size(loader: DataLoader) -> int | None:
     if loader.batch_size is not None:
         return loader.batch_size
-    if loader.batch_sampler is None:  # batch_size=None: every sample is its own batch
+    batches = _batch_sampler(loader)
+    if batches is None:  # batch_size=None: every sample is its own batch
         return 1
-    size = getattr(loader.batch_sampler, "batch_size", None)
+    size = getattr(batches, "batch_size", None)
     return size if isinstance(size, int) else None
 
 
 def _drop_last(loader: DataLoader) -> bool:
-    if loader.batch_sampler is not None and loader.batch_size is None:
-        return bool(getattr(loader.batch_sampler, "drop_last", False))
+    batches = _batch_sampler(loader)
+    if batches is not None and loader.batch_size is None:
+        return bool(getattr(batches, "drop_last", False))
     return bool(loader.drop_last)
 
 
 def _last_batch_size(loader: DataLoader) -> int | None:
     size = _batch_size(loader)
-    length = _length(loader.dataset)
-    if (
-        size is None
-        or length is None
-        or type(loader.batch_sampler) not in (BatchSampler, type(None))
-    ):
+    batches = _batch_sampler(loader)
+    if size is None or _length(loader.dataset) is None:
         return None
+    sampler = loader.sampler
+    if batches is not None:
+        if type(batches) is not BatchSampler:
+            return None
+        sampler = batches.sampler
     try:
-        samples = len(loader.sampler)  # type: ignore[arg-type]  # a sampler may draw more or fewer than len(dataset)
+        samples = len(sampler)  # type: ignore[arg-type]  # a sampler may draw more or fewer than len(dataset)
     except TypeError:
         return None
     return samples % size or size
@@ -492,16 +538,24 @@ def _worker_context(loader: DataLoader) -> Any:
     return "fork"
 
 
-def _seeding_for(loader: DataLoader, seed: int) -> EpochSeeding:
-    hooks: list[Any] = [loader.dataset] if hasattr(loader.dataset, "set_epoch") else []
-    return EpochSeeding(seed, hooks, None)
+def _seeding_for(loader: DataLoader, shuffling: Shuffling) -> Shuffling:
+    """The loader's shuffling, with the dataset's own hooks: ``set_epoch``, and the generator
+    an IterableDataset may shuffle with (kept equal across ranks, as the samplers' one)."""
+    dataset = loader.dataset
+    if hasattr(dataset, "set_epoch"):
+        shuffling.hooks.append(dataset)
+    generator = getattr(dataset, "generator", None)
+    if isinstance(dataset, IterableDataset) and isinstance(generator, torch.Generator):
+        shuffling.adopt(generator)
+    return shuffling
 
 
-def _batches_of(loader: DataLoader, seeding: EpochSeeding) -> Any:
-    """A copy of the loader's batch sampler whose sampler draws from the seeding's generator.
+def _batches_of(loader: DataLoader, seeding: Shuffling) -> Any:
+    """A copy of the loader's batch sampler whose sampler draws from the shuffling's generator.
 
-    Copies, so the user's own loader and sampler keep their behaviour."""
-    batch_sampler = loader.batch_sampler
+    Copies, so the user's own loader and samplers keep their behaviour (the generator itself is
+    the user's in follow mode: that is what makes manual_seed on it take effect)."""
+    batch_sampler = _batch_sampler(loader)
     if batch_sampler is None:
         return _OneIndexBatches(_seeded_copy(loader.sampler, seeding))
     if type(batch_sampler) is BatchSampler:
@@ -517,14 +571,12 @@ def _batches_of(loader: DataLoader, seeding: EpochSeeding) -> Any:
     return custom
 
 
-def _seeded_copy(sampler: Any, seeding: EpochSeeding) -> Any:
+def _seeded_copy(sampler: Any, seeding: Shuffling) -> Any:
     """A sampler with a ``generator`` (RandomSampler, SubsetRandomSampler, WeightedRandomSampler,
-    ...) gets ours, seeded per epoch; one with ``set_epoch`` is told the epoch."""
+    ...) draws from the shuffling's; one with ``set_epoch`` is told the epoch."""
     seeded = copy.copy(sampler)
     if hasattr(seeded, "generator"):
-        if seeding.generator is None:
-            seeding.generator = torch.Generator()
-        seeded.generator = seeding.generator
+        seeded.generator = seeding.adopt(seeded.generator)
     if hasattr(seeded, "set_epoch"):
         seeding.hooks.append(seeded)
     return seeded

@@ -115,8 +115,11 @@ def test_dataloader_configuration_and_step_scheduler_with_optimizer():
         data = acc.prepare(loader(shuffle=True))
         orders.append([x[:, 0].tolist() for x, _ in data])
     assert orders[0] == orders[1]
-    with pytest.raises(ValueError, match="dispatch_batches"):
-        Accelerator(dataloader_config=DataLoaderConfiguration(dispatch_batches=True))
+    assert acc.dataloader_config.data_seed == 5  # the user's object, as in Accelerate
+    dispatching = DataLoaderConfiguration(dispatch_batches=True)
+    assert Accelerator(dataloader_config=dispatching).dispatch_batches
+    with pytest.raises(TypeError, match="data_seed='5'"):
+        Accelerator(dataloader_config=DataLoaderConfiguration(data_seed="5"))
     # step_scheduler_with_optimizer=False: the scheduler steps whenever the script steps it.
     model = torch.nn.Linear(2, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
