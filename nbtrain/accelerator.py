@@ -33,6 +33,7 @@ from . import (
     data,
     devices,
     handlers,
+    join,
     loaderconfig,
     nested,
     parallel,
@@ -200,7 +201,10 @@ class Accelerator:
     def state(self) -> compat.State:
         """Accelerate's ``accelerator.state``: num_processes, device, distributed_type, ...;
         printing it gives the same summary."""
-        return compat.State(self)
+        view = self.__dict__.get("_state_view")
+        if view is None:  # one view, so values a script assigns to it stay
+            view = self.__dict__["_state_view"] = compat.State(self)
+        return view
 
     @property
     def split_batches(self) -> bool:
@@ -422,6 +426,21 @@ class Accelerator:
                 for model in models:
                     stack.enter_context(self._strategy.no_sync(model))
             yield
+
+    def join_uneven_inputs(
+        self, joinables: list[Any], even_batches: bool | None = None
+    ) -> contextlib.AbstractContextManager[None]:
+        """Train DDP models over ranks with different numbers of batches: ranks that finish
+        early shadow DDP's collectives until all are done (torch's Join). ``even_batches``
+        overrides the prepared map-style loaders' setting inside the block (see join.py)."""
+        return join.join_uneven_inputs(
+            joinables,
+            distributed_type=self.state.distributed_type,
+            world_size=self.num_processes,
+            loaders=list(self._dataloaders),
+            default_even_batches=self.even_batches,
+            even_batches=even_batches,
+        )
 
     @contextlib.contextmanager
     def no_sync(self, model: nn.Module) -> Iterator[None]:

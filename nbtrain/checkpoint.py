@@ -205,16 +205,20 @@ def save_state(
 ) -> Path:
     slots = Slots.of(directory)
     rank, world = collectives.rank, collectives.world_size
-    main = rank == 0
     check_target(slots.final)  # every rank checks, so every rank raises alike
     # Before the first barrier: on XLA, capturing marks the step and reads the device RNG at
     # that boundary, which the barriers' own step marks would move on.
     mine = _rank_state(state)
-    tag = str(slots.final)
-    collectives.barrier(Op.SAVE_STATE, tag_of(tag, "start"))
-    # The main process alone looks at the directory and decides (swap or in place): the others
-    # write where it says, so the ranks cannot disagree about a directory that changes.
-    partial = Path(collectives.broadcast_object(str(_prepare(slots)) if main else None, 0))
+    shared, tag = _agree_on_directory(collectives, Op.SAVE_STATE, slots.final)
+    # A directory per rank (Accelerate allows it): each rank writes a whole checkpoint of its
+    # own, as the main process of its directory.
+    main = rank == 0 or not shared
+    if shared:
+        # The main process alone looks at the directory and decides (swap or in place): the
+        # others write where it says, so the ranks cannot disagree about a changing directory.
+        partial = Path(collectives.broadcast_object(str(_prepare(slots)) if main else None, 0))
+    else:
+        partial = _prepare(slots)
     safe = safe_serialization and safetensors_available()
     if main:
         _write_shared(partial, state, safe)
@@ -375,9 +379,8 @@ def load_state(
     ``torch.load`` of optimizer, scheduler and registered-object states (Accelerate's
     ``load_state(dir, load_kwargs=..., **load_model_func_kwargs)``)."""
     slots = Slots.of(directory)
-    tag = str(slots.final)
-    collectives.barrier(Op.LOAD_STATE, tag_of(tag, "start"))
-    if collectives.rank == 0:
+    shared, tag = _agree_on_directory(collectives, Op.LOAD_STATE, slots.final)
+    if collectives.rank == 0 or not shared:
         finish_interrupted(slots.final)  # an in-place save that committed but did not finish
     collectives.barrier(Op.LOAD_STATE, tag_of(tag, "ready"))
     source = resolve_complete(directory)  # every rank decides alike: it reads the same disk
@@ -403,6 +406,18 @@ def load_state(
     collectives.barrier(Op.LOAD_STATE, tag_of(tag, "done"))
     rng.restore(mine["rng"])  # last: nothing after this may draw random numbers
     return source, int(mine.get("accumulation_step", 0))
+
+
+def _agree_on_directory(collectives: Collectives, op: Op, final: Path) -> tuple[bool, str]:
+    """(whether every rank named the same directory, the tag of the next barriers). Ranks may
+    name different directories: what must match (the call itself, so none waits for a call
+    that never comes) is checked by the barrier; the directories are then compared."""
+    collectives.barrier(op, tag_of("start"))
+    if collectives.world_size == 1:
+        return True, str(final)
+    directories = collectives.gather_object([str(final)])
+    shared = len(set(directories)) == 1
+    return shared, str(final) if shared else "per-rank"
 
 
 def _load(path: Path, options: dict[str, Any] | None = None, trusted: bool = False) -> Any:
