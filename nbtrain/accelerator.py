@@ -54,11 +54,12 @@ class Accelerator:
     """Device placement, distributed training, mixed precision and checkpoints for one rank.
 
     Accelerate's constructor arguments are accepted. Implemented: those below up to
-    ``kwargs_handlers`` (``dataloader_config``: split_batches, even_batches, data_seed;
-    dispatch_batches is refused), ``project_dir`` / ``project_config`` (automatic checkpoint
-    naming). Accepted with a one-time warning saying what nbtrain does instead: ``log_with``
-    (no trackers: ``log()`` feeds the live view), ``rng_types``, ``dynamo_backend`` /
-    ``dynamo_plugin``. Refused: DeepSpeed, FSDP, Megatron-LM and tensor-parallel plugins.
+    ``kwargs_handlers`` (``dataloader_config``: split_batches, even_batches, data_seed,
+    use_seedable_sampler, dispatch_batches), ``project_dir`` / ``project_config`` (automatic
+    checkpoint naming). Accepted with a one-time warning saying what nbtrain does instead:
+    ``log_with`` (no trackers: ``log()`` feeds the live view), ``rng_types``,
+    ``dynamo_backend`` / ``dynamo_plugin``. Refused: DeepSpeed, FSDP, Megatron-LM and
+    tensor-parallel plugins.
 
     Intentional differences from Accelerate 1.15, each for a reason:
 
@@ -359,9 +360,9 @@ class Accelerator:
         device_placement: bool | None = None,
         slice_fn_for_dispatch: Any = None,
     ) -> data.PreparedDataLoader:
-        """``slice_fn_for_dispatch`` (with dispatch_batches) cuts each rank's share out of a
-        batch the main process loaded: ``slice_fn(batch, slice(start, end), process_index=,
-        num_processes=)``, Accelerate's signature."""
+        """With ``dispatch_batches`` the main process loads and sends each rank its rows
+        (dispatch.py); ``slice_fn_for_dispatch`` is accepted and not used: the rows a rank gets
+        follow the same sharding as without dispatching."""
         if isinstance(loader, data.PreparedDataLoader):
             return loader
         placement = self.device_placement if device_placement is None else device_placement
@@ -381,6 +382,7 @@ class Accelerator:
             seedable=opts.seedable or xla,
             follow_user=opts.data_seed is None,
             share=functools.partial(self._collectives.broadcast_object, from_process=0),
+            dispatch_with=self._collectives if opts.dispatch_batches else None,
         )
         self._dataloaders.append(prepared)
         return prepared

@@ -402,7 +402,10 @@ def prepare_data_loader(
     seedable: bool = False,
     follow_user: bool = True,
     share: Any = None,
+    dispatch_with: Any = None,
 ) -> PreparedDataLoader:
+    """``dispatch_with``: the collectives through which the main process sends every rank its
+    batches (dataloader_config(dispatch_batches=True), see dispatch.py)."""
     if isinstance(loader, PreparedDataLoader):
         return loader
     spec = ShardSpec(
@@ -413,9 +416,30 @@ def prepare_data_loader(
         drop_last=_drop_last(loader),
         batch_size=_batch_size(loader),
     )
+    dispatch = dispatch_with is not None and world_size > 1
+    if dispatch and loader_class is not None:
+        raise ValueError(
+            "dataloader_config(dispatch_batches=True) is not supported on XLA: every ordinal "
+            "loads its own batches there. Drop dispatch_batches."
+        )
     shuffling = Shuffling(
-        seed, seedable=seedable, follow_user=follow_user, share=share if world_size > 1 else None
+        seed,
+        seedable=seedable,
+        follow_user=follow_user,
+        share=share if world_size > 1 and not dispatch else None,  # (dispatching: one reader)
     )
+    if dispatch:
+        from .dispatch import DispatchingDataLoader
+
+        return DispatchingDataLoader(
+            loader,
+            spec=spec,
+            seed=seed,
+            device=device,
+            gradient_state=gradient_state,
+            shuffling=shuffling,
+            collectives=dispatch_with,
+        )
     cls = loader_class or PreparedDataLoader  # a strategy's own subclass (XLA: step marks)
     return cls(
         loader,

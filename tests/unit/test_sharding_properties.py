@@ -118,9 +118,7 @@ def cases(count: int = 700) -> list[Case]:
         drop_last = draw.random() < 0.3 and sampler != "unbatched"  # (no batches to drop)
         if length == 0 and sampler not in ("sequential", "subset"):
             continue  # torch's random samplers refuse an empty dataset
-        found.append(
-            Case(length, batch, world, sampler, split, draw.random() < 0.6, drop_last)
-        )
+        found.append(Case(length, batch, world, sampler, split, draw.random() < 0.6, drop_last))
     return found
 
 
