@@ -43,8 +43,9 @@ def join_uneven_inputs(
     if world_size == 1 or distributed_type not in _DDP_TYPES:
         if world_size > 1:
             warnings.warn(
-                f"join_uneven_inputs() needs DistributedDataParallel (multi-GPU or multi-CPU "
-                f"training), not {distributed_type.value}: the block runs without joining.",
+                f"Joining uneven inputs is only supported for multi-GPU and multi-CPU training "
+                f"(DistributedDataParallel), not {distributed_type.value}: join_uneven_inputs() "
+                "runs the block without joining.",
                 UserWarning,
                 stacklevel=3,
             )
