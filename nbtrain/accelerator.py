@@ -211,9 +211,19 @@ class Accelerator:
     def split_batches(self) -> bool:
         return self._loader_options().split_batches
 
+    @split_batches.setter
+    def split_batches(self, value: bool) -> None:  # (for loaders prepared from now on)
+        self._split_arg = bool(value)
+        self.dataloader_config.split_batches = bool(value)
+
     @property
     def even_batches(self) -> bool:
         return self._loader_options().even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        self._even_arg = bool(value)
+        self.dataloader_config.even_batches = bool(value)
 
     @property
     def dispatch_batches(self) -> bool:
