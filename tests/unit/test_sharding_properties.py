@@ -56,6 +56,7 @@ class Case:
     split: bool
     even: bool
     drop_last: bool
+    seedable: bool = False  # use_seedable_sampler: nbtrain's generator, seeded per epoch
 
     def loader(self, generator: torch.Generator | None) -> DataLoader:
         ds = Indices(self.length)
@@ -128,21 +129,28 @@ def run(case: Case, seed: int = 7) -> tuple[list[list[int]], list[list[list[int]
     def generator() -> torch.Generator | None:
         return None if case.sampler == "shuffle_unseeded" else torch.Generator().manual_seed(seed)
 
-    reference = [_flat(b) for b in case.loader(generator())]
-    ranks = []
-    for rank in range(case.world):
-        prepared = data.prepare_data_loader(
+    def prepared(world: int, rank: int) -> data.PreparedDataLoader:
+        return data.prepare_data_loader(
             case.loader(generator()),
-            world_size=case.world,
+            world_size=world,
             rank=rank,
-            split_batches=case.split,
+            split_batches=case.split and world > 1,
             even_batches=case.even,
             seed=seed,
             device=None,
             gradient_state=GradientState(),
+            seedable=case.seedable,
         )
-        batches = [_flat(b) for b in prepared]
-        assert len(batches) == len(prepared), f"rank {rank}: len() is not the batch count"
+
+    if case.seedable:  # the order of one process with the same seed and epoch
+        reference = [_flat(b) for b in prepared(1, 0)]
+    else:  # the order of the raw loader
+        reference = [_flat(b) for b in case.loader(generator())]
+    ranks = []
+    for rank in range(case.world):
+        loader = prepared(case.world, rank)
+        batches = [_flat(b) for b in loader]
+        assert len(batches) == len(loader), f"rank {rank}: len() is not the batch count"
         ranks.append(batches)
     return reference, ranks
 
