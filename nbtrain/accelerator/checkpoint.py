@@ -209,16 +209,20 @@ def save_state(
 ) -> Path:
     slots = Slots.of(directory)
     rank, world = collectives.rank, collectives.world_size
-    main = rank == 0
     check_target(slots.final)  # every rank checks, so every rank raises alike
     # Before the first barrier: on XLA, capturing marks the step and reads the device RNG at
     # that boundary, which the barriers' own step marks would move on.
     mine = _rank_state(state)
-    tag = str(slots.final)
-    collectives.barrier(Op.SAVE_STATE, tag_of(tag, "start"))
-    # The main process alone looks at the directory and decides (swap or in place): the others
-    # write where it says, so the ranks cannot disagree about a directory that changes.
-    partial = Path(collectives.broadcast_object(str(_prepare(slots)) if main else None, 0))
+    shared, tag = _agree_on_directory(collectives, Op.SAVE_STATE, slots.final)
+    # A directory per rank (Accelerate allows it): each rank writes a whole checkpoint of its
+    # own, as the main process of its directory.
+    main = rank == 0 or not shared
+    if shared:
+        # The main process alone looks at the directory and decides (swap or in place): the
+        # others write where it says, so the ranks cannot disagree about a changing directory.
+        partial = Path(collectives.broadcast_object(str(_prepare(slots)) if main else None, 0))
+    else:
+        partial = _prepare(slots)
     safe = safe_serialization and safetensors_available()
     if main:
         _write_shared(partial, state, safe)
@@ -393,9 +397,8 @@ def load_state(
     ``torch.load`` of optimizer, scheduler and registered-object states (Accelerate's
     ``load_state(dir, load_kwargs=..., **load_model_func_kwargs)``)."""
     slots = Slots.of(directory)
-    tag = str(slots.final)
-    collectives.barrier(Op.LOAD_STATE, tag_of(tag, "start"))
-    if collectives.rank == 0:
+    shared, tag = _agree_on_directory(collectives, Op.LOAD_STATE, slots.final)
+    if collectives.rank == 0 or not shared:
         finish_interrupted(slots.final)  # an in-place save that committed but did not finish
     collectives.barrier(Op.LOAD_STATE, tag_of(tag, "ready"))
     source = resolve_complete(directory)  # every rank decides alike: it reads the same disk
@@ -440,6 +443,18 @@ def _warn_resharded(source: Path, meta: dict[str, Any], world_size: int) -> None
         UserWarning,
         stacklevel=4,
     )
+
+
+def _agree_on_directory(collectives: Collectives, op: Op, final: Path) -> tuple[bool, str]:
+    """(whether every rank named the same directory, the tag of the next barriers). Ranks may
+    name different directories: what must match (the call itself, so none waits for a call
+    that never comes) is checked by the barrier; the directories are then compared."""
+    collectives.barrier(op, tag_of("start"))
+    if collectives.world_size == 1:
+        return True, str(final)
+    directories = collectives.gather_object([str(final)])
+    shared = len(set(directories)) == 1
+    return shared, str(final) if shared else "per-rank"
 
 
 def _load(path: Path, options: dict[str, Any] | None = None, trusted: bool = False) -> Any:
@@ -549,9 +564,7 @@ def write_model(model: nn.Module, path: Path, safe: bool) -> None:
     """Write ``model``'s weights to ``path`` atomically (aside, then rename)."""
     with _written_aside(path) as aside:
         if safe and _on_xla(model):
-            from nbtrain.accelerator.xla import (
-                write_safetensors,  # XLA tensors expose no storage to read
-            )
+            from nbtrain.accelerator.xla import write_safetensors
 
             write_safetensors(model, str(aside))
         elif safe:

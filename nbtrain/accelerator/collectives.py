@@ -182,6 +182,16 @@ class ProcessGroupBackend:
         self.world_size = dist.get_world_size()
         self._gloo = dist.get_backend() == "gloo"
 
+    def __getstate__(self) -> dict[str, Any]:
+        # (an Accelerator is picklable, as Accelerate's is: not the torch.distributed module)
+        return {k: v for k, v in vars(self).items() if k != "_dist"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        import torch.distributed as dist
+
+        vars(self).update(state)
+        self._dist = dist
+
     def all_gather_async(self, tensor: torch.Tensor) -> Pending:
         outputs = [torch.empty_like(tensor) for _ in range(self.world_size)]
         work = self._dist.all_gather(outputs, tensor, async_op=True)

@@ -139,6 +139,11 @@ class State:
     PartialState helpers (``wait_for_everyone``, ``print``, ``main_process_first``, ...) are the
     Accelerator's own."""
 
+    # The accelerator sits in a slot, not in __dict__: the instance dict holds only values a
+    # script assigned (``accelerator.state.distributed_type = ...``, as Accelerate's scripts
+    # do), so two views of equal accelerators compare equal field by field after pickling.
+    __slots__ = ("__dict__", "_accelerator")
+
     deepspeed_plugin = None
     megatron_lm_plugin = None
     dynamo_plugin = None
@@ -163,7 +168,26 @@ class State:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
-        return getattr(self._accelerator, name)
+        try:
+            return getattr(self._accelerator, name)
+        except AttributeError:
+            raise AttributeError(
+                f"accelerator.state (nbtrain's view of Accelerate's AcceleratorState) has no "
+                f"attribute {name!r}; it offers the Accelerator's own attributes and methods "
+                "(num_processes, device, wait_for_everyone, ...) and destroy_process_group()."
+            ) from None
+
+    def destroy_process_group(self, group: Any = None) -> None:
+        """End the process group, as Accelerate's scripts do last (``group``: a sub-group to
+        destroy instead). Collectives need a new Accelerator afterwards."""
+        import torch.distributed as dist
+
+        if group is not None:
+            dist.destroy_process_group(group)
+            return
+        self._accelerator.end_training()
+        if dist.is_available() and dist.is_initialized():  # one the user's code had made
+            dist.destroy_process_group()
 
     def __repr__(self) -> str:
         acc = self._accelerator

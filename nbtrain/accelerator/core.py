@@ -27,6 +27,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from nbtrain.accelerator import (
+    batches,
     checkpoint,
     collectives,
     compat,
@@ -34,6 +35,9 @@ from nbtrain.accelerator import (
     devices,
     fsdp_setup,
     handlers,
+    join,
+    loaderconfig,
+    loaders,
     nested,
     parallel,
     precision,
@@ -53,13 +57,14 @@ class Accelerator:
     """Device placement, distributed training, mixed precision and checkpoints for one rank.
 
     Accelerate's constructor arguments are accepted. Implemented: those below up to
-    ``kwargs_handlers`` (``dataloader_config``: split_batches, even_batches, data_seed;
-    dispatch_batches is refused), ``project_dir`` / ``project_config`` (automatic checkpoint
-    naming). Accepted with a one-time warning saying what nbtrain does instead: ``log_with``
-    (no trackers: ``log()`` feeds the live view), ``rng_types``, ``dynamo_backend`` /
-    ``dynamo_plugin``; ``fsdp_plugin`` (FSDP2, see accelerator/fsdp_plugin.py; also turned on by
-    ACCELERATE_USE_FSDP=true, as ``accelerate launch --use_fsdp`` sets it). Refused: DeepSpeed,
-    Megatron-LM and tensor-parallel plugins.
+    ``kwargs_handlers`` (``dataloader_config``: split_batches, even_batches, data_seed,
+    use_seedable_sampler, dispatch_batches), ``project_dir`` / ``project_config`` (automatic
+    checkpoint naming). Accepted with a one-time warning saying what nbtrain does instead:
+    ``log_with`` (no trackers: ``log()`` feeds the live view), ``rng_types``,
+    ``dynamo_backend`` / ``dynamo_plugin``; ``fsdp_plugin`` (FSDP2, see
+    accelerator/fsdp_plugin.py; also turned on by ACCELERATE_USE_FSDP=true, as
+    ``accelerate launch --use_fsdp`` sets it). Refused: DeepSpeed, Megatron-LM and
+    tensor-parallel plugins.
 
     Intentional differences from Accelerate 1.15, each for a reason:
 
@@ -124,10 +129,8 @@ class Accelerator:
         self.gradient_state = _gradient_state(
             gradient_accumulation_steps, gradient_accumulation_plugin
         )
-        self.split_batches, self.even_batches = _loader_options(
-            split_batches, even_batches, dataloader_config
-        )
-        self._data_seed: int | None = getattr(dataloader_config, "data_seed", None)
+        self._split_arg, self._even_arg = split_batches, even_batches
+        self.dataloader_config = loaderconfig.make(dataloader_config, split_batches, even_batches)
         self.project_configuration = compat.project_configuration(project_dir, project_config)
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
@@ -211,7 +214,39 @@ class Accelerator:
     def state(self) -> compat.State:
         """Accelerate's ``accelerator.state``: num_processes, device, distributed_type, ...;
         printing it gives the same summary."""
-        return compat.State(self)
+        view = self.__dict__.get("_state_view")
+        if view is None:  # one view, so values a script assigns to it stay
+            view = self.__dict__["_state_view"] = compat.State(self)
+        return view
+
+    @property
+    def split_batches(self) -> bool:
+        return self._loader_options().split_batches
+
+    @split_batches.setter
+    def split_batches(self, value: bool) -> None:  # (for loaders prepared from now on)
+        self._split_arg = bool(value)
+        self.dataloader_config.split_batches = bool(value)
+
+    @property
+    def even_batches(self) -> bool:
+        return self._loader_options().even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        self._even_arg = bool(value)
+        self.dataloader_config.even_batches = bool(value)
+
+    @property
+    def dispatch_batches(self) -> bool:
+        return self._loader_options().dispatch_batches
+
+    @property
+    def use_seedable_sampler(self) -> bool:
+        return self._loader_options().seedable
+
+    def _loader_options(self) -> loaderconfig.LoaderOptions:
+        return loaderconfig.options(self.dataloader_config, self._split_arg, self._even_arg)
 
     @property
     def project_dir(self) -> str | None:
@@ -347,27 +382,29 @@ class Accelerator:
         device_placement: bool | None = None,
         slice_fn_for_dispatch: Any = None,
     ) -> data.PreparedDataLoader:
-        """``slice_fn_for_dispatch`` (Accelerate's, for dispatch_batches) is accepted and unused:
-        every rank loads its own batches."""
+        """With ``dispatch_batches`` the main process loads and sends each rank its rows
+        (dispatch.py); ``slice_fn_for_dispatch`` is accepted and not used: the rows a rank gets
+        follow the same sharding as without dispatching."""
         if isinstance(loader, data.PreparedDataLoader):
             return loader
         placement = self.device_placement if device_placement is None else device_placement
-        # Every rank draws (so every rank's RNG advances alike); rank 0's draw is the seed,
-        # unless DataLoaderConfiguration(data_seed=...) fixed it.
-        drawn = data.draw_seed(data.seed_source(loader))
-        seed = self._collectives.broadcast_object(drawn, 0)
-        if self._data_seed is not None:
-            seed = int(self._data_seed)
-        prepared = data.prepare_data_loader(
+        opts = self._loader_options()
+        seed = loaderconfig.agree_on_seed(loader, opts, self._collectives)
+        xla = self.distributed_type is DistributedType.XLA  # ordinals share the user's objects
+        prepared = loaders.prepare_data_loader(
             loader,
             world_size=self.num_processes,
             rank=self.process_index,
-            split_batches=self.split_batches,
-            even_batches=self.even_batches,
+            split_batches=opts.split_batches,
+            even_batches=opts.even_batches,
             seed=seed,
             device=self._device if placement else None,
             gradient_state=self.gradient_state,
             loader_class=getattr(self._strategy, "dataloader_class", None),
+            seedable=opts.seedable or xla,
+            follow_user=opts.data_seed is None,
+            share=functools.partial(self._collectives.broadcast_object, from_process=0),
+            dispatch_with=self._collectives if opts.dispatch_batches else None,
         )
         self._dataloaders.append(prepared)
         return prepared
@@ -413,6 +450,21 @@ class Accelerator:
                 for model in models:
                     stack.enter_context(self._strategy.no_sync(model))
             yield
+
+    def join_uneven_inputs(
+        self, joinables: list[Any], even_batches: bool | None = None
+    ) -> contextlib.AbstractContextManager[None]:
+        """Train DDP models over ranks with different numbers of batches: ranks that finish
+        early shadow DDP's collectives until all are done (torch's Join). ``even_batches``
+        overrides the prepared map-style loaders' setting inside the block (see join.py)."""
+        return join.join_uneven_inputs(
+            joinables,
+            distributed_type=self.state.distributed_type,
+            world_size=self.num_processes,
+            loaders=list(self._dataloaders),
+            default_even_batches=self.even_batches,
+            even_batches=even_batches,
+        )
 
     @contextlib.contextmanager
     def no_sync(self, model: nn.Module) -> Iterator[None]:
@@ -790,7 +842,7 @@ class Accelerator:
         for Accelerate that calls both does not skip twice."""
         if isinstance(dataloader, data.PreparedDataLoader):
             return dataloader.skip_first_batches(num_batches)
-        return data.SkippedLoader(dataloader, num_batches)
+        return batches.SkippedLoader(dataloader, num_batches)
 
     # ---------------------------------------------------------------------------------------
     # Live view (kernel side), delegated to nbtrain.rank.reporting
@@ -858,22 +910,6 @@ def _gradient_state(steps: object, plugin: Any) -> GradientState:
             f"(got gradient_accumulation_steps={steps!r} and a plugin)."
         )
     return GradientState.from_plugin(plugin)
-
-
-def _loader_options(split: bool, even: bool, config: Any) -> tuple[bool, bool]:
-    """split_batches / even_batches from the arguments and a DataLoaderConfiguration; a value
-    that differs from the default wins, wherever it was given. (The configuration's other
-    fields need nothing: nbtrain's loaders are always seedable and stateful.)"""
-    if config is None:
-        return split, even
-    if getattr(config, "dispatch_batches", None):
-        raise ValueError(
-            "dataloader_config with dispatch_batches=True is not supported: every rank loads its "
-            "own batches in nbtrain. Drop dispatch_batches."
-        )
-    return split or bool(getattr(config, "split_batches", False)), even and bool(
-        getattr(config, "even_batches", True)
-    )
 
 
 def _kind_of(obj: Any, index: int) -> str:

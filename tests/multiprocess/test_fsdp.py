@@ -160,7 +160,9 @@ def test_fsdp_bf16_autocast_and_policy_stay_close_to_ddp():
     _, policy = launch(compare, {"mixed_precision_policy": "bf16"})
     assert all(v.dtype == torch.float32 for v in policy["weights"].values())  # fp32 master
     diffs = [abs(a - b) for a, b in zip(policy["losses"], ddp["losses"], strict=True)]
-    assert max(diffs) < 0.05 and policy["losses"][-1] < policy["losses"][0]
+    assert max(diffs) < 0.05, diffs
+    first, last = policy["losses"][:4], policy["losses"][-4:]
+    assert sum(last) < sum(first), policy["losses"]  # it trains (single batches are noisy)
 
 
 # ---------------------------------------------------------------------------------------------
