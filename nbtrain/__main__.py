@@ -1,8 +1,8 @@
 """``python -m nbtrain ...``: the same as the ``nbtrain`` command."""
 
-import sys
+from .cli import main, run
 
-from .cli import main
+__all__ = ["main", "run"]  # main: what console scripts made by older installs import
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
+
+from .command_exit import exit_now, hear_stop_signals, restore
 
 EXIT_TIMEOUT = 124
 EXIT_INTERRUPT = 130
@@ -52,7 +53,7 @@ def _launch(options: argparse.Namespace) -> int:
     from .errors import LaunchError, WorkerError
     from .launcher import dispatch
 
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    previous = hear_stop_signals(_raise_terminated)  # also when started with them ignored
     try:
         args, kwargs = check_function(
             run_script, (str(script.resolve()), list(options.script_args)), None
@@ -77,7 +78,7 @@ def _launch(options: argparse.Namespace) -> int:
         print(f"nbtrain: {err}", file=sys.stderr)
         return 1
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        restore(previous)
     return 0
 
 
@@ -173,14 +174,14 @@ def _env(options: argparse.Namespace) -> int:
 def _demo(options: argparse.Namespace) -> int:
     from .demo import main as demo_main
 
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    previous = hear_stop_signals(_raise_terminated)
     try:
         return demo_main(num_processes=options.num_processes)
     except KeyboardInterrupt:
         print("nbtrain: interrupted; every rank was stopped", file=sys.stderr)
         return EXIT_INTERRUPT
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        restore(previous)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -211,5 +212,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
+def run() -> NoReturn:
+    """The program (the ``nbtrain`` console script, ``python -m nbtrain``): ``main``, then an
+    exit without interpreter teardown, which would hold a loaded machine for seconds after
+    every rank was stopped (see command_exit.py)."""
+    exit_now(main())
+
+
 if __name__ == "__main__":  # pragma: no cover - `python -m nbtrain.cli`
-    sys.exit(main())
+    run()
