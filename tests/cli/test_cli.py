@@ -138,12 +138,13 @@ def test_the_command_exits_without_tearing_the_interpreter_down(tmp_path: Path):
     (site / "sitecustomize.py").write_text(
         "import atexit, os\n"
         f"MARKS = {str(marks)!r}\n"
-        "def mark(what):\n"
-        "    with open(MARKS, 'a') as f:\n"
-        "        f.write(f'{os.getpid()} {what}\\n')\n"
+        # (Defaults: teardown may have cleared this module's globals before __del__ runs.)
+        "def mark(what, path=MARKS, open=open, pid=os.getpid()):\n"
+        "    with open(path, 'a') as f:\n"
+        "        f.write(f'{pid} {what}\\n')\n"
         "atexit.register(mark, 'atexit')\n"
         "class Teardown:\n"
-        "    def __del__(self):\n"
+        "    def __del__(self, mark=mark):\n"
         "        mark('teardown')\n"
         "kept = Teardown()  # collected when the interpreter tears its modules down\n"
     )
