@@ -18,6 +18,7 @@ from typing import TextIO
 from ..config import OutputMode
 from ..monitor import OutputLine, RankStatus, RankView, RunState
 from .formatting import format_metrics, format_status, format_steps, has_progress
+from .statusline import status_line
 
 PROGRESS_EVERY = 2.0  # seconds between progress lines per rank: readable in CI logs
 
@@ -154,9 +155,8 @@ class TextView:
         if not running:
             self._erase_status()
             return
-        text = " | ".join(_compact(view) for view in running)
-        width = max(20, shutil.get_terminal_size().columns - 1)
-        text = text[:width]
+        # (One column short of the width: a full line would wrap on some terminals.)
+        text = status_line(running, max(20, shutil.get_terminal_size().columns - 1))
         if text == self._status:
             return
         pad = " " * max(0, len(self._status) - len(text))
@@ -181,19 +181,6 @@ def format_rank(view: RankView) -> str:
     if view.status is not RankStatus.RUNNING:
         parts.append(format_status(view))
     return " ".join(parts)
-
-
-def _compact(view: RankView) -> str:
-    text = f"r{view.rank} "
-    if view.note:  # what the rank waits for says more than a step count that does not move
-        return text + view.note
-    if view.total is not None:
-        text += f"{view.step}/{view.total}"
-    else:
-        text += str(view.step) if view.step else view.status.value
-    if view.metrics:
-        text += " " + format_metrics(view.metrics, limit=1)
-    return text
 
 
 def _shown_state(view: RankView) -> tuple[object, ...]:
