@@ -66,6 +66,7 @@ from .launcher import (
     rank_specs,
 )
 from .monitor import RunState, Verdict
+from .option_names import given, to_raise
 from .outcome import Outcome
 from .rendezvous import LocalRendezvous
 from .supervisor import Supervisor
@@ -492,13 +493,13 @@ def _stopped_error(news: News, config: LaunchConfig, *, finished: bool) -> Excep
     )
     if news.reason == "timeout" and news.node == config.node_rank:
         return TimeoutError(
-            f"notebook_launcher(timeout={config.timeout:g}) expired on this node "
+            f"{given('timeout', f'{config.timeout:g}')} expired on this node "
             f"(node {news.node}) while it waited for the other nodes to finish; they "
-            "were told to stop. Raise timeout= if the run needs longer."
+            f"were told to stop. Raise {to_raise('timeout')} if the run needs longer."
         )
     if news.reason == "timeout":
         return TimeoutError(
-            f"Node {news.node} reached its notebook_launcher(timeout=...) and stopped "
+            f"Node {news.node} reached its {given('timeout')} and stopped "
             f"the run; {where}."
         )
     return LaunchError(f"The run was stopped: {news.summary()}; {where}.")

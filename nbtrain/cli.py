@@ -52,6 +52,7 @@ def _launch(options: argparse.Namespace) -> int:
     from .config import build_config, check_function
     from .errors import LaunchError, WorkerError
     from .launcher import dispatch
+    from .option_names import command_line
 
     previous = hear_stop_signals(_raise_terminated)  # also when started with them ignored
     try:
@@ -59,7 +60,8 @@ def _launch(options: argparse.Namespace) -> int:
             run_script, (str(script.resolve()), list(options.script_args)), None
         )
         config = build_config(**_launch_keywords(options), return_all=False)
-        dispatch(config, run_script, args, kwargs, elastic=True)
+        with command_line():  # messages name --timeout, not notebook_launcher(timeout=)
+            dispatch(config, run_script, args, kwargs, elastic=True)
     except WorkerError as err:
         _report_failure(err, str(script.resolve()))
         return err.exitcode if err.exitcode and err.exitcode > 0 else 1

@@ -24,6 +24,7 @@ from .errors import ResultError, WorkerError
 from .events import Event
 from .inprocess import run_in_process
 from .monitor import RunState, Verdict
+from .option_names import given, to_raise
 from .outcome import Outcome
 from .rendezvous import LocalRendezvous, open_local
 from .runtime import RankInfo
@@ -300,8 +301,8 @@ def _timeout_message(config: LaunchConfig, state: RunState, stuck: dict[int, lis
     )
     stacks_text = stacks.describe(stuck)
     return (
-        f"notebook_launcher(timeout={config.timeout:g}) expired; every rank was stopped "
-        f"({where}). Raise timeout= if the run needs longer."
+        f"{given('timeout', f'{config.timeout:g}')} expired; every rank was stopped "
+        f"({where}). Raise {to_raise('timeout')} if the run needs longer."
         + (f"\nWhere the ranks were (each rank's full stack is in its output):\n{stacks_text}"
            if stacks_text else "")
     )

@@ -40,12 +40,23 @@ def user_frames(lines: list[str]) -> list[str]:
             (i for i, m in enumerate(frames) if m["file"].replace("\\", "/").endswith(_ENTRY)),
             None,
         )
+        while entry and _plumbing(frames[entry - 1]["file"], frames[entry - 1]["name"]):
+            entry -= 1  # nbtrain launch's way into the script: not the user's frames
         if entry:  # the frames above our entry point are the user's (and what they called)
             named = [f"{_short(m['file'])}:{m['line']} in {m['name']}" for m in frames[:entry]]
             if len(named) > MAX_FRAMES:  # keep the innermost ones and the user's function
                 named = [*named[: MAX_FRAMES - 2], "...", named[-1]]
             return named
     return []
+
+
+def _plumbing(path: str, name: str) -> bool:
+    """``nbtrain launch``'s frames between a rank's entry and the script: cli.run_script
+    and runpy's."""
+    path = path.replace("\\", "/")
+    if path.endswith("nbtrain/cli.py"):
+        return name == "run_script"
+    return path.endswith(("/runpy.py", "<frozen runpy>"))
 
 
 def describe(stacks: dict[int, list[str]]) -> str:

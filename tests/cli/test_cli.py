@@ -185,7 +185,16 @@ def test_timeout_stops_the_run_with_124(tmp_path: Path):
         "launch", "--num-processes", "2", "--timeout", "2", str(SCRIPTS / "sleep.py"), str(tmp_path)
     )
     assert done.returncode == 124, done.stderr
-    assert "timeout=2" in done.stderr
+    # The option as the user gave it, not notebook_launcher's keyword.
+    assert "nbtrain: --timeout 2 expired; every rank was stopped" in done.stderr
+    assert "Raise --timeout if the run needs longer" in done.stderr
+    assert "notebook_launcher" not in done.stderr
+    # Where the ranks were ends at the script's own line, not at nbtrain's way into it.
+    where = [line for line in done.stderr.splitlines() if " was in " in line]
+    assert len(where) == 2, done.stderr
+    for line in where:
+        assert line.endswith("sleep.py:10 in <module>"), line
+        assert "cli.py" not in line and "runpy" not in line, line
 
 
 def test_max_restarts_from_the_command_line(tmp_path: Path):
