@@ -104,6 +104,42 @@ def test_ctrl_c_is_heard_even_by_a_command_started_with_sigint_ignored(tmp_path:
     )
 
 
+def test_ctrl_c_while_a_rank_is_being_forked_is_not_lost(tmp_path: Path):
+    # A signal's Python handler can run inside an at-fork callback (logging has one), where its
+    # KeyboardInterrupt is printed as "Exception ignored" and dropped: on a loaded machine a
+    # Ctrl-C right as the ranks started did nothing. Here SIGINT arrives exactly then, from an
+    # at-fork callback of the command itself, while it forks its second rank.
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os, signal\n"
+        "forks = []\n"
+        "def before_fork(kill=os.kill, pid=os.getpid):\n"
+        "    forks.append(1)\n"
+        "    if len(forks) == 2:\n"
+        "        kill(pid(), signal.SIGINT)\n"
+        "os.register_at_fork(before=before_fork)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    command = subprocess.Popen(
+        [*NBTRAIN, "launch", "--num-processes", "2", "--start-method", "fork",
+         str(SCRIPTS / "sleep.py"), str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )
+    try:
+        _, err = command.communicate(timeout=60)  # without the fix: the ranks sleep 120 s
+    finally:
+        if command.poll() is None:
+            command.kill()
+            command.wait()
+    assert command.returncode == 130, err
+    assert "interrupted; every rank was stopped" in err
+    assert "Exception ignored" not in err
+    for pid_file in tmp_path.glob("rank*.pid"):
+        if pid_file.read_text():
+            assert not _alive(int(pid_file.read_text())), f"{pid_file.name} survived"
+
+
 def _signal_when_ranks_run(
     command: list[str], tmp_path: Path, signum: int, exitcode: int, message: str
 ) -> None:
