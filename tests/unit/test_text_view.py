@@ -159,4 +159,5 @@ def test_the_status_line_shows_a_ranks_note_until_it_moves_on() -> None:
     assert out.getvalue().endswith("\r" + waiting)
     state.apply(Progress(0, 4, 10, None, time=2.0))
     view.draw(state)
-    assert out.getvalue().endswith("\r" + "r0 4/10 | r1 running".ljust(len(waiting)))
+    moved_on = "r0 4/10 1.0 it/s ETA 0:06 | r1 running"  # (it/s from two progress events)
+    assert out.getvalue().endswith("\r" + moved_on.ljust(len(waiting)))

@@ -355,7 +355,8 @@ class NodeAgent(SimpleElasticAgent):
         total = self.config.num_nodes
         end = time.monotonic() + SLICE
         while True:
-            expired = self.lifecycle.deadline is not None and time.monotonic() > self.lifecycle.deadline
+            deadline = self.lifecycle.deadline
+            expired = deadline is not None and time.monotonic() > deadline
             done = self.coordinator.done_count()
             if done >= total:
                 return self._succeeded()
@@ -397,7 +398,8 @@ class NodeAgent(SimpleElasticAgent):
     def _fail(self, news: News) -> NoReturn:
         if news.kind == "stopped":
             verdict = Verdict.TIMED_OUT if news.reason == "timeout" else Verdict.STOPPED
-            self._end(f"Stopped after {self.lifecycle.state.elapsed:.1f}s: {news.summary()}", verdict)
+            elapsed = self.lifecycle.state.elapsed
+            self._end(f"Stopped after {elapsed:.1f}s: {news.summary()}", verdict)
             raise AttemptEnded(stopped_error(news, self.config, finished=self._done))
         local = news.node == self.config.node_rank and self.outcome.root_cause() == news.rank
         error = self._local_error() if local else news.error(others=self._local_failures())
