@@ -79,6 +79,35 @@ class Position:
 class PreparedDataLoader(DataLoader):
     """A DataLoader over this rank's share, moving batches to the device, resumable."""
 
+    def _set_up(
+        self,
+        loader: DataLoader,
+        spec: ShardSpec,
+        seed: int,
+        device: torch.device | None,
+        gradient_state: GradientState,
+        shuffling: Shuffling,
+    ) -> None:
+        """What every prepared loader keeps (also the dispatching one, which builds its
+        DataLoader differently)."""
+        self.base_dataloader = loader
+        self.device = device
+        self.gradient_state = gradient_state
+        self.spec = spec
+        self.position = Position()
+        self.end_of_dataloader = False
+        self._seed = seed
+        self._iterable = isinstance(loader.dataset, IterableDataset)
+        self._seeding = seeding_for(loader, shuffling)
+        # Worker seeds come from the loader's own generator when it follows the user's (as a
+        # plain DataLoader draws them, before the order: same stream as one process); else from
+        # a private one, seeded per epoch so a resumed pass gives its workers the same seeds.
+        user = loader.generator if isinstance(loader.generator, torch.Generator) else None
+        self._follows_user = user is not None and self._seeding.follow_user
+        self._worker_generator: torch.Generator = (
+            user if user is not None and self._follows_user else torch.Generator()
+        )
+
     def __init__(
         self,
         loader: DataLoader,
@@ -89,27 +118,10 @@ class PreparedDataLoader(DataLoader):
         gradient_state: GradientState,
         shuffling: Shuffling | None = None,
     ) -> None:
-        self.base_dataloader = loader
-        self.device = device
-        self.gradient_state = gradient_state
-        self.spec = spec
-        self.position = Position()
-        self.end_of_dataloader = False
-        self._seed = seed
-        dataset = loader.dataset
-        self._iterable = isinstance(dataset, IterableDataset)
         if shuffling is None:  # one process: nothing to agree on
             shuffling = Shuffling(seed, seedable=False, follow_user=True, share=None)
-        seeding = seeding_for(loader, shuffling)
-        self._seeding = seeding
-        # Worker seeds come from the loader's own generator when it follows the user's (as a
-        # plain DataLoader draws them, before the order: same stream as one process); else from
-        # a private one, seeded per epoch so a resumed pass gives its workers the same seeds.
-        user = loader.generator if isinstance(loader.generator, torch.Generator) else None
-        self._follows_user = user is not None and seeding.follow_user
-        self._worker_generator: torch.Generator = (
-            user if user is not None and self._follows_user else torch.Generator()
-        )
+        self._set_up(loader, spec, seed, device, gradient_state, shuffling)
+        dataset, seeding = loader.dataset, self._seeding
         self._shard: ShardedBatchSampler | IterableShard
         options = loader_options(loader, self._worker_generator)
         if self._iterable:

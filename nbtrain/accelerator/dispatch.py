@@ -31,7 +31,6 @@ from nbtrain.accelerator.batches import (
     last_batch_size,
     loader_options,
     sample_count,
-    seeding_for,
 )
 from nbtrain.accelerator.collectives import Collectives
 from nbtrain.accelerator.sharding import ShardSpec
@@ -291,22 +290,7 @@ class DispatchingDataLoader(data.PreparedDataLoader):
         collectives: Collectives,
     ) -> None:
         # Not PreparedDataLoader.__init__: its DataLoader reads a sharded sampler on every rank.
-        self.base_dataloader = loader
-        self.device = device
-        self.gradient_state = gradient_state
-        self.spec = spec
-        self.position = data.Position()
-        self.end_of_dataloader = False
-        self._seed = seed
-        self._iterable = isinstance(loader.dataset, IterableDataset)
-        self._seeding = seeding_for(loader, shuffling)
-        # Read as one process reads it: worker seeds from the loader's own generator (drawn
-        # before the order, the same stream as the plain loader) when the order follows it.
-        user = loader.generator if isinstance(loader.generator, torch.Generator) else None
-        self._follows_user = user is not None and shuffling.follow_user
-        self._worker_generator = (
-            user if user is not None and self._follows_user else torch.Generator()
-        )
+        self._set_up(loader, spec, seed, device, gradient_state, shuffling)
         if loader.batch_size is None and not isinstance(loader.sampler, BatchSampler):
             raise ValueError(
                 "dataloader_config(dispatch_batches=True) cuts batches into rows, but this "

@@ -61,21 +61,12 @@ def prepare_data_loader(
         from nbtrain.accelerator.dispatch import DispatchingDataLoader
 
         return DispatchingDataLoader(
-            loader,
-            spec=spec,
-            seed=seed,
-            device=device,
-            gradient_state=gradient_state,
-            shuffling=shuffling,
-            collectives=dispatch_with,
+            loader, spec=spec, seed=seed, device=device, gradient_state=gradient_state,
+            shuffling=shuffling, collectives=dispatch_with,
         )
     cls = loader_class or PreparedDataLoader  # a strategy's own subclass (XLA: step marks)
     return cls(
-        loader,
-        spec=spec,
-        seed=seed,
-        device=device,
-        gradient_state=gradient_state,
+        loader, spec=spec, seed=seed, device=device, gradient_state=gradient_state,
         shuffling=shuffling,
     )
 
