@@ -23,6 +23,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "notebook_launcher": "nbtrain.kernel.launcher",
     "debug_launcher": "nbtrain.kernel.launcher",
+    "start_ranks": "nbtrain.kernel.magics",
     "WorkerError": "nbtrain.shared.errors",
     "ResultError": "nbtrain.shared.errors",
     "Accelerator": "nbtrain.accelerator.core",
@@ -38,6 +39,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     from nbtrain.accelerator.seed import set_seed
     from nbtrain.integrations.transformers import NbtrainCallback
     from nbtrain.kernel.launcher import debug_launcher, notebook_launcher
+    from nbtrain.kernel.magics import start_ranks
     from nbtrain.rank.reporting import log, progress
     from nbtrain.shared.errors import ResultError, WorkerError
 
@@ -47,6 +49,11 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module 'nbtrain' has no attribute {name!r}")
     return getattr(import_module(module), name)
+
+
+def load_ipython_extension(shell: Any) -> None:
+    """``%load_ext nbtrain``: registers the ``%%ranks`` cell magic (warm ranks)."""
+    import_module("nbtrain.kernel.magics").load_ipython_extension(shell)
 
 
 def __dir__() -> list[str]:
@@ -65,4 +72,5 @@ __all__ = [
     "notebook_launcher",
     "progress",
     "set_seed",
+    "start_ranks",
 ]
