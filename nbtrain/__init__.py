@@ -26,6 +26,7 @@ _LAZY = {
     "start_ranks": "nbtrain.kernel.magics",
     "WorkerError": "nbtrain.shared.errors",
     "ResultError": "nbtrain.shared.errors",
+    "SessionError": "nbtrain.shared.errors",
     "Accelerator": "nbtrain.accelerator.core",
     "DistributedType": "nbtrain.accelerator.core",
     "set_seed": "nbtrain.accelerator.seed",
@@ -41,7 +42,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     from nbtrain.kernel.launcher import debug_launcher, notebook_launcher
     from nbtrain.kernel.magics import start_ranks
     from nbtrain.rank.reporting import log, progress
-    from nbtrain.shared.errors import ResultError, WorkerError
+    from nbtrain.shared.errors import ResultError, SessionError, WorkerError
 
 
 def __getattr__(name: str) -> Any:
@@ -65,6 +66,7 @@ __all__ = [
     "DistributedType",
     "NbtrainCallback",
     "ResultError",
+    "SessionError",
     "WorkerError",
     "__version__",
     "debug_launcher",

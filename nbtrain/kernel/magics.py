@@ -51,7 +51,10 @@ def ranks_magic(line: str, cell: str) -> None:
     __tracebackhide__ = True
     handle = session.current()
     selected, timeout = parse_line(line, len(handle.ranks))
-    values = handle.run_cell(cell, selected, filename=_cell_filename(cell), timeout=timeout)
+    # One line up front stands for the %%ranks line: the rank's traceback numbers the cell's
+    # lines as the notebook shows them.
+    code = "\n" + cell
+    values = handle.run_cell(code, selected, filename=_cell_filename(cell), timeout=timeout)
     show_values(values)
 
 

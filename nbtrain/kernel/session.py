@@ -45,7 +45,7 @@ from nbtrain.kernel.supervisor import Supervisor
 from nbtrain.rank import session_entry
 from nbtrain.shared import stacks
 from nbtrain.shared.commands import Call, Cell, Command, Pull, Push, Stop
-from nbtrain.shared.errors import WorkerError
+from nbtrain.shared.errors import SessionError, WorkerError
 from nbtrain.shared.events import Event
 from nbtrain.shared.options import StartMethod
 from nbtrain.shared.serialization import PayloadError
@@ -54,10 +54,6 @@ from nbtrain.shared.specs import RankSpec
 STOP_WAIT = 5.0  # seconds ranks get to leave their loop on stop() before they are terminated
 
 _current: Ranks | None = None  # the session magics use (the last one started)
-
-
-class SessionError(RuntimeError):
-    """Bad use of a session: no ranks started, a bad rank selector, a stopped session."""
 
 
 @dataclasses.dataclass

@@ -94,6 +94,8 @@ def answer(rank: int, sink: EventSink, work: Callable[[], bytes | None]) -> None
             reporting.flush()  # progress()/log() still held go out before the verdict
             process.flush_streams()  # the cell's output is in the pipes before its verdict
     except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the rank stays warm
+        if getattr(exc, "nbtrain_bad_input", False):
+            exc.__traceback__ = None  # bad input: the message says it all, no frame is the user's
         sink.send(failure_event(rank, exc, 1))
         return
     sink.send(Finished(rank, data))
@@ -166,10 +168,12 @@ def pull(expression: str, namespace: dict, rank: int) -> Any:
         return eval(compile(expression, "<pull>", "eval"), namespace)
     except NameError as exc:
         name = getattr(exc, "name", None) or str(exc)
-        raise NameError(
+        error = NameError(
             f"rank {rank} has no name {name!r}: define it in a %%ranks cell, or send it with "
             f"ranks.push({name}=...)"
-        ) from None
+        )
+        error.nbtrain_bad_input = True  # type: ignore[attr-defined]
+        raise error from None
 
 
 def _on_sigint(signum: int, frame: types.FrameType | None) -> None:
