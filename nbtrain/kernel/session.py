@@ -52,6 +52,7 @@ from nbtrain.shared.serialization import PayloadError
 from nbtrain.shared.specs import RankSpec
 
 STOP_WAIT = 5.0  # seconds ranks get to leave their loop on stop() before they are terminated
+VIEW_AFTER = 0.5  # seconds a command runs before its live view appears (quick cells get none)
 
 _current: Ranks | None = None  # the session magics use (the last one started)
 
@@ -253,7 +254,7 @@ class Ranks:
         )
         if quiet:  # pull/push: answers, not runs worth a view of their own
             config = dataclasses.replace(config, progress=type(config.progress)("off"))
-        run = Run(config, ranks, title=title)
+        run = Run(config, ranks, title=title, view_after=VIEW_AFTER)
         supervisor = world.supervisor
         supervisor.begin_cell(set(ranks), run.emit, run.outcome.has_failure)
         run.start_clock()
