@@ -18,6 +18,7 @@ import builtins
 import contextlib
 import functools
 import gc
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -44,6 +45,11 @@ from nbtrain.accelerator.parallel import DistributedType
 from nbtrain.accelerator.splitting import share
 from nbtrain.rank import rankenv
 from nbtrain.shared.options import MixedPrecision
+
+# Models any Accelerator of this process prepared: as in Accelerate (whose state is one per
+# process), a later Accelerator() works with what an earlier one prepared, e.g. in a later cell
+# of warm ranks (kernel/session.py).
+_PREPARED_MODELS: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -297,6 +303,7 @@ class Accelerator:
         self._precision.wrap_forward(self._strategy.unwrap_model(model))
         wrapped = model if evaluation_mode else self._strategy.wrap_model(model, self._ddp_kwargs)
         self._models.append(wrapped)
+        _PREPARED_MODELS.add(wrapped)
         return wrapped
 
     def prepare_optimizer(
@@ -378,7 +385,7 @@ class Accelerator:
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """``loss.backward()`` divided by the accumulation steps and scaled for fp16."""
-        if not self._models and not self._optimizers:
+        if not self._models and not self._optimizers and not _PREPARED_MODELS:
             raise RuntimeError(
                 "accelerator.backward() was called before accelerator.prepare(): prepare the "
                 "model and optimizer first (model, optimizer, loader = accelerator.prepare(model, "

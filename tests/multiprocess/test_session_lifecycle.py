@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import psutil
@@ -114,3 +116,36 @@ def test_stop_leaves_no_process_and_a_second_start_says_what_to_do():
     replacement.stop()
     replacement.stop()  # idempotent
     assert {p for p in children() - before if psutil.Process(p).name() != "python"} == set()
+
+
+def test_ranks_end_when_the_interpreter_exits_without_stop():
+    script = (
+        "import nbtrain\n"
+        "ranks = nbtrain.start_ranks(2, progress='off', output='none')\n"
+        "print(ranks.pull('__import__(\"os\").getpid()'), flush=True)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    pids = eval(done.stdout.strip().splitlines()[-1])
+    deadline = time.monotonic() + 10
+    while any(psutil.pid_exists(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(psutil.pid_exists(pid) for pid in pids)
+
+
+def test_an_accelerator_made_in_a_later_cell_works_with_what_an_earlier_one_prepared():
+    with nbtrain.start_ranks(2, **QUIET) as handle:
+        handle.run_cell(
+            "import torch\nfrom nbtrain import Accelerator\nacc = Accelerator()\n"
+            "model, opt = acc.prepare(torch.nn.Linear(4, 1), "
+            "torch.optim.SGD(torch.nn.Linear(4, 1).parameters(), lr=0.1))"
+        )
+        handle.run_cell(
+            "later = Accelerator()\nmodel.zero_grad()\n"
+            "later.backward(model(torch.ones(2, 4) * (later.process_index + 1)).sum())\n"
+            "grad = later.unwrap_model(model).weight.grad.clone()"
+        )
+        grads = handle.pull("grad")
+        assert torch.equal(grads[0], grads[1])  # DDP averaged them: one process group
+        assert handle.pull("(later.process_index, later.num_processes)") == [(0, 2), (1, 2)]
