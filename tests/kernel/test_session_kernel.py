@@ -160,3 +160,33 @@ def test_ranks_end_on_kernel_restart_and_shutdown(tmp_path):
     finally:
         kernel.shutdown()
     assert gone(second), "warm ranks outlived a kernel shutdown"
+
+
+def test_the_live_view_appears_only_for_a_cell_that_runs_a_while(tmp_path):
+    widget = "application/vnd.jupyter.widget-view+json"
+    with running_kernel(tmp_path, "import nbtrain\nranks = nbtrain.start_ranks(2)") as kernel:
+        quick = kernel.run("%%ranks\nx = 1")
+        assert quick.error is None and quick.displays == []
+        slow = kernel.run(
+            "%%ranks\nimport time, nbtrain\nfor step in nbtrain.progress(range(30)):\n"
+            "    time.sleep(0.05)\nstep"
+        )
+        assert slow.error is None, slow.traceback_text
+        assert any(widget in d.get("data", {}) for d in slow.displays)  # the dashboard
+        assert "Out[rank 0]: 29" in texts(slow) and "Out[rank 1]: 29" in texts(slow)
+        again = kernel.run("%%ranks\nfor step in nbtrain.progress(range(3)): pass\nstep")
+        assert "Out[rank 1]: 2" in texts(again)
+        kernel.run("ranks.stop()")
+
+
+def test_ranks_stuck_after_a_failure_are_restarted_and_the_cell_says_so(kernel):
+    out = kernel.run(
+        "%%ranks\nif dist.get_rank() == 0:\n    raise RuntimeError('rank 0 broke')\ndist.barrier()"
+    )
+    assert out.error is not None and out.error["ename"] == "WorkerError"
+    text = plain(out.traceback_text)
+    assert "rank 0 failed with RuntimeError: rank 0 broke" in text
+    assert "nbtrain restarted the 2 ranks" in text and "state" in text  # said plainly
+    assert "rank 1 was in" in text and "in barrier" in text  # where the stuck rank was
+    assert kernel.value("ranks.pull('1 + 1')") == [2, 2]
+    kernel.run("ranks.stop()")  # the new ranks are this test's (the leak guard counts them)
