@@ -33,10 +33,12 @@ _LAZY = {
     "progress": "nbtrain.rank.reporting",
     "log": "nbtrain.rank.reporting",
     "NbtrainCallback": "nbtrain.integrations.transformers",
+    "FullyShardedDataParallelPlugin": "nbtrain.accelerator.fsdp_plugin",
 }
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
     from nbtrain.accelerator.core import Accelerator, DistributedType
+    from nbtrain.accelerator.fsdp_plugin import FullyShardedDataParallelPlugin
     from nbtrain.accelerator.seed import set_seed
     from nbtrain.integrations.transformers import NbtrainCallback
     from nbtrain.kernel.launcher import debug_launcher, notebook_launcher
@@ -64,6 +66,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "Accelerator",
     "DistributedType",
+    "FullyShardedDataParallelPlugin",
     "NbtrainCallback",
     "ResultError",
     "SessionError",

@@ -1,8 +1,9 @@
 """``python -m nbtrain ...``: the same as the ``nbtrain`` command."""
 
-import sys
 
-from nbtrain.kernel.cli import main
+from nbtrain.kernel.cli import main, run
+
+__all__ = ["main", "run"]  # main: what console scripts made by older installs import
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -68,6 +68,8 @@ class TrainingState:
     custom: list[Any] = field(default_factory=list)
     scaler: Any = None
     accumulation_step: int = 0
+    # FSDP models and optimizers, saved by every rank (fsdp_checkpoint.ShardedCheckpoint)
+    sharded: Any = None
 
     def counts(self) -> dict[str, int]:
         return {
@@ -77,6 +79,7 @@ class TrainingState:
             "dataloaders": len(self.dataloaders),
             "custom_objects": len(self.custom),
             "scaler": int(self.scaler is not None),
+            **(self.sharded.counts() if self.sharded is not None else {}),
         }
 
 
@@ -152,6 +155,7 @@ def written_files(meta: dict[str, Any]) -> set[str]:
     names |= {_rank_name(r, fmt) for r in range(meta.get("world_size", 0))}
     if meta.get("scaler"):
         names.add("scaler.pt")
+    names |= set((meta.get("fsdp") or {}).get("entries", []))
     return names
 
 
@@ -205,19 +209,25 @@ def save_state(
 ) -> Path:
     slots = Slots.of(directory)
     rank, world = collectives.rank, collectives.world_size
-    main = rank == 0
     check_target(slots.final)  # every rank checks, so every rank raises alike
     # Before the first barrier: on XLA, capturing marks the step and reads the device RNG at
     # that boundary, which the barriers' own step marks would move on.
     mine = _rank_state(state)
-    tag = str(slots.final)
-    collectives.barrier(Op.SAVE_STATE, tag_of(tag, "start"))
-    # The main process alone looks at the directory and decides (swap or in place): the others
-    # write where it says, so the ranks cannot disagree about a directory that changes.
-    partial = Path(collectives.broadcast_object(str(_prepare(slots)) if main else None, 0))
+    shared, tag = _agree_on_directory(collectives, Op.SAVE_STATE, slots.final)
+    # A directory per rank (Accelerate allows it): each rank writes a whole checkpoint of its
+    # own, as the main process of its directory.
+    main = rank == 0 or not shared
+    if shared:
+        # The main process alone looks at the directory and decides (swap or in place): the
+        # others write where it says, so the ranks cannot disagree about a changing directory.
+        partial = Path(collectives.broadcast_object(str(_prepare(slots)) if main else None, 0))
+    else:
+        partial = _prepare(slots)
     safe = safe_serialization and safetensors_available()
     if main:
         _write_shared(partial, state, safe)
+    if state.sharded is not None:  # every rank writes its own shards
+        state.sharded.save(partial, safe)
     _save(mine, partial / _rank_name(rank, FORMAT))
     collectives.barrier(Op.SAVE_STATE, tag_of(tag, "written"))
     if main:
@@ -273,14 +283,23 @@ def finish_interrupted(directory: Path, discard: bool = False) -> None:
     (directory / MARKER).unlink(missing_ok=True)  # from here on, only the partial one counts
     _fsync(directory)
     for name in replaced:
-        (directory / name).unlink(missing_ok=True)
+        _remove(directory / name)
     for entry in sorted(partial.iterdir()):
         if entry.name != MARKER:
+            if entry.is_dir() and (directory / entry.name).is_dir():
+                shutil.rmtree(directory / entry.name)  # (a directory cannot replace one)
             os.replace(entry, directory / entry.name)
     _fsync(directory)
     os.replace(partial / MARKER, directory / MARKER)
     _fsync(directory)
     shutil.rmtree(partial, ignore_errors=True)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def _carry_over(source: Path, target: Path) -> None:
@@ -333,7 +352,7 @@ def _rank_state(state: TrainingState) -> dict[str, Any]:
 def _meta(state: TrainingState, world: int, safe: bool) -> dict[str, Any]:
     from nbtrain import __version__
 
-    return {
+    meta = {
         "format": FORMAT,
         "world_size": world,
         "safetensors": safe,
@@ -341,6 +360,9 @@ def _meta(state: TrainingState, world: int, safe: bool) -> dict[str, Any]:
         "torch": torch.__version__,
         **state.counts(),
     }
+    if state.sharded is not None:
+        meta["fsdp"] = state.sharded.meta(safe)
+    return meta
 
 
 def _write_marker(target: Path, meta: dict[str, Any]) -> None:
@@ -375,9 +397,8 @@ def load_state(
     ``torch.load`` of optimizer, scheduler and registered-object states (Accelerate's
     ``load_state(dir, load_kwargs=..., **load_model_func_kwargs)``)."""
     slots = Slots.of(directory)
-    tag = str(slots.final)
-    collectives.barrier(Op.LOAD_STATE, tag_of(tag, "start"))
-    if collectives.rank == 0:
+    shared, tag = _agree_on_directory(collectives, Op.LOAD_STATE, slots.final)
+    if collectives.rank == 0 or not shared:
         finish_interrupted(slots.final)  # an in-place save that committed but did not finish
     collectives.barrier(Op.LOAD_STATE, tag_of(tag, "ready"))
     source = resolve_complete(directory)  # every rank decides alike: it reads the same disk
@@ -387,6 +408,8 @@ def load_state(
     extra = dict(load_kwargs or {})
     for index, model in enumerate(state.models):
         read_model(model, source / _model_name(index, safe, fmt), safe, device, model_kwargs)
+    if state.sharded is not None:
+        state.sharded.load(source, meta, dict(model_kwargs or {}))
     for index, optimizer in enumerate(state.optimizers):
         optimizer.load_state_dict(_load(source / _indexed("optimizer", index, "bin"), extra))
     for index, scheduler in enumerate(state.schedulers):
@@ -397,12 +420,41 @@ def load_state(
     for index, obj in enumerate(state.custom):
         path = source / f"custom_checkpoint_{index}.pkl"
         obj.load_state_dict(_load(path, extra, trusted=True))
+    if meta.get("world_size") != collectives.world_size:  # a resharded FSDP checkpoint
+        _warn_resharded(source, meta, collectives.world_size)
+        collectives.barrier(Op.LOAD_STATE, tag_of(tag, "done"))
+        return source, 0
     mine = _load(source / _rank_name(collectives.rank, fmt))
     for loader, position in zip(state.dataloaders, mine["dataloaders"], strict=True):
         loader.load_state_dict(position)
     collectives.barrier(Op.LOAD_STATE, tag_of(tag, "done"))
     rng.restore(mine["rng"])  # last: nothing after this may draw random numbers
     return source, int(mine.get("accumulation_step", 0))
+
+
+def _warn_resharded(source: Path, meta: dict[str, Any], world_size: int) -> None:
+    import warnings
+
+    warnings.warn(
+        f"load_state: {source} was written by {meta.get('world_size')} rank(s) and loaded into "
+        f"{world_size}: the sharded model and optimizer states were resharded, but the per-rank "
+        "RNG states and dataloader positions were not restored (they belong to the old ranks). "
+        "Dataloaders start from the beginning of an epoch.",
+        UserWarning,
+        stacklevel=4,
+    )
+
+
+def _agree_on_directory(collectives: Collectives, op: Op, final: Path) -> tuple[bool, str]:
+    """(whether every rank named the same directory, the tag of the next barriers). Ranks may
+    name different directories: what must match (the call itself, so none waits for a call
+    that never comes) is checked by the barrier; the directories are then compared."""
+    collectives.barrier(op, tag_of("start"))
+    if collectives.world_size == 1:
+        return True, str(final)
+    directories = collectives.gather_object([str(final)])
+    shared = len(set(directories)) == 1
+    return shared, str(final) if shared else "per-rank"
 
 
 def _load(path: Path, options: dict[str, Any] | None = None, trusted: bool = False) -> Any:
@@ -422,7 +474,8 @@ def _check_compatible(
             f"reads formats {READABLE_FORMATS}. Load it with the nbtrain version that wrote it "
             f"({meta.get('nbtrain')})."
         )
-    if meta.get("world_size") != world_size:
+    resharding = bool(meta.get("fsdp")) and state.sharded is not None  # DCP reshards
+    if meta.get("world_size") != world_size and not resharding:
         raise ValueError(
             f"load_state: {source} was written by {meta.get('world_size')} rank(s), but this run "
             f"has {world_size}. The checkpoint holds per-rank RNG states and data positions: "
@@ -511,9 +564,7 @@ def write_model(model: nn.Module, path: Path, safe: bool) -> None:
     """Write ``model``'s weights to ``path`` atomically (aside, then rename)."""
     with _written_aside(path) as aside:
         if safe and _on_xla(model):
-            from nbtrain.accelerator.xla import (
-                write_safetensors,  # XLA tensors expose no storage to read
-            )
+            from nbtrain.accelerator.xla import write_safetensors
 
             write_safetensors(model, str(aside))
         elif safe:

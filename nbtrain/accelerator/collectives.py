@@ -67,6 +67,7 @@ class Op(IntEnum):
     SAVE_STATE = 8
     LOAD_STATE = 9
     MAIN_PROCESS_FIRST = 10
+    GET_STATE_DICT = 11
 
     @property
     def call(self) -> str:
@@ -180,6 +181,16 @@ class ProcessGroupBackend:
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self._gloo = dist.get_backend() == "gloo"
+
+    def __getstate__(self) -> dict[str, Any]:
+        # (an Accelerator is picklable, as Accelerate's is: not the torch.distributed module)
+        return {k: v for k, v in vars(self).items() if k != "_dist"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        import torch.distributed as dist
+
+        vars(self).update(state)
+        self._dist = dist
 
     def all_gather_async(self, tensor: torch.Tensor) -> Pending:
         outputs = [torch.empty_like(tensor) for _ in range(self.world_size)]

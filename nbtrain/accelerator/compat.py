@@ -8,7 +8,7 @@ features nbtrain does not have (checked here, so the Accelerator stays a thin fr
   checkpoint naming (``save_state()`` without a directory), read from Accelerate's own
   ProjectConfiguration or this module's.
 - Arguments for experiment trackers, RNG synchronisation and torch.compile are accepted with a
-  one-time warning saying what nbtrain does instead; DeepSpeed, FSDP, Megatron-LM and tensor
+  one-time warning saying what nbtrain does instead; DeepSpeed, Megatron-LM and tensor
   parallelism are refused (training silently without them would not be the run that was asked
   for).
 """
@@ -41,7 +41,6 @@ def warn_once(key: str, text: str, stacklevel: int = 4) -> None:
 _REFUSED = {
     "deepspeed_plugin": "DeepSpeed",
     "deepspeed_plugins": "DeepSpeed",
-    "fsdp_plugin": "FSDP",
     "megatron_lm_plugin": "Megatron-LM",
     "torch_tp_plugin": "tensor parallelism",
     "parallelism_config": "tensor/context parallelism",
@@ -140,8 +139,12 @@ class State:
     PartialState helpers (``wait_for_everyone``, ``print``, ``main_process_first``, ...) are the
     Accelerator's own."""
 
+    # The accelerator sits in a slot, not in __dict__: the instance dict holds only values a
+    # script assigned (``accelerator.state.distributed_type = ...``, as Accelerate's scripts
+    # do), so two views of equal accelerators compare equal field by field after pickling.
+    __slots__ = ("__dict__", "_accelerator")
+
     deepspeed_plugin = None
-    fsdp_plugin = None
     megatron_lm_plugin = None
     dynamo_plugin = None
     parallelism_config = None
@@ -149,6 +152,10 @@ class State:
 
     def __init__(self, accelerator: Accelerator) -> None:
         self._accelerator = accelerator
+
+    @property
+    def fsdp_plugin(self) -> Any:
+        return self._accelerator.fsdp_plugin
 
     @property
     def backend(self) -> str | None:
@@ -161,7 +168,26 @@ class State:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
-        return getattr(self._accelerator, name)
+        try:
+            return getattr(self._accelerator, name)
+        except AttributeError:
+            raise AttributeError(
+                f"accelerator.state (nbtrain's view of Accelerate's AcceleratorState) has no "
+                f"attribute {name!r}; it offers the Accelerator's own attributes and methods "
+                "(num_processes, device, wait_for_everyone, ...) and destroy_process_group()."
+            ) from None
+
+    def destroy_process_group(self, group: Any = None) -> None:
+        """End the process group, as Accelerate's scripts do last (``group``: a sub-group to
+        destroy instead). Collectives need a new Accelerator afterwards."""
+        import torch.distributed as dist
+
+        if group is not None:
+            dist.destroy_process_group(group)
+            return
+        self._accelerator.end_training()
+        if dist.is_available() and dist.is_initialized():  # one the user's code had made
+            dist.destroy_process_group()
 
     def __repr__(self) -> str:
         acc = self._accelerator

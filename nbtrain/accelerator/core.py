@@ -28,12 +28,17 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from nbtrain.accelerator import (
+    batches,
     checkpoint,
     collectives,
     compat,
     data,
     devices,
+    fsdp_setup,
     handlers,
+    join,
+    loaderconfig,
+    loaders,
     nested,
     parallel,
     precision,
@@ -58,11 +63,14 @@ class Accelerator:
     """Device placement, distributed training, mixed precision and checkpoints for one rank.
 
     Accelerate's constructor arguments are accepted. Implemented: those below up to
-    ``kwargs_handlers`` (``dataloader_config``: split_batches, even_batches, data_seed;
-    dispatch_batches is refused), ``project_dir`` / ``project_config`` (automatic checkpoint
-    naming). Accepted with a one-time warning saying what nbtrain does instead: ``log_with``
-    (no trackers: ``log()`` feeds the live view), ``rng_types``, ``dynamo_backend`` /
-    ``dynamo_plugin``. Refused: DeepSpeed, FSDP, Megatron-LM and tensor-parallel plugins.
+    ``kwargs_handlers`` (``dataloader_config``: split_batches, even_batches, data_seed,
+    use_seedable_sampler, dispatch_batches), ``project_dir`` / ``project_config`` (automatic
+    checkpoint naming). Accepted with a one-time warning saying what nbtrain does instead:
+    ``log_with`` (no trackers: ``log()`` feeds the live view), ``rng_types``,
+    ``dynamo_backend`` / ``dynamo_plugin``; ``fsdp_plugin`` (FSDP2, see
+    accelerator/fsdp_plugin.py; also turned on by ACCELERATE_USE_FSDP=true, as
+    ``accelerate launch --use_fsdp`` sets it). Refused: DeepSpeed, Megatron-LM and
+    tensor-parallel plugins.
 
     Intentional differences from Accelerate 1.15, each for a reason:
 
@@ -109,7 +117,6 @@ class Accelerator:
                 "dynamo_plugin": dynamo_plugin,
                 "deepspeed_plugin": deepspeed_plugin,
                 "deepspeed_plugins": deepspeed_plugins,
-                "fsdp_plugin": fsdp_plugin,
                 "megatron_lm_plugin": megatron_lm_plugin,
                 "torch_tp_plugin": torch_tp_plugin,
                 "parallelism_config": parallelism_config,
@@ -128,10 +135,8 @@ class Accelerator:
         self.gradient_state = _gradient_state(
             gradient_accumulation_steps, gradient_accumulation_plugin
         )
-        self.split_batches, self.even_batches = _loader_options(
-            split_batches, even_batches, dataloader_config
-        )
-        self._data_seed: int | None = getattr(dataloader_config, "data_seed", None)
+        self._split_arg, self._even_arg = split_batches, even_batches
+        self.dataloader_config = loaderconfig.make(dataloader_config, split_batches, even_batches)
         self.project_configuration = compat.project_configuration(project_dir, project_config)
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
@@ -147,8 +152,12 @@ class Accelerator:
         mode = precision.resolve(mixed_precision, default, source)
         self._precision = precision.Precision(mode, self._device, options.scaler, options.autocast)
         self._ddp_kwargs = options.ddp
-        self._strategy = _strategy_for(self._device, self._placement.world_size, options)
+        self.fsdp_plugin = fsdp_setup.plugin_for(fsdp_plugin, self._device)
+        self._strategy = _strategy_for(
+            self._device, self._placement.world_size, options, self.fsdp_plugin
+        )
         self._collectives = self._strategy.collectives
+        fsdp_setup.announce(self._strategy)
         self._models: list[nn.Module] = []
         self._optimizers: list[PreparedOptimizer] = []
         self._schedulers: list[PreparedScheduler] = []
@@ -196,6 +205,10 @@ class Accelerator:
         return self.num_processes > 1
 
     @property
+    def is_fsdp2(self) -> bool:
+        return self.fsdp_plugin is not None
+
+    @property
     def mixed_precision(self) -> str:
         return self._precision.mode.value
 
@@ -207,7 +220,39 @@ class Accelerator:
     def state(self) -> compat.State:
         """Accelerate's ``accelerator.state``: num_processes, device, distributed_type, ...;
         printing it gives the same summary."""
-        return compat.State(self)
+        view = self.__dict__.get("_state_view")
+        if view is None:  # one view, so values a script assigns to it stay
+            view = self.__dict__["_state_view"] = compat.State(self)
+        return view
+
+    @property
+    def split_batches(self) -> bool:
+        return self._loader_options().split_batches
+
+    @split_batches.setter
+    def split_batches(self, value: bool) -> None:  # (for loaders prepared from now on)
+        self._split_arg = bool(value)
+        self.dataloader_config.split_batches = bool(value)
+
+    @property
+    def even_batches(self) -> bool:
+        return self._loader_options().even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        self._even_arg = bool(value)
+        self.dataloader_config.even_batches = bool(value)
+
+    @property
+    def dispatch_batches(self) -> bool:
+        return self._loader_options().dispatch_batches
+
+    @property
+    def use_seedable_sampler(self) -> bool:
+        return self._loader_options().seedable
+
+    def _loader_options(self) -> loaderconfig.LoaderOptions:
+        return loaderconfig.options(self.dataloader_config, self._split_arg, self._even_arg)
 
     @property
     def project_dir(self) -> str | None:
@@ -298,8 +343,8 @@ class Accelerator:
             if model is prepared or model is self._strategy.unwrap_model(prepared):
                 return prepared
         placement = self.device_placement if device_placement is None else device_placement
-        if placement:
-            model.to(self._device)
+        if placement and not any(p.is_meta for p in model.parameters()):
+            model.to(self._device)  # (meta weights: FSDP's cpu_ram_efficient_loading fills them)
         self._precision.wrap_forward(self._strategy.unwrap_model(model))
         wrapped = model if evaluation_mode else self._strategy.wrap_model(model, self._ddp_kwargs)
         self._models.append(wrapped)
@@ -344,27 +389,29 @@ class Accelerator:
         device_placement: bool | None = None,
         slice_fn_for_dispatch: Any = None,
     ) -> data.PreparedDataLoader:
-        """``slice_fn_for_dispatch`` (Accelerate's, for dispatch_batches) is accepted and unused:
-        every rank loads its own batches."""
+        """With ``dispatch_batches`` the main process loads and sends each rank its rows
+        (dispatch.py); ``slice_fn_for_dispatch`` is accepted and not used: the rows a rank gets
+        follow the same sharding as without dispatching."""
         if isinstance(loader, data.PreparedDataLoader):
             return loader
         placement = self.device_placement if device_placement is None else device_placement
-        # Every rank draws (so every rank's RNG advances alike); rank 0's draw is the seed,
-        # unless DataLoaderConfiguration(data_seed=...) fixed it.
-        drawn = data.draw_seed(data.seed_source(loader))
-        seed = self._collectives.broadcast_object(drawn, 0)
-        if self._data_seed is not None:
-            seed = int(self._data_seed)
-        prepared = data.prepare_data_loader(
+        opts = self._loader_options()
+        seed = loaderconfig.agree_on_seed(loader, opts, self._collectives)
+        xla = self.distributed_type is DistributedType.XLA  # ordinals share the user's objects
+        prepared = loaders.prepare_data_loader(
             loader,
             world_size=self.num_processes,
             rank=self.process_index,
-            split_batches=self.split_batches,
-            even_batches=self.even_batches,
+            split_batches=opts.split_batches,
+            even_batches=opts.even_batches,
             seed=seed,
             device=self._device if placement else None,
             gradient_state=self.gradient_state,
             loader_class=getattr(self._strategy, "dataloader_class", None),
+            seedable=opts.seedable or xla,
+            follow_user=opts.data_seed is None,
+            share=functools.partial(self._collectives.broadcast_object, from_process=0),
+            dispatch_with=self._collectives if opts.dispatch_batches else None,
         )
         self._dataloaders.append(prepared)
         return prepared
@@ -410,6 +457,21 @@ class Accelerator:
                 for model in models:
                     stack.enter_context(self._strategy.no_sync(model))
             yield
+
+    def join_uneven_inputs(
+        self, joinables: list[Any], even_batches: bool | None = None
+    ) -> contextlib.AbstractContextManager[None]:
+        """Train DDP models over ranks with different numbers of batches: ranks that finish
+        early shadow DDP's collectives until all are done (torch's Join). ``even_batches``
+        overrides the prepared map-style loaders' setting inside the block (see join.py)."""
+        return join.join_uneven_inputs(
+            joinables,
+            distributed_type=self.state.distributed_type,
+            world_size=self.num_processes,
+            loaders=list(self._dataloaders),
+            default_even_batches=self.even_batches,
+            even_batches=even_batches,
+        )
 
     @contextlib.contextmanager
     def no_sync(self, model: nn.Module) -> Iterator[None]:
@@ -471,6 +533,9 @@ class Accelerator:
             return self._gradient_norm(params, norm_type)
         self.unscale_gradients()
         self._average_gradients(params)
+        clip = getattr(self._strategy, "clip_grad_norm", None)  # FSDP: the norm over all shards
+        if clip is not None:
+            return clip(params, max_norm, norm_type)
         return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type)
 
     def clip_grad_value_(
@@ -705,7 +770,7 @@ class Accelerator:
         return str(source)
 
     def _training_state(self) -> checkpoint.TrainingState:
-        return checkpoint.TrainingState(
+        state = checkpoint.TrainingState(
             models=[self.unwrap_model(model) for model in self._models],
             optimizers=list(self._optimizers),
             schedulers=list(self._schedulers),
@@ -714,6 +779,8 @@ class Accelerator:
             scaler=self._precision.scaler,
             accumulation_step=self.gradient_state.step,
         )
+        split = getattr(self._strategy, "checkpoint_state", None)  # FSDP: sharded via DCP
+        return split(state) if split is not None else state
 
     def save_model(
         self,
@@ -724,7 +791,13 @@ class Accelerator:
     ) -> None:
         """Write the model's weights (model.safetensors, or pytorch_model.bin without
         safetensors) from the main process; not a collective. ``max_shard_size`` is accepted for
-        compatibility: nbtrain writes a single file."""
+        compatibility: nbtrain writes a single file. Under FSDP every rank must call it (the
+        shards are gathered), as in Accelerate."""
+        if fsdp_setup.sharded(self._strategy, model):
+            state = self.get_state_dict(model)
+            if self.is_main_process:
+                fsdp_setup.save_full(state, save_directory, safe_serialization)
+            return
         if self.is_main_process:
             checkpoint.save_model(
                 self.unwrap_model(model), save_directory, safe_serialization=safe_serialization
@@ -742,6 +815,10 @@ class Accelerator:
             torch.save(obj, f)
 
     def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, Any]:
+        """The model's weights. Under FSDP: the whole model gathered to CPU on the main process
+        ({} on the others); every rank must call it then."""
+        if fsdp_setup.sharded(self._strategy, model):
+            return self._strategy.full_state_dict(model)  # type: ignore[attr-defined]
         return (self.unwrap_model(model) if unwrap else model).state_dict()
 
     def free_memory(self, *objects: Any) -> list[Any]:
@@ -772,7 +849,7 @@ class Accelerator:
         for Accelerate that calls both does not skip twice."""
         if isinstance(dataloader, data.PreparedDataLoader):
             return dataloader.skip_first_batches(num_batches)
-        return data.SkippedLoader(dataloader, num_batches)
+        return batches.SkippedLoader(dataloader, num_batches)
 
     # ---------------------------------------------------------------------------------------
     # Live view (kernel side), delegated to nbtrain.rank.reporting
@@ -816,7 +893,7 @@ class Accelerator:
 
 
 def _strategy_for(
-    device: torch.device, world_size: int, options: handlers.Options
+    device: torch.device, world_size: int, options: handlers.Options, fsdp_plugin: Any
 ) -> parallel.Strategy:
     """Initialises the process group (lazily: here, not at import) when there are several
     ranks, with the backend that fits the device unless the user's code already made one."""
@@ -826,6 +903,8 @@ def _strategy_for(
     )
     timeout = options.timeout or collectives.DEFAULT_TIMEOUT
     devices.activate(device)  # before the process group: nccl binds the current GPU
+    if fsdp_plugin is not None:
+        return fsdp_setup.create(device, world_size, fsdp_plugin, backend, timeout)
     return parallel.create(kind, device, backend=backend, timeout=timeout)
 
 
@@ -838,22 +917,6 @@ def _gradient_state(steps: object, plugin: Any) -> GradientState:
             f"(got gradient_accumulation_steps={steps!r} and a plugin)."
         )
     return GradientState.from_plugin(plugin)
-
-
-def _loader_options(split: bool, even: bool, config: Any) -> tuple[bool, bool]:
-    """split_batches / even_batches from the arguments and a DataLoaderConfiguration; a value
-    that differs from the default wins, wherever it was given. (The configuration's other
-    fields need nothing: nbtrain's loaders are always seedable and stateful.)"""
-    if config is None:
-        return split, even
-    if getattr(config, "dispatch_batches", None):
-        raise ValueError(
-            "dataloader_config with dispatch_batches=True is not supported: every rank loads its "
-            "own batches in nbtrain. Drop dispatch_batches."
-        )
-    return split or bool(getattr(config, "split_batches", False)), even and bool(
-        getattr(config, "even_batches", True)
-    )
 
 
 def _kind_of(obj: Any, index: int) -> str:

@@ -3,8 +3,9 @@
 ``prepare_data_loader`` rebuilds the user's DataLoader around a sharded batch sampler
 (``sharding.py`` has the arithmetic), keeping its dataset, collate_fn, workers and pinning.
 
-- Shuffling is the same on every rank and differs per epoch: the sampler's generator is seeded
-  with ``seed + epoch``, the seed agreed once at prepare time (rank 0's draw, broadcast).
+- Every rank draws the same order of samples (``shuffling.py``): by default the order follows
+  the sampler's own generator, synchronised from rank 0 at each pass, so a seeded run on N
+  ranks sees what one process would; with ``use_seedable_sampler`` it is seeded per epoch.
 - The loader knows its position (epoch, batches handed out). ``load_state`` restores it, and the
   next ``for batch in loader`` continues right after the last batch the checkpoint had seen,
   without loading the skipped batches.
@@ -15,22 +16,33 @@
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import itertools
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 from nbtrain.accelerator import nested, sharding
 from nbtrain.accelerator.accumulation import GradientState
+from nbtrain.accelerator.batches import (
+    WORKER_SEED_SALT,
+    IterableShard,
+    OneIndexBatches,
+    ShardedBatchSampler,
+    UnbatchedSampler,
+    batches_of,
+    last_batch_size,
+    length_of,
+    loader_options,
+    mix,
+    sample_count,
+    seeding_for,
+)
 from nbtrain.accelerator.sharding import ShardSpec
+from nbtrain.accelerator.shuffling import Shuffling
 
-_WORKER_SEED_SALT = 0x5EED  # keeps the worker-seed stream apart from the shuffle stream
+_NOTHING = object()
 
 
 @dataclass
@@ -64,149 +76,6 @@ class Position:
         self.epoch, self.yielded, self.pinned, self.in_progress = epoch, yielded, True, False
 
 
-class EpochSeeding:
-    """Seeds the sampler per epoch (same order on every rank) and calls ``set_epoch`` hooks."""
-
-    def __init__(self, seed: int, hooks: list[Any], generator: torch.Generator | None) -> None:
-        self.seed = seed
-        self.hooks = hooks
-        self.generator = generator
-
-    def apply(self, epoch: int) -> None:
-        if self.generator is not None:
-            self.generator.manual_seed(_mix(self.seed, epoch))
-        for hook in self.hooks:
-            hook.set_epoch(epoch)
-
-
-def _mix(seed: int, epoch: int) -> int:
-    return (seed * 1_000_003 + epoch) % (2**63 - 1)
-
-
-class ShardedBatchSampler(Sampler[list[int]]):
-    """This rank's batches of the original batch sampler, for one epoch at a time."""
-
-    def __init__(
-        self,
-        batch_sampler: Any,
-        spec: ShardSpec,
-        seeding: EpochSeeding,
-        last_batch_size: int | None,
-        uniform: bool = True,
-    ) -> None:
-        self.batch_sampler = batch_sampler
-        self.spec = spec
-        self.seeding = seeding
-        self.last_batch_size = last_batch_size
-        # Whether every batch but the last is full (torch's BatchSampler). A custom batch
-        # sampler may yield short batches mid-epoch, which cost their step (sharding._whole):
-        # its length is then only an estimate, so the end of the epoch is found by looking ahead.
-        self.uniform = uniform
-        self.epoch = 0
-        self.skip = 0
-
-    def configure(self, epoch: int, skip: int) -> None:
-        self.epoch, self.skip = epoch, skip
-
-    def __iter__(self) -> Iterator[list[int]]:
-        self.seeding.apply(self.epoch)
-        batches = sharding.shard_batches(self.batch_sampler, self.spec)
-        return itertools.islice(batches, self.skip, None) if self.skip else batches
-
-    def exact_length(self) -> int | None:
-        if not self.uniform and self.spec.world_size > 1:
-            return None
-        try:
-            count = len(self.batch_sampler)
-        except TypeError:
-            return None
-        length, exact = sharding.sharded_length(count, self.spec, self.last_batch_size)
-        return length if exact else None
-
-    def __len__(self) -> int:
-        return sharding.sharded_length(len(self.batch_sampler), self.spec, self.last_batch_size)[0]
-
-
-class UnbatchedSampler(Sampler[int]):
-    """For DataLoader(batch_size=None): shard single indices as batches of one."""
-
-    def __init__(self, sharded: ShardedBatchSampler) -> None:
-        self.sharded = sharded
-
-    def __iter__(self) -> Iterator[int]:
-        return (batch[0] for batch in self.sharded)
-
-    def __len__(self) -> int:
-        return len(self.sharded)
-
-
-class _OneIndexBatches:
-    """A sampler's indices as batches of one (the input of ShardedBatchSampler)."""
-
-    batch_size = 1
-
-    def __init__(self, sampler: Any) -> None:
-        self.sampler = sampler
-
-    def __iter__(self) -> Iterator[list[int]]:
-        return ([index] for index in self.sampler)
-
-    def __len__(self) -> int:
-        return len(self.sampler)
-
-
-class IterableShard(IterableDataset):
-    """Rank's share of an IterableDataset: from every step's worth of items, its slice."""
-
-    def __init__(self, dataset: IterableDataset, spec: ShardSpec, seeding: EpochSeeding) -> None:
-        self.dataset = dataset
-        self.spec = spec
-        self.seeding = seeding
-        self.epoch = 0
-        self.skip_items = 0
-        self.last_step_real: int | None = None
-
-    def configure(self, epoch: int, skip_items: int) -> None:
-        self.epoch, self.skip_items = epoch, skip_items
-
-    def __len__(self) -> int:
-        """Items this rank gets per epoch (the wrapped dataset must have a length)."""
-        spec = self.spec
-        size, step = spec.rank_batch_size or 1, spec.step_size or 1
-        full, rest = divmod(len(self.dataset), step)  # type: ignore[arg-type]
-        count = full * size
-        if rest and not spec.drop_last:
-            count += size if spec.evens_out else min(max(rest - size * spec.rank, 0), size)
-        return count
-
-    def __iter__(self) -> Iterator[Any]:
-        self.seeding.apply(self.epoch)
-        self.last_step_real = None
-        items = self._items()
-        return itertools.islice(items, self.skip_items, None) if self.skip_items else items
-
-    def _items(self) -> Iterator[Any]:
-        spec = self.spec
-        size, step = spec.rank_batch_size, spec.step_size
-        assert size is not None and step is not None
-        start = size * spec.rank
-        first: list[Any] | None = None
-        buffer: list[Any] = []
-        for item in self.dataset:
-            buffer.append(item)
-            if len(buffer) == step:
-                first = first or buffer
-                yield from buffer[start : start + size]
-                buffer = []
-        self.last_step_real = len(buffer)
-        if not buffer or spec.drop_last:
-            return
-        if spec.evens_out:
-            source = itertools.cycle(first or list(buffer))
-            buffer += list(itertools.islice(source, step - len(buffer)))
-        yield from buffer[start : start + size]
-
-
 class PreparedDataLoader(DataLoader):
     """A DataLoader over this rank's share, moving batches to the device, resumable."""
 
@@ -218,6 +87,7 @@ class PreparedDataLoader(DataLoader):
         seed: int,
         device: torch.device | None,
         gradient_state: GradientState,
+        shuffling: Shuffling | None = None,
     ) -> None:
         self.base_dataloader = loader
         self.device = device
@@ -225,29 +95,42 @@ class PreparedDataLoader(DataLoader):
         self.spec = spec
         self.position = Position()
         self.end_of_dataloader = False
-        self._worker_generator = torch.Generator()
         self._seed = seed
         dataset = loader.dataset
         self._iterable = isinstance(dataset, IterableDataset)
-        seeding = _seeding_for(loader, seed)
+        if shuffling is None:  # one process: nothing to agree on
+            shuffling = Shuffling(seed, seedable=False, follow_user=True, share=None)
+        seeding = seeding_for(loader, shuffling)
         self._seeding = seeding
+        # Worker seeds come from the loader's own generator when it follows the user's (as a
+        # plain DataLoader draws them, before the order: same stream as one process); else from
+        # a private one, seeded per epoch so a resumed pass gives its workers the same seeds.
+        user = loader.generator if isinstance(loader.generator, torch.Generator) else None
+        self._follows_user = user is not None and seeding.follow_user
+        self._worker_generator: torch.Generator = (
+            user if user is not None and self._follows_user else torch.Generator()
+        )
         self._shard: ShardedBatchSampler | IterableShard
-        options = _loader_options(loader, self._worker_generator)
+        options = loader_options(loader, self._worker_generator)
         if self._iterable:
             self._shard = IterableShard(dataset, spec, seeding)  # type: ignore[arg-type]
             unbatched = loader.batch_size is None  # items as they come, one per rank and step
             size = None if unbatched else spec.rank_batch_size
             super().__init__(self._shard, batch_size=size, **options)
         else:
-            batches = _batches_of(loader, seeding)
+            batches = batches_of(loader, seeding)
             self._shard = ShardedBatchSampler(
                 batches,
                 spec,
                 seeding,
-                _last_batch_size(loader),
-                uniform=type(batches) in (BatchSampler, _OneIndexBatches),
+                last_batch_size(loader),
+                uniform=type(batches) in (BatchSampler, OneIndexBatches),
             )
-            if loader.batch_size is None and loader.batch_sampler is None:
+            if isinstance(loader.sampler, BatchSampler) and loader.batch_sampler is None:
+                # sampler=BatchSampler(...), batch_size=None: each of its batches is one
+                # dataset[list] lookup; whole batches go to the ranks.
+                super().__init__(dataset, sampler=self._shard, batch_size=None, **options)
+            elif loader.batch_size is None and loader.batch_sampler is None:
                 super().__init__(
                     dataset, sampler=UnbatchedSampler(self._shard), batch_size=None, **options
                 )
@@ -256,7 +139,7 @@ class PreparedDataLoader(DataLoader):
         # DataLoader forbids setting these after __init__; they describe this rank's batches.
         object.__setattr__(self, "batch_size", spec.rank_batch_size)
         object.__setattr__(self, "drop_last", spec.drop_last)
-        self.remainder = sharding.remainder(_sample_count(loader), spec)
+        self.remainder = sharding.remainder(sample_count(loader), spec)
 
     # -- Accelerate-compatible attributes ---------------------------------------------------
 
@@ -266,7 +149,7 @@ class PreparedDataLoader(DataLoader):
 
     @property
     def total_dataset_length(self) -> int | None:
-        return _length(self.base_dataloader.dataset)
+        return length_of(self.base_dataloader.dataset)
 
     @property
     def iteration(self) -> int:
@@ -295,15 +178,23 @@ class PreparedDataLoader(DataLoader):
 
     # -- checkpointing -------------------------------------------------------------------------
 
-    def state_dict(self) -> dict[str, int]:
-        yielded = (
-            self.position.yielded if (self.position.in_progress or self.position.pinned) else 0
-        )
-        return {"epoch": self.position.epoch, "yielded": yielded, "seed": self._seed}
+    def state_dict(self) -> dict[str, Any]:
+        mid_pass = self.position.in_progress or self.position.pinned
+        yielded = self.position.yielded if mid_pass else 0
+        state: dict[str, Any] = {
+            "epoch": self.position.epoch,
+            "yielded": yielded,
+            "seed": self._seed,
+        }
+        generator = self._seeding.state(mid_pass)
+        if generator is not None:  # the order this pass was (or the next will be) drawn in
+            state["generator"] = generator
+        return state
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self._seed = int(state["seed"])
         self._seeding.seed = self._seed
+        self._seeding.restore(state.get("generator"))
         self.position.pin(int(state["epoch"]), int(state["yielded"]))
 
     # -- iteration ----------------------------------------------------------------------------
@@ -316,7 +207,8 @@ class PreparedDataLoader(DataLoader):
         else:
             self._shard.configure(epoch, skip)
             total = self._shard.exact_length()
-        self._worker_generator.manual_seed(_mix(self._seed ^ _WORKER_SEED_SALT, epoch))
+        if not self._follows_user:
+            self._worker_generator.manual_seed(mix(self._seed ^ WORKER_SEED_SALT, epoch))
         self.end_of_dataloader = False
         self.gradient_state.enter(self)
         try:
@@ -365,182 +257,3 @@ class PreparedDataLoader(DataLoader):
         return nested.send_to_device(batch, self.device, non_blocking=self.pin_memory)
 
 
-_NOTHING = object()
-
-
-def prepare_data_loader(
-    loader: DataLoader,
-    *,
-    world_size: int,
-    rank: int,
-    split_batches: bool,
-    even_batches: bool,
-    seed: int,
-    device: torch.device | None,
-    gradient_state: GradientState,
-    loader_class: type[PreparedDataLoader] | None = None,
-) -> PreparedDataLoader:
-    if isinstance(loader, PreparedDataLoader):
-        return loader
-    spec = ShardSpec(
-        world_size=world_size,
-        rank=rank,
-        split_batches=split_batches,
-        even_batches=even_batches,
-        drop_last=_drop_last(loader),
-        batch_size=_batch_size(loader),
-    )
-    cls = loader_class or PreparedDataLoader  # a strategy's own subclass (XLA: step marks)
-    return cls(loader, spec=spec, seed=seed, device=device, gradient_state=gradient_state)
-
-
-def seed_source(loader: DataLoader) -> torch.Generator | None:
-    """The generator whose draw seeds this loader's shuffling (the user's, else the global one)."""
-    sampler = getattr(loader, "sampler", None)
-    generator = getattr(sampler, "generator", None)
-    if isinstance(generator, torch.Generator):
-        return generator
-    return loader.generator if isinstance(loader.generator, torch.Generator) else None
-
-
-def draw_seed(generator: torch.Generator | None) -> int:
-    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
-
-
-# ---------------------------------------------------------------------------------------------
-
-
-def _length(dataset: Any) -> int | None:
-    try:
-        return len(dataset)
-    except TypeError:
-        return None
-
-
-def _sample_count(loader: DataLoader) -> int | None:
-    """Samples one epoch draws: the sampler's count (it may differ from len(dataset))."""
-    if type(loader.batch_sampler) in (BatchSampler, type(None)):
-        try:
-            return len(loader.sampler)  # type: ignore[arg-type]
-        except TypeError:  # an IterableDataset's sampler: fall back to the dataset
-            pass
-    return _length(loader.dataset)
-
-
-def _batch_size(loader: DataLoader) -> int | None:
-    if loader.batch_size is not None:
-        return loader.batch_size
-    if loader.batch_sampler is None:  # batch_size=None: every sample is its own batch
-        return 1
-    size = getattr(loader.batch_sampler, "batch_size", None)
-    return size if isinstance(size, int) else None
-
-
-def _drop_last(loader: DataLoader) -> bool:
-    if loader.batch_sampler is not None and loader.batch_size is None:
-        return bool(getattr(loader.batch_sampler, "drop_last", False))
-    return bool(loader.drop_last)
-
-
-def _last_batch_size(loader: DataLoader) -> int | None:
-    size = _batch_size(loader)
-    length = _length(loader.dataset)
-    if (
-        size is None
-        or length is None
-        or type(loader.batch_sampler) not in (BatchSampler, type(None))
-    ):
-        return None
-    try:
-        samples = len(loader.sampler)  # type: ignore[arg-type]  # a sampler may draw more or fewer than len(dataset)
-    except TypeError:
-        return None
-    return samples % size or size
-
-
-def _loader_options(loader: DataLoader, generator: torch.Generator) -> dict[str, Any]:
-    options: dict[str, Any] = {
-        "num_workers": loader.num_workers,
-        "collate_fn": loader.collate_fn,
-        "pin_memory": loader.pin_memory,
-        "timeout": loader.timeout,
-        "worker_init_fn": loader.worker_init_fn,
-        "multiprocessing_context": _worker_context(loader),
-        "generator": generator,
-        "persistent_workers": loader.persistent_workers,
-    }
-    if loader.num_workers > 0:
-        options["prefetch_factor"] = loader.prefetch_factor
-    if getattr(loader, "pin_memory_device", ""):
-        options["pin_memory_device"] = loader.pin_memory_device
-    if hasattr(loader, "in_order"):
-        options["in_order"] = loader.in_order
-    return options
-
-
-def _worker_context(loader: DataLoader) -> Any:
-    """Workers start the way a plain Linux script starts them: by fork.
-
-    A rank started by spawn or forkserver inherits that start method as its default, so its
-    DataLoader workers would have to pickle the dataset by reference, and a Dataset class defined
-    in a notebook cannot be found that way ("Can't get attribute ..."). Fork needs no pickling.
-    The user's own choice (multiprocessing_context=...) is kept; macOS keeps its spawn default.
-    """
-    chosen = loader.multiprocessing_context
-    if chosen is not None or loader.num_workers == 0 or not sys.platform.startswith("linux"):
-        return chosen
-    return "fork"
-
-
-def _seeding_for(loader: DataLoader, seed: int) -> EpochSeeding:
-    hooks: list[Any] = [loader.dataset] if hasattr(loader.dataset, "set_epoch") else []
-    return EpochSeeding(seed, hooks, None)
-
-
-def _batches_of(loader: DataLoader, seeding: EpochSeeding) -> Any:
-    """A copy of the loader's batch sampler whose sampler draws from the seeding's generator.
-
-    Copies, so the user's own loader and sampler keep their behaviour."""
-    batch_sampler = loader.batch_sampler
-    if batch_sampler is None:
-        return _OneIndexBatches(_seeded_copy(loader.sampler, seeding))
-    if type(batch_sampler) is BatchSampler:
-        sampler = _seeded_copy(batch_sampler.sampler, seeding)
-        return BatchSampler(sampler, batch_sampler.batch_size, batch_sampler.drop_last)
-    custom: Any = copy.copy(batch_sampler)
-    inner = getattr(custom, "sampler", None)
-    if inner is not None:
-        with contextlib.suppress(AttributeError):  # read-only: keep the user's sampler
-            custom.sampler = _seeded_copy(inner, seeding)
-    if hasattr(custom, "set_epoch"):
-        seeding.hooks.append(custom)
-    return custom
-
-
-def _seeded_copy(sampler: Any, seeding: EpochSeeding) -> Any:
-    """A sampler with a ``generator`` (RandomSampler, SubsetRandomSampler, WeightedRandomSampler,
-    ...) gets ours, seeded per epoch; one with ``set_epoch`` is told the epoch."""
-    seeded = copy.copy(sampler)
-    if hasattr(seeded, "generator"):
-        if seeding.generator is None:
-            seeding.generator = torch.Generator()
-        seeded.generator = seeding.generator
-    if hasattr(seeded, "set_epoch"):
-        seeding.hooks.append(seeded)
-    return seeded
-
-
-class SkippedLoader:
-    """A plain (unprepared) loader whose iteration starts at batch ``skip``."""
-
-    def __init__(self, loader: Any, skip: int) -> None:
-        if isinstance(skip, bool) or not isinstance(skip, int) or skip < 0:
-            raise ValueError(f"skip_first_batches(num_batches={skip!r}) must be an int >= 0.")
-        self.loader = loader
-        self.skip = skip
-
-    def __iter__(self) -> Iterator[Any]:
-        return itertools.islice(iter(self.loader), self.skip, None)
-
-    def __len__(self) -> int:
-        return max(len(self.loader) - self.skip, 0)

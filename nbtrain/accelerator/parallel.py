@@ -29,6 +29,18 @@ class DistributedType(str, Enum):
     MULTI_CPU = "MULTI_CPU"
     MULTI_GPU = "MULTI_GPU"
     XLA = "XLA"
+    FSDP = "FSDP"  # several ranks sharding one model (nbtrain.fsdp), as Accelerate names it
+    # Accelerate's other types: never an nbtrain run's, there so that scripts comparing against
+    # them (``if accelerator.distributed_type == DistributedType.DEEPSPEED:``) run unchanged.
+    DEEPSPEED = "DEEPSPEED"
+    MEGATRON_LM = "MEGATRON_LM"
+    MULTI_NPU = "MULTI_NPU"
+    MULTI_MLU = "MULTI_MLU"
+    MULTI_SDAA = "MULTI_SDAA"
+    MULTI_MUSA = "MULTI_MUSA"
+    MULTI_XPU = "MULTI_XPU"
+    MULTI_HPU = "MULTI_HPU"
+    MULTI_NEURON = "MULTI_NEURON"
 
 
 def distributed_type_for(device: torch.device, world_size: int) -> DistributedType:

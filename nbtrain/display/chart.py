@@ -38,7 +38,7 @@ def svg_chart(name: str, lines: Mapping[int, Series]) -> str:
     head = (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
         f'viewBox="0 0 {WIDTH} {HEIGHT}" class="nbtrain-chart" data-metric="{escape(name)}" '
-        'style="font: 10px sans-serif; background: transparent">'
+        'style="font: 10px sans-serif; background: transparent; width: 100%; height: auto">'
     )
     parts = [head, f'<text x="{LEFT}" y="11" font-weight="bold">{escape(name)}</text>']
     if not points:

@@ -13,18 +13,40 @@ __all__ = [
     "format_steps",
     "format_value",
     "has_progress",
+    "run_eta",
 ]
 
+
 def format_steps(view: RankView) -> str:
-    """'train 40/100 12.3 it/s ETA 0:05' (the parts that are known)."""
+    """'train 40/100 ETA 0:05 12.3 it/s' (the parts that are known). The ETA comes before the
+    rate: in a narrow column the text is cut at its end, and the ETA says more."""
     parts = [view.desc] if view.desc else []
     parts.append(f"{view.step}/{view.total}" if view.total is not None else str(view.step))
+    eta = run_eta(view)
+    if eta is not None and not view.finished:
+        parts.append(f"ETA {format_duration(eta)}")
     if view.rate:
         parts.append(f"{view.rate:.1f} it/s")
-    eta = view.eta
-    if eta is not None and not view.finished and view.step < (view.total or 0):
-        parts.append(f"ETA {format_duration(eta)}")
     return " ".join(parts)
+
+
+def run_eta(view: RankView) -> float | None:
+    """Seconds left of the whole run when every enclosing loop's total is known, else of the
+    current loop; None without a rate, a total, or anything left to do.
+
+    Nested loops count as mixed-radix digits: each remaining pass of an outer loop runs every
+    loop inside it in full again (e.g. epochs of a fixed number of batches).
+    """
+    if not view.rate or view.rate <= 0 or view.total is None:
+        return None
+    remaining = max(0, view.total - view.step)
+    if all(total is not None for _, total in view.outer):
+        inner = view.total  # steps in one full pass of the loops inside the current level
+        for done, total in reversed(view.outer):
+            assert total is not None
+            remaining += max(0, total - done - 1) * inner
+            inner *= total
+    return remaining / view.rate if remaining else None
 
 
 def format_status(view: RankView) -> str:

@@ -16,6 +16,7 @@ import time
 from typing import TextIO
 
 from nbtrain.display.formatting import format_metrics, format_status, format_steps, has_progress
+from nbtrain.display.statusline import status_line
 from nbtrain.kernel.monitor import RankStatus, RankView, RunState
 from nbtrain.shared.options import OutputMode
 
@@ -123,9 +124,8 @@ class TextView:
         if not running:
             self.erase_status()
             return
-        text = " | ".join(_compact(view) for view in running)
-        width = max(20, shutil.get_terminal_size().columns - 1)
-        text = text[:width]
+        # (One column short of the width: a full line would wrap on some terminals.)
+        text = status_line(running, max(20, shutil.get_terminal_size().columns - 1))
         if text == self._status:
             return
         pad = " " * max(0, len(self._status) - len(text))
@@ -141,8 +141,9 @@ class TextView:
 
 
 def format_rank(view: RankView) -> str:
-    """'[rank 1] train 40/100 12.3 it/s loss 0.52' plus the status once it is not 'running'."""
-    parts = [f"[rank {view.rank}]"]
+    """'[rank 1] train 40/100 12.3 it/s loss 0.52' plus the status once it is not 'running'
+    ('[rank 1 · fsdp2] ...' for a rank that announced a strategy)."""
+    parts = [f"[rank {view.rank} · {view.strategy}]" if view.strategy else f"[rank {view.rank}]"]
     if has_progress(view):
         parts.append(format_steps(view))
     if view.metrics:
@@ -150,19 +151,6 @@ def format_rank(view: RankView) -> str:
     if view.status is not RankStatus.RUNNING:
         parts.append(format_status(view))
     return " ".join(parts)
-
-
-def _compact(view: RankView) -> str:
-    text = f"r{view.rank} "
-    if view.note:  # what the rank waits for says more than a step count that does not move
-        return text + view.note
-    if view.total is not None:
-        text += f"{view.step}/{view.total}"
-    else:
-        text += str(view.step) if view.step else view.status.value
-    if view.metrics:
-        text += " " + format_metrics(view.metrics, limit=1)
-    return text
 
 
 def _shown_state(view: RankView) -> tuple[object, ...]:

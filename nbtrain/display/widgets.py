@@ -3,55 +3,54 @@
 A header (title, elapsed time, the launcher's node-level note), a row per rank (rank and device,
 bar, steps/rate/ETA, latest metrics, status), a live metric chart (inline SVG), the ranks' output
 (last lines, capped) and a summary line: green only when the run succeeded, red when it failed or
-timed out, orange when it was interrupted or stopped. Each draw compares versions kept in the
+timed out, orange when it was interrupted or stopped. When the launch ends, whatever its outcome,
+the dashboard is replaced in place (same display id) by a static HTML + text/plain rendering of
+its final state and its widgets are closed: a saved, reopened, converted or GitHub-rendered
+notebook shows the final rows, chart and summary, never "model not found" (no widget mimetype
+is left in the saved output), and a kernel that launches hundreds of times keeps no comms for
+finished runs. Each draw compares versions kept in the
 RunState and touches only the widgets whose content changed; ipywidgets then sends a message only
 for traits whose value actually differs. The chart and the output area are the heavy parts (each
 update resends their whole markup, up to tens of kilobytes): they redraw at most every
-CHART_EVERY / OUTPUT_EVERY seconds, and always at the end.
+CHART_EVERY seconds, and always at the end.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from collections import deque
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
 from typing import Any, Protocol
 
 import ipywidgets as widgets
 
+from nbtrain.display.chart import WIDTH as CHART_WIDTH
 from nbtrain.display.chart import rank_color, svg_chart
-from nbtrain.display.formatting import format_duration, format_metrics, format_status, format_steps
+from nbtrain.display.formatting import format_duration
+from nbtrain.display.rows import (
+    BAR_MIN,
+    COLUMNS,
+    LIVE_CSS,
+    STATUS_COLORS,
+    one_line_html,
+    row_cells,
+    static_dashboard,
+    status_html,
+)
 from nbtrain.display.text import format_rank
-from nbtrain.kernel.monitor import OutputLine, RankStatus, RankView, RunState, Verdict
+from nbtrain.kernel.monitor import RankStatus, RankView, RunState, Verdict
 from nbtrain.shared.options import OutputMode
 
-MAX_OUTPUT_LINES = 200  # lines the browser holds; the kernel keeps more (monitor.OUTPUT_CAP)
 MAX_LINE_CHARS = 400
-TEXT_TAIL_LINES = 12  # output lines kept in the plain-text version (saved notebooks stay small)
-TEXT_TAIL_CHARS = 200
 MAX_CHARTS = 3  # metrics charted side by side (the first ones logged)
+CHART_MIN = 200  # pixels: narrower, the axis labels would be too small to read
 # Seconds between redraws of the chart and of the output area. Each redraw rebuilds and resends
 # the whole markup: up to 3 charts of ~15 KB at full history, 200 output lines of ~40 KB. Twice
 # a second keeps the kernel's share and the traffic to the browser small (see chart.py) while
 # still looking live; rows (a few hundred bytes) follow every draw.
 CHART_EVERY = 0.5
-OUTPUT_EVERY = 0.5
-LIVE_DASHBOARDS = 8  # finished dashboards kept as live widgets; older ones become static HTML
-
-BAR_STYLES = {
-    RankStatus.STARTING: "",
-    RankStatus.RUNNING: "",
-    RankStatus.DONE: "success",
-    RankStatus.FAILED: "danger",
-    RankStatus.STOPPED: "warning",
-}
-STATUS_COLORS = {
-    RankStatus.DONE: "#2e7d32",
-    RankStatus.FAILED: "#c62828",
-    RankStatus.STOPPED: "#ef6c00",
-}
 VERDICT_COLORS = {
     Verdict.SUCCEEDED: STATUS_COLORS[RankStatus.DONE],
     Verdict.FAILED: STATUS_COLORS[RankStatus.FAILED],
@@ -82,50 +81,23 @@ class IPythonDisplay:
             self._handle.update(bundle, raw=True)
 
 
-# Finished dashboards still holding widgets, oldest first. Every widget is a comm in the kernel
-# and a model in the browser: a kernel that launches hundreds of times must not keep them all.
-_finished: deque[WidgetView] = deque()
-
-
-def _retire_old_dashboards() -> None:
-    while len(_finished) > LIVE_DASHBOARDS:
-        _finished.popleft().freeze()
-
-
 class RankRow:
-    """The widgets of one rank's row."""
+    """The widgets of one rank's row (columns as in rows.COLUMNS, shared with the static row)."""
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
-        self.label = widgets.HTML(layout=widgets.Layout(width="120px"))
+        self.label = _cell("label")
         self.bar = widgets.IntProgress(
-            value=0, min=0, max=1, layout=widgets.Layout(flex="1 1 auto", min_width="120px")
+            value=0, min=0, max=1, layout=widgets.Layout(flex=COLUMNS["bar"], min_width=BAR_MIN)
         )
-        self.steps = widgets.HTML(layout=widgets.Layout(width="250px"))
-        self.metrics = widgets.HTML(layout=widgets.Layout(width="220px"))
-        self.status = widgets.HTML(layout=widgets.Layout(width="240px"))
+        self.steps = _cell("steps")
+        self.metrics = _cell("metrics")
+        self.status = _cell("status")
         self.box = widgets.HBox(
             [self.label, self.bar, self.steps, self.metrics, self.status],
             layout=widgets.Layout(align_items="center", width="100%"),
         )
         self.version = -1
-
-    def static_html(self) -> str:
-        """The row as plain HTML (a CSS bar), for a dashboard whose widgets were released."""
-        bar = self.bar
-        percent = 100 * bar.value / bar.max if bar.max else 0
-        color = {"success": "#4caf50", "danger": "#e53935", "warning": "#fb8c00"}.get(
-            bar.bar_style, "#2196f3"
-        )
-        cells = [
-            f'<div style="width:120px">{self.label.value}</div>',
-            '<div style="flex:1 1 auto;min-width:120px;height:14px;background:#eee">'
-            f'<div style="width:{percent:.0f}%;height:100%;background:{color}"></div></div>',
-            f'<div style="width:250px;padding-left:6px">{self.steps.value}</div>',
-            f'<div style="width:220px">{self.metrics.value}</div>',
-            f'<div style="width:240px">{self.status.value}</div>',
-        ]
-        return f'<div style="display:flex;align-items:center;gap:4px">{"".join(cells)}</div>'
 
     def widgets(self) -> list[widgets.Widget]:
         return [self.label, self.bar, self.steps, self.metrics, self.status, self.box]
@@ -134,16 +106,21 @@ class RankRow:
         if view.version == self.version:
             return
         self.version = view.version
-        device = f" · {escape(view.device)}" if view.device else ""
-        self.label.value = f"<b>rank {view.rank}</b>{device}"
-        value, maximum = _bar_position(view)
+        cells = row_cells(view)
+        self.label.value = cells.label
         with self.bar.hold_sync():
-            self.bar.max = maximum
-            self.bar.value = value
-            self.bar.bar_style = BAR_STYLES[view.status]
-        self.steps.value = _one_line_html(format_steps(view)) if _has_steps(view) else ""
-        self.metrics.value = _one_line_html(format_metrics(view.metrics)) if view.metrics else ""
-        self.status.value = _status_html(view)
+            self.bar.max = cells.maximum
+            self.bar.value = cells.value
+            self.bar.bar_style = cells.bar_style
+        self.steps.value = one_line_html(cells.steps)
+        self.metrics.value = one_line_html(cells.metrics)
+        self.status.value = status_html(cells)
+
+
+def _cell(column: str) -> widgets.HTML:
+    cell = widgets.HTML(layout=widgets.Layout(flex=COLUMNS[column], min_width="0"))
+    cell.add_class("nbtrain-cell")
+    return cell
 
 
 @dataclass
@@ -166,23 +143,19 @@ class WidgetView:
         self.rows: dict[int, RankRow] = {}
         self.title = widgets.HTML()
         self.charts = widgets.HTML(layout=widgets.Layout(display="none"))
-        self.log = widgets.HTML(layout=widgets.Layout(display="none"))
         self.summary = widgets.HTML(layout=widgets.Layout(display="none"))
         self.box: widgets.VBox | None = None
         self._drawn = -1  # RunState.version last drawn
         self._metrics_drawn = -1
         self._chart_at = -CHART_EVERY  # monotonic time of the last chart redraw
-        self._output_drawn = 0  # index of the next output line to take from the RunState
-        self._output_at = -OUTPUT_EVERY  # monotonic time of the last output redraw
-        self._rows_html: deque[str] = deque(maxlen=MAX_OUTPUT_LINES)  # shown lines, as markup
-        self._tail: deque[OutputLine] = deque(maxlen=TEXT_TAIL_LINES)  # for the text version
-        self._output_total = 0  # lines this view showed, or lost to a flood between redraws
-        self._dump_lines = 0  # of those, stack dumps: not "earlier lines" of the text version
         self._note: _Note | None = None
         self._state: RunState | None = None
         self._final_text = ""
+        self._closed = False
 
     def draw(self, state: RunState, *, final: bool = False) -> None:
+        if self._closed:
+            return
         if self.box is None:
             self._build(state)
         self._state = state
@@ -207,25 +180,20 @@ class WidgetView:
             self._draw_title(self._state)
 
     def close(self, state: RunState) -> None:
+        """The launch ended: its final state replaces the live dashboard (see the module doc)."""
+        if self._closed:
+            return
         self.draw(state, final=True)
         assert self.box is not None
-        # Frontends without widget support (and saved notebooks) show this text instead.
-        earlier = self._output_total - self._dump_lines - len(self._tail)
-        self._final_text = final_text(state, self._tail, earlier)
-        self._display.update(self._bundle(self._final_text))
-        _finished.append(self)
-        _retire_old_dashboards()
-
-    def freeze(self) -> None:
-        """Replace the live dashboard by static HTML of its final state and close its widgets."""
-        if self.box is None:
-            return
-        parts = [self.title.value, *(row.static_html() for row in self.rows.values())]
-        extras = (self.charts, self.log, self.summary)
-        parts += [w.value for w in extras if w.layout.display != "none"]
-        html = "".join(f"<div>{part}</div>" for part in parts)
+        self._closed = True
+        # Frontends without HTML (and terminals reading the saved notebook) show this text.
+        self._final_text = final_text(state)
+        parts = (self.charts, self.summary)
+        extras = [w.value for w in parts if w.layout.display != "none"]
+        ranks = [state.ranks[rank] for rank in self.rows]
+        html = static_dashboard(self._title_html(state), ranks, extras)
         self._display.update({"text/html": html, "text/plain": self._final_text})
-        for widget in [self.title, self.charts, self.log, self.summary, self.box]:
+        for widget in [self.title, self.charts, self.summary, self.box]:
             _close(widget)
         for row in self.rows.values():
             for widget in row.widgets():
@@ -241,12 +209,12 @@ class WidgetView:
                 self.title,
                 *(row.box for row in self.rows.values()),
                 self.charts,
-                self.log,
                 self.summary,
             ],
             layout=widgets.Layout(width="100%"),
         )
         self.box.add_class("nbtrain-dashboard")
+        self.title.add_class("nbtrain-cell")
         self._display.show(self._bundle(f"nbtrain: {len(self.rows)} rank(s) running"))
 
     def _bundle(self, text: str) -> dict[str, Any]:
@@ -258,10 +226,13 @@ class WidgetView:
     # -- parts ----------------------------------------------------------------------------------
 
     def _draw_title(self, state: RunState) -> None:
+        self.title.value = LIVE_CSS + self._title_html(state)
+
+    def _title_html(self, state: RunState) -> str:
         title = escape(state.title) if state.title else f"{len(self.rows)} ranks"
         note = self._current_note(state)
         note_html = f' · <span class="nbtrain-note">{escape(note)}</span>' if note else ""
-        self.title.value = (
+        return one_line_html_markup(
             f"<b>nbtrain</b> · {title} · {format_duration(state.elapsed)}{note_html}"
         )
 
@@ -279,15 +250,18 @@ class WidgetView:
         return note.text
 
     def _draw_charts(self, state: RunState) -> None:
-        names = _metric_names(state)[:MAX_CHARTS]
+        names = _charted_names(state)[:MAX_CHARTS]
         if not names:
             return
         legend = " ".join(
             f'<span style="color:{rank_color(rank)}">■</span> rank {rank}'
             for rank in sorted(state.ranks)
         )
+        # Each chart scales down with the width (its SVG has a viewBox), two or three a line.
         charts = "".join(
-            svg_chart(name, {r: v.history.get(name, []) for r, v in state.ranks.items()})
+            f'<div style="flex:1 1 {CHART_MIN}px;max-width:{CHART_WIDTH}px">'
+            + svg_chart(name, {r: v.history.get(name, []) for r, v in state.ranks.items()})
+            + "</div>"
             for name in names
         )
         self.charts.value = (
@@ -296,35 +270,15 @@ class WidgetView:
         )
         self.charts.layout.display = ""
 
-    def _draw_output(self, state: RunState) -> None:
-        new = state.lines_since(self._output_drawn)
-        # Lines the RunState no longer kept (a flood between two redraws) count as not shown.
-        self._output_total += max(0, (new[0].index if new else 0) - self._output_drawn)
-        self._output_drawn = state.output_count
-        shown = [line for line in new if self._shows(line)]
-        if not shown:
-            return  # nothing this view shows changed: no rebuild, no message
-        self._output_total += len(shown)
-        # The text version's tail is what the ranks printed last; a timeout's stack dumps are
-        # summed up in the TimeoutError already (and shown whole in the output area).
-        printed = [line for line in shown if not line.dump]
-        self._dump_lines += len(shown) - len(printed)
-        self._tail.extend(printed)
-        self._rows_html.extend(_line_html(line) for line in shown[-MAX_OUTPUT_LINES:])
-        hidden = self._output_total - len(self._rows_html)
-        self.log.value = _output_html(self._rows_html, hidden)
-        self.log.layout.display = ""
-
-    def _shows(self, line: OutputLine) -> bool:
-        if self.output is OutputMode.NONE:
-            return False
-        return self.output is OutputMode.ALL or line.rank == 0
-
     def _draw_summary(self, state: RunState) -> None:
         if not state.summary:
             return
         color = summary_color(state)
-        self.summary.value = f'<b style="color:{color}">{escape(state.summary)}</b>'
+        # A long unbroken word (a path, a repeated character) wraps instead of overflowing.
+        self.summary.value = (
+            f'<div style="overflow-wrap:anywhere"><b style="color:{color}">'
+            f"{escape(state.summary)}</b></div>"
+        )
         self.summary.layout.display = ""
 
 
@@ -345,76 +299,32 @@ def summary_color(state: RunState) -> str:
     return VERDICT_COLORS[state.verdict]
 
 
-def final_text(state: RunState, tail: Iterable[OutputLine] = (), earlier: int = 0) -> str:
-    """The dashboard as plain text: one line per rank, the output's last lines, the summary.
-
-    ``tail`` is the end of the output this view shows and ``earlier`` how many lines came
-    before it.
-    """
+def final_text(state: RunState) -> str:
+    """The dashboard as plain text: one line per rank and the summary (the ranks' output is in
+    the cell's own stream output)."""
     lines = [format_rank(view) for _, view in sorted(state.ranks.items())]
-    if earlier > 0:
-        lines.append(f"… {earlier} earlier output lines not shown")
-    for line in tail:
-        text = line.text
-        if len(text) > TEXT_TAIL_CHARS:
-            text = text[:TEXT_TAIL_CHARS] + "…"
-        lines.append(f"[rank {line.rank}] {text}")
     if state.summary:
         lines.append(state.summary)
     return "\n".join(lines)
 
 
-def _bar_position(view: RankView) -> tuple[int, int]:
-    """(value, max) of the bar; a rank that reported no total fills its bar when done."""
-    if view.total:
-        return min(view.step, view.total), view.total
-    done = view.status is RankStatus.DONE
-    return (1 if done else 0), 1
-
-
-def _has_steps(view: RankView) -> bool:
-    return view.total is not None or view.step > 0
-
-
-_ONE_LINE = "white-space:nowrap;overflow:hidden;text-overflow:ellipsis;display:block"
-
-
-def _one_line_html(text: str, style: str = "") -> str:
-    """A cell that never wraps (rows keep their height); the full text shows on hover."""
-    shown = escape(text)
-    return f'<span title="{shown}" style="{_ONE_LINE}{style}">{shown}</span>'
-
-
-def _status_html(view: RankView) -> str:
-    color = STATUS_COLORS.get(view.status)
-    return _one_line_html(format_status(view), f";color:{color};font-weight:bold" if color else "")
-
-
-def _metric_names(state: RunState) -> list[str]:
+def _charted_names(state: RunState) -> list[str]:
+    """Metrics with a line to draw: two points on some rank. A metric logged once (or not yet
+    twice) is shown by its value in the rows, not as an empty box with made-up axes."""
     names: dict[str, None] = {}
     for _, view in sorted(state.ranks.items()):
-        names.update(dict.fromkeys(view.history))
+        names.update(
+            (name, None) for name, series in view.history.items() if _drawable(series)
+        )
     return list(names)
 
 
-def _line_html(line: OutputLine) -> str:
-    text = line.text if len(line.text) <= MAX_LINE_CHARS else line.text[:MAX_LINE_CHARS] + "…"
-    color = ";color:#c62828" if line.stream == "stderr" else ""
-    return (
-        f'<div style="white-space:pre-wrap{color}">'
-        f'<span style="color:{rank_color(line.rank)}">[rank {line.rank}]</span> '
-        f"{escape(text)}</div>"
-    )
+def _drawable(series: Sequence[tuple[int, float]]) -> bool:
+    return sum(1 for _, value in series if math.isfinite(value)) >= 2
 
 
-def _output_html(lines: Iterable[str], hidden: int) -> str:
-    """The output area from the lines' markup (each made once, when the line arrived)."""
-    # column-reverse keeps the scroll position at the newest line as lines arrive.
-    rows = [f'<div style="color:#888">… {hidden} earlier lines not shown</div>'] if hidden else []
-    rows.extend(lines)
-    return (
-        '<div class="nbtrain-output" style="max-height:220px;overflow-y:auto;display:flex;'
-        "flex-direction:column-reverse;font-family:monospace;font-size:12px;line-height:1.35;"
-        'border:1px solid #ddd;padding:2px 4px">'
-        f"<div>{''.join(rows)}</div></div>"
-    )
+def one_line_html_markup(markup: str) -> str:
+    """Markup kept on one line (the title): it ends in "…" when the dashboard is narrow."""
+    return f'<div style="white-space:nowrap;overflow:hidden;text-overflow:ellipsis">{markup}</div>'
+
+

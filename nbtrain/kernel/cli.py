@@ -14,12 +14,12 @@ within ``--rdzv-timeout``; 2 for bad options.
 from __future__ import annotations
 
 import argparse
-import os
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
+
+from nbtrain.kernel.command_exit import exit_now, hear_stop_signals, restore
 
 EXIT_TIMEOUT = 124
 EXIT_INTERRUPT = 130
@@ -28,16 +28,6 @@ EXIT_TERMINATED = 143
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM to the command: stop every rank as for Ctrl-C, then exit with 143."""
-
-
-def run_script(path: str, argv: list[str]) -> None:
-    """Rank side: run ``path`` as ``__main__`` with ``sys.argv = [path, *argv]``."""
-    import runpy
-
-    sys.argv = [path, *argv]
-    sys.path.insert(0, os.path.dirname(path))  # as `python script.py` does: sibling imports work
-    runpy.run_path(path, run_name="__main__")
-    # Nothing is returned: the script's globals must not travel back as a result.
 
 
 # ---------------------------------------------------------------------------------------------
@@ -50,15 +40,18 @@ def _launch(options: argparse.Namespace) -> int:
         return _usage_error(f"script {options.script!r} not found (pass a path to a .py file)")
     from nbtrain.kernel.config import build_config, check_function
     from nbtrain.kernel.launcher import dispatch
+    from nbtrain.kernel.option_names import command_line
+    from nbtrain.rank.script import run_script  # what each rank runs (rank side)
     from nbtrain.shared.errors import LaunchError, WorkerError
 
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    previous = hear_stop_signals(_raise_terminated)  # also when started with them ignored
     try:
         args, kwargs = check_function(
             run_script, (str(script.resolve()), list(options.script_args)), None
         )
         config = build_config(**_launch_keywords(options), return_all=False)
-        dispatch(config, run_script, args, kwargs, elastic=True)
+        with command_line():  # messages name --timeout, not notebook_launcher(timeout=)
+            dispatch(config, run_script, args, kwargs, elastic=True)
     except WorkerError as err:
         _report_failure(err, str(script.resolve()))
         return err.exitcode if err.exitcode and err.exitcode > 0 else 1
@@ -77,7 +70,7 @@ def _launch(options: argparse.Namespace) -> int:
         print(f"nbtrain: {err}", file=sys.stderr)
         return 1
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        restore(previous)
     return 0
 
 
@@ -173,14 +166,14 @@ def _env(options: argparse.Namespace) -> int:
 def _demo(options: argparse.Namespace) -> int:
     from nbtrain.kernel.demo import main as demo_main
 
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    previous = hear_stop_signals(_raise_terminated)
     try:
         return demo_main(num_processes=options.num_processes)
     except KeyboardInterrupt:
         print("nbtrain: interrupted; every rank was stopped", file=sys.stderr)
         return EXIT_INTERRUPT
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        restore(previous)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -211,5 +204,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
+def run() -> NoReturn:
+    """The program (the ``nbtrain`` console script, ``python -m nbtrain``): ``main``, then an
+    exit without interpreter teardown, which would hold a loaded machine for seconds after
+    every rank was stopped (see command_exit.py)."""
+    exit_now(main())
+
+
 if __name__ == "__main__":  # pragma: no cover - `python -m nbtrain.kernel.cli`
-    sys.exit(main())
+    run()

@@ -72,6 +72,10 @@ def rank_specs(config: LaunchConfig, rendezvous: LocalRendezvous) -> dict[int, R
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in config.gpu_ids)
         if precision:
             env["ACCELERATE_MIXED_PRECISION"] = precision  # honoured by HF Accelerate too
+        if not gpus:
+            # Accelerate (and Transformers' Trainer, through it) forms a CPU world only when
+            # told to, as its own debug_launcher does; else every rank is "process 0 of 1".
+            env["ACCELERATE_USE_CPU"] = "true"
         if threads is not None:
             # Said in the environment too, as torchrun does: libraries that read it (HF
             # Accelerate would otherwise set 1 and warn) keep the rank's share of the cores.

@@ -30,6 +30,7 @@ from nbtrain.shared.events import (
     Progress,
     Started,
     Status,
+    Strategy,
 )
 
 
@@ -62,6 +63,7 @@ class RankView:
     rank: int
     status: RankStatus = RankStatus.STARTING
     device: str = ""
+    strategy: str = ""  # e.g. 'fsdp2' (a Strategy event); '' for plain data parallelism
     host: str = ""
     pid: int | None = None
     note: str = ""  # a free-text phase from a Status event; cleared when the rank moves on
@@ -71,6 +73,7 @@ class RankView:
     # What identifies the running loop: its own description and length, not the outer loops'
     # position ('epoch 2/8 · train' and 'epoch 3/8 · train' are one loop).
     loop: tuple[str | None, int | None] = (None, None)
+    outer: tuple[tuple[int, int | None], ...] = ()  # the enclosing loops' (done, total)
     rate: float | None = None  # steps per second, smoothed
     iterations: int = 0  # steps counted across every loop of this attempt: for steps/s and it/s
     metrics: dict[str, float] = field(default_factory=dict)
@@ -144,9 +147,11 @@ class RunState:
             view.status, view.device, view.host, view.pid = (
                 RankStatus.RUNNING, event.device, event.host, event.pid
             )
-            view.started_at, view.note = event.time, ""
+            view.started_at, view.note, view.strategy = event.time, "", ""
         elif isinstance(event, Status):
             view.note = event.text
+        elif isinstance(event, Strategy):
+            view.strategy = event.name
         elif isinstance(event, Progress):
             # A note tells what a rank waits for; a step (or a metric) means it moved on.
             view.note = ""
@@ -180,6 +185,13 @@ class RunState:
         self.ended_at = time.time()
         self.summary = summary
         self.verdict = verdict if verdict is not None else self._verdict_of_ranks()
+        if self.verdict is not Verdict.SUCCEEDED:
+            # A rank still starting or running when a run ended badly was stopped with it
+            # (interrupt, timeout, a peer's failure), whether or not its exit was seen.
+            for view in self.ranks.values():
+                if not view.finished:
+                    view.status, view.ended_at = RankStatus.STOPPED, self.ended_at
+                    view.version += 1
         self.version += 1
 
     @property
@@ -240,7 +252,7 @@ def _busy_time(view: RankView, state: RunState) -> float:
 def _reset_attempt(view: RankView) -> None:
     """Forget what belonged to the rank's last attempt; keep its metrics and their history."""
     view.status, view.note, view.failure, view.collateral = RankStatus.STARTING, "", "", False
-    view.step, view.total, view.desc, view.loop = 0, None, None, (None, None)
+    view.step, view.total, view.desc, view.loop, view.outer = 0, None, None, (None, None), ()
     view.rate, view._last_progress, view.iterations = None, None, 0
     view.started_at = view.ended_at = None
     view.version += 1
@@ -248,7 +260,9 @@ def _reset_attempt(view: RankView) -> None:
 
 def _one_line(text: str) -> str:
     lines = text.strip().splitlines()
-    return lines[0][:200] if lines else ""
+    if not lines:
+        return ""
+    return lines[0] if len(lines[0]) <= 200 else lines[0][:199] + "…"
 
 
 def _apply_progress(view: RankView, event: Progress) -> None:
@@ -269,6 +283,7 @@ def _apply_progress(view: RankView, event: Progress) -> None:
             view.iterations += event.step - view.step
         _update_rate(view, event.time)
     view.step, view.total, view.desc, view.loop = event.step, event.total, event.desc, key
+    view.outer = event.outer
 
 
 def _update_rate(view: RankView, at: float) -> None:

@@ -157,7 +157,8 @@ def _failure_time(record: RankRecord) -> float:
 
 def _one_line(record: RankRecord) -> str:
     if record.failure is not None:
-        return f"{record.failure.type_name}: {record.failure.message}".strip()[:200]
+        text = f"{record.failure.type_name}: {record.failure.message}".strip()
+        return text if len(text) <= 200 else text[:199] + "…"
     if record.exit is not None and record.exit.signal:
         return f"killed by {record.exit.signal}"
     return f"exit code {record.exit.exitcode if record.exit else '?'}"

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch.multiprocessing as torch_mp
 
-from nbtrain.kernel import shm
+from nbtrain.kernel import shm, signal_hold
 from nbtrain.shared.options import StartMethod
 
 _SIGKILL = getattr(signal, "SIGKILL", signal.SIGTERM)
@@ -116,24 +116,29 @@ def start_ranks(
     """
     ctx = context(method)
     if method is StartMethod.FORK:
-        for module in WARM_IMPORTS:
-            importlib.import_module(module)  # the first launch pays; later ones inherit it
+        # What a rank imports anyway (torch, the rank side) is imported here once, as the
+        # forkserver preloads it: the first launch pays, later ranks inherit it.
+        for module in FORKSERVER_PRELOAD:
+            importlib.import_module(module)
     all_pipes = {rank: RankPipes.create(ctx) for rank in ranks}
     started: list[RankProcess] = []
     try:
-        for rank in ranks:
-            pipes = all_pipes[rank]
-            foreign = _foreign_fds(all_pipes, rank) if method is StartMethod.FORK else ()
-            process = ctx.Process(
-                target=target,
-                args=make_args(rank, pipes, foreign),
-                name=f"nbtrain-rank-{rank}",
-                daemon=False,
-            )
-            with _main_module_not_inherited(method):
-                process.start()
-            _claim_group(process, method)
-            started.append(RankProcess(rank, process, pipes))
+        # A Ctrl-C during a fork would be raised in an at-fork callback and lost: held, then
+        # raised here, after the loop (signal_hold.py), so the ranks started are stopped below.
+        with signal_hold.held():
+            for rank in ranks:
+                pipes = all_pipes[rank]
+                foreign = _foreign_fds(all_pipes, rank) if method is StartMethod.FORK else ()
+                process = ctx.Process(
+                    target=target,
+                    args=make_args(rank, pipes, foreign),
+                    name=f"nbtrain-rank-{rank}",
+                    daemon=False,
+                )
+                with _main_module_not_inherited(method):
+                    process.start()
+                _claim_group(process, method)
+                started.append(RankProcess(rank, process, pipes))
     except BaseException:
         stop(started, grace=0.0)
         for pipes in all_pipes.values():

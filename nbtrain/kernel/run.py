@@ -42,6 +42,7 @@ from nbtrain.kernel import processes, tracebacks
 from nbtrain.kernel.cellout import CellOutput
 from nbtrain.kernel.config import LaunchConfig
 from nbtrain.kernel.monitor import RunState, Verdict
+from nbtrain.kernel.option_names import given, to_raise
 from nbtrain.kernel.outcome import Outcome
 from nbtrain.kernel.supervisor import EXIT_WAIT, Supervisor
 from nbtrain.shared import stacks
@@ -224,8 +225,8 @@ class Run:
         )
         stacks_text = stacks.describe(stuck)
         return (
-            f"notebook_launcher(timeout={self.config.timeout:g}) expired; every rank was "
-            f"stopped ({where}). Raise timeout= if the run needs longer."
+            f"{given('timeout', f'{self.config.timeout:g}')} expired; every rank was "
+            f"stopped ({where}). Raise {to_raise('timeout')} if the run needs longer."
             + (
                 f"\nWhere the ranks were (each rank's full stack is in its output):\n{stacks_text}"
                 if stacks_text

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import logging
 import sys
+from types import ModuleType
 from typing import Any
 
-from nbtrain.rank import runtime, tqdm_bridge
+from nbtrain.rank import imports, runtime, tqdm_bridge
 from nbtrain.shared.events import Display
 
 MAX_BUNDLE = 8 << 20  # bytes of one display's mime bundle sent to the kernel
@@ -136,13 +137,13 @@ def _route_display() -> None:
     (module attributes, so code unpickled or imported later finds these)."""
     if _kernel_shell() is not None:
         return  # fork: the shell's publisher (above) already routes every display
-    try:
-        import IPython.core.display_functions as functions
-        import IPython.display as public
-    except ImportError:
-        return
-    functions.display = public.display = _display
-    functions.publish_display_data = public.publish_display_data = _publish_display_data
+    imports.when_imported("IPython.core.display_functions", _patch_display)
+    imports.when_imported("IPython.display", _patch_display)
+
+
+def _patch_display(module: ModuleType) -> None:
+    setattr(module, "display", _display)  # noqa: B010 - a module attribute, replaced
+    setattr(module, "publish_display_data", _publish_display_data)  # noqa: B010
 
 
 def _publish_display_data(data: dict[str, Any], metadata: dict[str, Any] | None = None,

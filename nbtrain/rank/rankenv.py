@@ -65,6 +65,11 @@ def force_cpu() -> bool:
     return os.environ.get("ACCELERATE_USE_CPU", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
+def variable(name: str) -> str | None:
+    """A variable a launcher exported for this process (``accelerate launch``'s FSDP_*, ...)."""
+    return os.environ.get(name)
+
+
 def xla_device_chosen() -> bool:
     """torch_xla's PJRT device is set for this process (the XLA host sets it)."""
     return bool(os.environ.get("PJRT_DEVICE"))

@@ -26,7 +26,7 @@ from typing import Any, Protocol, TypeVar
 
 from nbtrain.rank import runtime
 from nbtrain.rank.runtime import Runtime
-from nbtrain.shared.events import Event, EventSink, Log, Progress
+from nbtrain.shared.events import Event, EventSink, Log, Progress, Strategy
 
 T = TypeVar("T")
 
@@ -52,6 +52,13 @@ def progress(
 
         return text_progress(iterable, total, desc)
     return _rank_progress(reporter_for(current), iterable, total, desc)
+
+
+def announce_strategy(name: str) -> None:
+    """Show ``name`` (e.g. 'fsdp2') beside this rank's device in the live view."""
+    current = runtime.current()
+    if current is not None:
+        current.sink.send(Strategy(current.info.rank, name))
 
 
 def log(values: Mapping[str, Any], step: int | None = None) -> None:
@@ -119,7 +126,7 @@ class Bar:
         """End the loop; ``complete`` means it ran to its end (a bar without total fills up)."""
         if complete and self.total is None:
             self.total = self.n
-        self.reporter.close(self)
+        self.reporter.close(self, complete=complete)
 
 
 class Reporter:
@@ -141,20 +148,30 @@ class Reporter:
         self._seen: set[str] = set()  # metric names logged so far
         self._window: set[str] = set()  # names sent outside a loop in the current interval
         self._sent: tuple[object, ...] | None = None  # the last progress state that went out
+        # An inner loop left before its end (an exception, a break): where it was, shown until
+        # the loop around it moves on. A rank that fails inside nested loops then reports the
+        # step it failed at, not the outer loop's count from long before.
+        self._left: tuple[Bar, int, Progress] | None = None
 
     def open(self, total: int | None, desc: str | None) -> Bar:
         if self.bars:
             self.bars[-1].leaf = False
         bar = Bar(self, total, desc)
         self.bars.append(bar)
+        self._left = None
         self.used_progress = True
         if time.monotonic() >= self.next_due:
             self.flush()
         return bar
 
-    def close(self, bar: Bar) -> None:
+    def close(self, bar: Bar, *, complete: bool = True) -> None:
         if bar not in self.bars:
             return
+        if not complete and len(self.bars) > 1 and self.bars[-1] is bar:
+            event = self._progress_event()
+            if event is not None:
+                parent = self.bars[-2]
+                self._left = (parent, parent.n, event)
         if len(self.bars) == 1:
             # The outermost loop ended: its last step and every pending metric go out for sure.
             self.flush(final=True)
@@ -215,7 +232,14 @@ class Reporter:
         if not self.bars:
             return None
         bar = self.bars[-1]
-        return Progress(self.rank, bar.n, bar.total, _compose_desc(self.bars), loop=bar.desc)
+        if self._left is not None:
+            parent, position, event = self._left
+            if parent is bar and parent.n == position:
+                return event
+            self._left = None
+        outer = tuple((above.n, above.total) for above in self.bars[:-1])
+        desc = _compose_desc(self.bars)
+        return Progress(self.rank, bar.n, bar.total, desc, loop=bar.desc, outer=outer)
 
     def _offer(self, event: Event, final: bool) -> bool:
         if final:

@@ -16,8 +16,10 @@ from __future__ import annotations
 import importlib
 import io
 import sys
+from types import ModuleType
 from typing import Any
 
+from nbtrain.rank import imports
 from nbtrain.rank.reporting import ProgressHandle, open_bar
 
 # tqdm's front ends: a bar made from one of these classes becomes a RankTqdm in a rank.
@@ -33,15 +35,16 @@ class _Discard(io.StringIO):
         return len(text)
 
 
-def install() -> bool:
-    """Route every tqdm front end's bars in this process to the live view. False when tqdm is
-    not installed (nothing to do)."""
-    try:
-        std = importlib.import_module("tqdm.std")
-    except ImportError:
-        return False
+def install() -> None:
+    """Route every tqdm front end's bars in this process to the live view, from when tqdm is
+    imported (at once if it already is)."""
+    imports.when_imported("tqdm.std", _patch)
+    imports.when_imported("transformers.trainer", lambda module: _plain_trainer_progress())
+
+
+def _patch(std: ModuleType) -> None:
     if getattr(std.tqdm, "_nbtrain_original_new", None) is not None:
-        return True  # already installed (a forked child of a rank)
+        return  # already installed (a forked child of a rank)
     original_new = std.tqdm.__new__
     rank_class = _rank_class(std.tqdm)
 
@@ -55,8 +58,6 @@ def install() -> bool:
 
     std.tqdm._nbtrain_original_new = original_new
     std.tqdm.__new__ = staticmethod(__new__)
-    _plain_trainer_progress()
-    return True
 
 
 def _rank_class(base: type) -> type:

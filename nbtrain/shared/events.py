@@ -56,6 +56,15 @@ class Status:
 
 
 @dataclass(frozen=True, slots=True)
+class Strategy:
+    """How the rank trains, when it is more than data parallel (e.g. 'fsdp2')."""
+
+    rank: int
+    name: str
+    time: float = field(default_factory=now)
+
+
+@dataclass(frozen=True, slots=True)
 class Progress:
     rank: int
     step: int
@@ -63,6 +72,9 @@ class Progress:
     desc: str | None = None  # what the view shows: outer loops as a prefix ('epoch 2/3 · train')
     time: float = field(default_factory=now)
     loop: str | None = None  # the innermost loop's own description (None: same as desc)
+    # The enclosing loops, outermost first: (iterations completed before the current one,
+    # total or None). With every total known the view can tell the whole run's ETA.
+    outer: tuple[tuple[int, int | None], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +146,9 @@ class Exited:
     stop_requested: bool = False  # the launcher had asked it to stop (it may have ended first)
 
 
-Event = Started | Status | Progress | Log | Output | Display | Finished | Failed | Exited
+Event = (
+    Started | Status | Strategy | Progress | Log | Output | Display | Finished | Failed | Exited
+)
 
 
 class EventSink(Protocol):

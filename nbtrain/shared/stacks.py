@@ -41,6 +41,8 @@ def user_frames(lines: list[str]) -> list[str]:
             (i for i, m in enumerate(frames) if m["file"].replace("\\", "/").endswith(_ENTRY)),
             None,
         )
+        while entry and _plumbing(frames[entry - 1]["file"], frames[entry - 1]["name"]):
+            entry -= 1  # nbtrain launch's way into the script: not the user's frames
         if entry:  # the frames above our entry point are the user's (and what they called)
             named = [f"{_short(m['file'])}:{m['line']} in {m['name']}" for m in frames[:entry]]
             if len(named) > MAX_FRAMES:  # keep the innermost ones and the user's function
@@ -59,6 +61,15 @@ def is_entry_frame(line: str) -> bool:
     or, under fork, the kernel's own stack from before the fork."""
     match = _FRAME.match(line)
     return match is not None and match["file"].replace("\\", "/").endswith(_ENTRY)
+
+
+def _plumbing(path: str, name: str) -> bool:
+    """``nbtrain launch``'s frames between a rank's entry and the script: script.run_script
+    and runpy's."""
+    path = path.replace("\\", "/")
+    if path.endswith("nbtrain/rank/script.py"):
+        return name == "run_script"
+    return path.endswith(("/runpy.py", "<frozen runpy>"))
 
 
 def describe(stacks: dict[int, list[str]]) -> str:

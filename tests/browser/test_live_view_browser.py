@@ -56,13 +56,20 @@ def train(steps):
 notebook_launcher(train, (150,), num_processes=2, start_method="fork")
 """
 
+# The live rows while the launch runs; once it ended, the static rows that replaced them (their
+# bar's data-style is the live bar's bar_style).
 ROWS_JS = """() => Array.from(document.querySelectorAll('.nbtrain-dashboard .widget-hbox'))
     .filter(row => row.querySelector('.progress-bar'))
     .map(row => {
         const bar = row.querySelector('.progress-bar');
         return {label: row.querySelector('.widget-html').innerText,
                 width: bar.style.width, classes: bar.className};
-    })"""
+    }).concat(Array.from(document.querySelectorAll('.nbtrain-static .nbtrain-row')).map(row => {
+        const bar = row.querySelector('.nbtrain-bar');
+        return {label: row.querySelector('.nbtrain-label').innerText,
+                width: bar.firstElementChild.style.width,
+                classes: 'progress-bar-' + bar.dataset.style};
+    }))"""
 
 
 # The notebook is the current widget and its kernel is idle: run-all will act on it.
@@ -263,5 +270,8 @@ def _watch(page) -> tuple[dict[int, list[float]], dict[int, tuple[float, str]], 
 
 
 def _screenshot(page, name: str) -> None:
-    """The whole dashboard (scrolled into view inside the notebook panel)."""
-    page.locator(".nbtrain-dashboard").first.screenshot(path=str(ARTIFACTS / name))
+    """The whole dashboard (scrolled into view inside the notebook panel): live, or the static
+    rendering that replaced it when the launch ended."""
+    page.locator(".nbtrain-dashboard, .nbtrain-static").first.screenshot(
+        path=str(ARTIFACTS / name)
+    )

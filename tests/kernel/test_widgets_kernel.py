@@ -1,18 +1,21 @@
-"""The live dashboard inside a real Jupyter kernel (nbclient, widget state stored).
+"""The dashboard inside a real Jupyter kernel (nbclient), read from the saved notebook.
 
-The notebook's saved widget state is what a frontend received over the comms: every model with
-its final values. The text/plain of the widget output is the dashboard's plain-text version.
+When a launch ends its live dashboard is replaced in place by a static HTML + text/plain
+rendering of the final state: that is what the saved notebook keeps (no widget mimetype, so a
+reopened notebook never says "model not found"), and what these tests read. The text/plain is
+the dashboard's plain-text version.
 """
 
 from __future__ import annotations
 
 import html
 import re
+import time
+from html.parser import HTMLParser
 
 import pytest
 from kernelutil import Kernel
 
-WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 TRAIN = """
@@ -31,53 +34,70 @@ def train(steps, fail_rank=None):
 """
 
 
-def text(markup: str) -> str:
-    """What the reader sees of an HTML widget's value."""
-    return html.unescape(re.sub(r"<[^>]+>", "", markup))
+class _Rows(HTMLParser):
+    """Each div.nbtrain-row of the static dashboard: its data attributes and column texts."""
+
+    COLUMNS = ("label", "steps", "metrics", "status")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: dict[int, dict[str, str]] = {}
+        self._row: dict[str, str] | None = None
+        self._column: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        found = {name: value or "" for name, value in attrs}
+        kind = found.get("class", "")
+        if kind == "nbtrain-row":
+            self._row = {"status_name": found["data-status"]}
+            self.rows[int(found["data-rank"])] = self._row
+        elif kind == "nbtrain-bar" and self._row is not None:
+            self._row.update(value=found["data-value"], max=found["data-max"],
+                             bar_style=found["data-style"])
+        elif kind.removeprefix("nbtrain-") in self.COLUMNS and self._row is not None:
+            self._column = kind.removeprefix("nbtrain-")
+            self._row[self._column] = ""
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "div":
+            self._column = None
+
+    def handle_data(self, data: str) -> None:
+        if self._row is not None and self._column is not None:
+            self._row[self._column] += data
 
 
 class Dashboard:
-    """Reads the dashboard's rows out of the saved widget models."""
+    """The static dashboard a cell's saved output holds once the launch ended."""
 
-    def __init__(self, notebook) -> None:
-        self.models = {
-            model_id: model["state"]
-            for model_id, model in notebook.metadata["widgets"][WIDGET_STATE]["state"].items()
-        }
-        self.names = {
-            model_id: model["model_name"]
-            for model_id, model in notebook.metadata["widgets"][WIDGET_STATE]["state"].items()
-        }
+    def __init__(self, notebook, cell: int = 1) -> None:
+        outputs = [
+            o for o in notebook.cells[cell].outputs
+            if "nbtrain-static" in o.get("data", {}).get("text/html", "")
+        ]
+        assert len(outputs) == 1, f"expected one dashboard, got {notebook.cells[cell].outputs}"
+        self.data = outputs[0]["data"]
+        self.markup = self.data["text/html"]
 
-    def child(self, reference: str) -> dict:
-        return self.models[reference.removeprefix("IPY_MODEL_")]
+    def rows(self) -> dict[int, dict[str, str]]:
+        """rank -> {"label", "value", "max", "bar_style", "steps", "metrics", "status", ...}."""
+        parser = _Rows()
+        parser.feed(self.markup)
+        return parser.rows
 
-    def rows(self) -> dict[int, dict[str, dict]]:
-        """rank -> {"label", "bar", "steps", "metrics", "status"} states."""
-        rows = {}
-        for model_id, state in self.models.items():
-            if self.names[model_id] != "HBoxModel" or len(state.get("children", [])) != 5:
-                continue
-            parts = dict(
-                zip(
-                    ["label", "bar", "steps", "metrics", "status"],
-                    (self.child(c) for c in state["children"]),
-                    strict=True,
-                )
-            )
-            label = parts["label"]["value"]  # "<b>rank 2</b> · cpu"
-            rank = int(label.split("rank ")[1].split("<")[0])
-            rows[rank] = parts
-        return rows
 
-    def html_values(self) -> list[str]:
-        return [s["value"] for i, s in self.models.items() if self.names[i] == "HTMLModel"]
+def text(markup: str) -> str:
+    """What the reader sees of a piece of markup."""
+    return html.unescape(re.sub(r"<[^>]+>", "", markup))
 
 
 def widget_output(cell) -> dict:
-    outputs = [o for o in cell.outputs if WIDGET_VIEW in o.get("data", {})]
+    """The dashboard's saved output: static HTML and text, never a widget to look up."""
+    outputs = [o for o in cell.outputs if "text/html" in o.get("data", {})]
     assert len(outputs) == 1, f"expected one dashboard, got {cell.outputs}"
-    return outputs[0]["data"]
+    data = outputs[0]["data"]
+    assert WIDGET_VIEW not in data, "a saved notebook would show 'model not found'"
+    return data
 
 
 @pytest.mark.timeout(300)
@@ -95,21 +115,21 @@ def test_a_three_rank_run_ends_with_every_bar_full_and_green(run_notebook) -> No
     rows = dashboard.rows()
     assert sorted(rows) == [0, 1, 2]
     for rank, row in rows.items():
-        assert text(row["label"]["value"]) == f"rank {rank} · cpu"
-        bar = row["bar"]
-        assert (bar["value"], bar["max"], bar["bar_style"]) == (40, 40, "success")
-        assert text(row["steps"]["value"]).startswith("train 40/40")
-        assert text(row["metrics"]["value"]) == f"loss {1 / 40 + rank:.4g}"
-        assert text(row["status"]["value"]) == "done"
-    markup = "\n".join(dashboard.html_values())
+        assert row["label"] == f"rank {rank} · cpu"
+        assert (row["value"], row["max"], row["bar_style"]) == ("40", "40", "success")
+        assert row["steps"].startswith("train 40/40")
+        assert row["metrics"] == f"loss {1 / 40 + rank:.4g}"
+        assert row["status"] == "done"
+    markup = dashboard.markup
     assert 'data-metric="loss"' in markup and markup.count("<polyline") == 3  # the live chart
-    assert all(f"rank {rank} finished" in markup for rank in range(3))  # the output area
+    assert "rank 0 finished" not in markup  # the ranks' output is the cell's, not the view's
     assert "Done in" in markup  # the summary line
     data = widget_output(cell)
     assert data["text/plain"].splitlines()[0].startswith("[rank 0] train 40/40")
     assert "HBox" not in data["text/plain"] and "VBox" not in data["text/plain"]
-    # A saved notebook keeps what the ranks printed (the end of it) in the text version.
-    assert all(f"[rank {rank}] rank {rank} finished" in data["text/plain"] for rank in range(3))
+    # What the ranks printed is the cell's own stream output, so a saved notebook keeps it all.
+    printed = "".join(o.get("text", "") for o in cell.outputs if o["output_type"] == "stream")
+    assert all(f"[rank {rank}] rank {rank} finished" in printed for rank in range(3))
     assert data["text/plain"].splitlines()[-1].startswith("Done in")
 
 
@@ -127,12 +147,12 @@ def test_a_failing_rank_is_shown_in_red_with_its_reason(run_notebook) -> None:
     assert any("raised WorkerError 1" in o.get("text", "") for o in notebook.cells[1].outputs)
     rows = Dashboard(notebook).rows()
     failed = rows[1]
-    assert failed["bar"]["bar_style"] == "danger"
-    assert failed["bar"]["value"] == 5  # where it stopped
-    assert text(failed["status"]["value"]) == "failed: ValueError: boom on rank 1"
+    assert failed["bar_style"] == "danger"
+    assert failed["value"] == "5"  # where it stopped
+    assert failed["status"] == "failed: ValueError: boom on rank 1"
     for rank in (0, 2):
-        assert rows[rank]["bar"]["bar_style"] != "danger"  # stopped by the launcher, not failed
-        assert text(rows[rank]["status"]["value"]) == "stopped"
+        assert rows[rank]["bar_style"] == "warning"  # stopped by the launcher, not failed
+        assert rows[rank]["status"] == "stopped"
     summary = widget_output(notebook.cells[1])["text/plain"].splitlines()[-1]
     assert summary.startswith("Failed after") and "rank 1" in summary
 
@@ -142,9 +162,8 @@ def test_one_process_shows_the_same_dashboard(run_notebook) -> None:
     notebook = run_notebook([TRAIN, "notebook_launcher(train, (30,), num_processes=1)"])
     rows = Dashboard(notebook).rows()
     assert list(rows) == [0]
-    bar = rows[0]["bar"]
-    assert (bar["value"], bar["max"], bar["bar_style"]) == (30, 30, "success")
-    assert text(rows[0]["metrics"]["value"]) == f"loss {1 / 30:.4g}"
+    assert (rows[0]["value"], rows[0]["max"], rows[0]["bar_style"]) == ("30", "30", "success")
+    assert rows[0]["metrics"] == f"loss {1 / 30:.4g}"
 
 
 @pytest.mark.timeout(300)
@@ -168,8 +187,8 @@ def test_text_progress_in_a_kernel_prints_lines_and_no_widget(tmp_path) -> None:
 
 @pytest.mark.timeout(300)
 def test_a_timeout_keeps_its_stack_dumps_out_of_the_saved_text(run_notebook) -> None:
-    """On a timeout each rank's stack is dumped into the output area; the text version (what a
-    saved notebook shows) keeps only what the ranks printed themselves."""
+    """On a timeout each rank's stack is dumped into the cell's output, from the user's frames;
+    the dashboard's text version (what a saved notebook shows of it) has no stack lines."""
     notebook = run_notebook(
         [
             "import time\n"
@@ -184,10 +203,48 @@ def test_a_timeout_keeps_its_stack_dumps_out_of_the_saved_text(run_notebook) -> 
         ]
     )
     assert any("raised TimeoutError" in o.get("text", "") for o in notebook.cells[1].outputs)
-    markup = text("\n".join(Dashboard(notebook).html_values()))
-    assert "in sleepy" in markup  # the dumps are in the output area
-    saved = widget_output(notebook.cells[1])["text/plain"]
-    assert "[rank 0] about to sleep" in saved and "[rank 1] about to sleep" in saved
+    cell = notebook.cells[1]
+    printed = "".join(o.get("text", "") for o in cell.outputs if o["output_type"] == "stream")
+    assert "[rank 0] about to sleep" in printed and "[rank 1] about to sleep" in printed
+    assert "in sleepy" in printed  # each rank's dump, from the user's frame on
+    assert "nbtrain/rank/worker.py" not in printed, printed  # nothing below the user frame
+    assert "site-packages/ipykernel" not in printed, printed
+    saved = widget_output(cell)["text/plain"]
     assert "File " not in saved and "in sleepy" not in saved, saved
-    assert "earlier output lines" not in saved  # the dumps are not counted as lines left out
     assert saved.splitlines()[-1].startswith("Timed out after 3s")
+
+
+@pytest.mark.timeout(300)
+def test_after_an_interrupt_every_row_says_stopped_at_its_step(tmp_path) -> None:
+    """The stop button: the dashboard that replaces the live one says 'stopped' (orange) on
+    every row, at the step the rank had reached, with no ETA; no widget is left to look up."""
+    marker = tmp_path / "under-way"
+    kernel = Kernel(tmp_path)
+    try:
+        msg_id = kernel.start(TRAIN.replace("time.sleep(0.01)", "time.sleep(0.02)\n"
+                                            f"        if i == 20: open({str(marker)!r}, 'w')")
+                              + "notebook_launcher(train, (5000,), num_processes=2, "
+                                "start_method='fork')")
+        deadline = time.monotonic() + 120
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert marker.exists(), "the ranks never reached step 20"
+        time.sleep(0.5)
+        kernel.manager.interrupt_kernel()
+        out = kernel.collect(msg_id, timeout=120)
+    finally:
+        kernel.shutdown()
+    assert out.error is not None and out.error["ename"] == "KeyboardInterrupt"
+    final = out.displays[-1]["data"]
+    assert set(final) == {"text/html", "text/plain"}, final.keys()
+    parser = _Rows()
+    parser.feed(final["text/html"])
+    assert sorted(parser.rows) == [0, 1]
+    for row in parser.rows.values():
+        assert (row["status_name"], row["status"], row["bar_style"]) == (
+            "stopped", "stopped", "warning"
+        )
+        assert int(row["value"]) >= 20 and row["max"] == "5000"
+        assert "ETA" not in row["steps"] and row["steps"].startswith("train ")
+    assert final["text/plain"].splitlines()[-1].startswith("Interrupted")
+    assert all(line.endswith(" stopped") for line in final["text/plain"].splitlines()[:2])

@@ -84,8 +84,9 @@ def test_parallelism_plugins_and_fp8_are_refused_clearly():
         ProfileKwargs,
     )
 
-    with pytest.raises(ValueError, match=r"fsdp_plugin=.*does not support FSDP.*Drop fsdp_plugin"):
-        Accelerator(fsdp_plugin=object())
+    refused = r"fsdp_plugin=builtins.object.*from nbtrain import FullyShardedDataParallelPlugin"
+    with pytest.raises(TypeError, match=refused):
+        Accelerator(fsdp_plugin=object())  # Accelerate's own plugin object is not nbtrain's
     with pytest.raises(ValueError, match="DeepSpeed"):
         Accelerator(deepspeed_plugin=object())
     with pytest.raises(ValueError, match="fp8 training is not supported"):
@@ -116,8 +117,11 @@ def test_dataloader_configuration_and_step_scheduler_with_optimizer():
         data = acc.prepare(loader(shuffle=True))
         orders.append([x[:, 0].tolist() for x, _ in data])
     assert orders[0] == orders[1]
-    with pytest.raises(ValueError, match="dispatch_batches"):
-        Accelerator(dataloader_config=DataLoaderConfiguration(dispatch_batches=True))
+    assert acc.dataloader_config.data_seed == 5  # the user's object, as in Accelerate
+    dispatching = DataLoaderConfiguration(dispatch_batches=True)
+    assert Accelerator(dataloader_config=dispatching).dispatch_batches
+    with pytest.raises(TypeError, match="data_seed='5'"):
+        Accelerator(dataloader_config=DataLoaderConfiguration(data_seed="5"))
     # step_scheduler_with_optimizer=False: the scheduler steps whenever the script steps it.
     model = torch.nn.Linear(2, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
@@ -223,3 +227,28 @@ def test_load_state_then_skip_first_batches_as_accelerates_examples_do(tmp_path)
     uninterrupted = accelerate_style_run(str(tmp_path / "step_7"), resume=False)
     resumed = accelerate_style_run(str(tmp_path / "step_7"), resume=True)
     assert resumed == uninterrupted[7:], "no batch skipped twice, none repeated"
+
+
+def test_dataloader_config_join_and_state_in_one_process(recwarn):
+    from accelerate.utils import DataLoaderConfiguration
+
+    acc = Accelerator()
+    assert acc.dataloader_config.even_batches and not acc.dispatch_batches
+    acc.dataloader_config = DataLoaderConfiguration(split_batches=True)  # as Accelerate's tests do
+    assert acc.split_batches
+    with acc.join_uneven_inputs([torch.nn.Linear(1, 1)]):  # one process: nothing to join
+        pass
+    assert not recwarn.list
+    with (
+        pytest.raises(TypeError, match=r"join_uneven_inputs\(joinables="),
+        acc.join_uneven_inputs(torch.nn.Linear(1, 1)),
+    ):
+        pass
+    with (
+        pytest.raises(TypeError, match=r"even_batches='no'"),
+        acc.join_uneven_inputs([], even_batches="no"),
+    ):
+        pass
+    with pytest.raises(AttributeError, match=r"accelerator\.state .* no attribute 'nothing'"):
+        acc.state.nothing  # noqa: B018
+    assert acc.state.distributed_type == "NO" and DistributedType.DEEPSPEED == "DEEPSPEED"

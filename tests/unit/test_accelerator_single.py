@@ -230,7 +230,10 @@ def test_world_of_one_collectives_and_helpers(capsys):
 
 
 def test_prepared_loader_positions_epochs_and_skips():
-    acc = Accelerator()
+    from accelerate.utils import DataLoaderConfiguration
+
+    # use_seedable_sampler: each epoch's order is drawn from seed + epoch, so set_epoch replays.
+    acc = Accelerator(dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
     data = acc.prepare(loader(7, 2, shuffle=True))
     assert len(data) == 4 and data.batch_size == 2 and data.total_batch_size == 2
     first = [x[:, 0].tolist() for x, _ in data]
@@ -240,6 +243,16 @@ def test_prepared_loader_positions_epochs_and_skips():
     assert [x[:, 0].tolist() for x, _ in data] == first, "the same epoch, the same order"
     acc.skip_first_batches(data, 3)
     assert [x[:, 0].tolist() for x, _ in data] == second[3:]
+    # By default the order follows the loader's own generator, as a plain DataLoader's does:
+    # seeding it after prepare() takes effect, and the prepared loader draws what the raw one does.
+    generator = torch.Generator()
+    raw = loader(7, 2, shuffle=True, generator=generator)
+    data = Accelerator().prepare(raw)
+    generator.manual_seed(42)
+    followed = [[x[:, 0].tolist() for x, _ in data] for _ in range(2)]
+    generator.manual_seed(42)
+    assert followed == [[x[:, 0].tolist() for x, _ in raw] for _ in range(2)]
+    assert followed[0] != followed[1]
     plain = loader(7, 2)
     assert len(acc.skip_first_batches(plain, 3)) == 1
     assert [len(x) for x, _ in acc.skip_first_batches(plain, 2)] == [2, 1]

@@ -35,8 +35,13 @@ ALLOWED = {
     "": {"shared", "kernel", "rank", "accelerator", "integrations", "display", ""},  # nbtrain/*
 }
 # Documented exceptions: the kernel module that runs rank logic (num_processes=1: the kernel is
-# rank 0), and torch_xla's host process, which keeps the XLA backend's per-ordinal bookkeeping.
-EXCEPTIONS = {"nbtrain.kernel.inprocess": {"rank"}, "nbtrain.rank.xla_host": {"accelerator"}}
+# rank 0), the command that names the rank-side script runner as the function its ranks run,
+# and torch_xla's host process, which keeps the XLA backend's per-ordinal bookkeeping.
+EXCEPTIONS = {
+    "nbtrain.kernel.inprocess": {"rank"},
+    "nbtrain.kernel.cli": {"rank.script"},
+    "nbtrain.rank.xla_host": {"accelerator"},
+}
 
 
 def module_name(path: Path) -> str:

@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from nbtrain.accelerator import nested
 from nbtrain.accelerator.accumulation import GradientState
-from nbtrain.accelerator.data import prepare_data_loader
+from nbtrain.accelerator.loaders import prepare_data_loader
 from nbtrain.accelerator.precision import outputs_to_float32
 
 Pair = namedtuple("Pair", ["left", "right"])

@@ -124,6 +124,35 @@ def test_nested_loops_show_the_outer_position_in_the_description(sink) -> None:
             time.sleep(0.06)  # some updates become due inside the inner loop
     descs = [e.desc for e in sink.of(Progress)]
     assert "epoch 1/2 · train" in descs and "epoch 2/2 · train" in descs
+    # The outer loops' position as data, for the whole run's ETA: (passes done, total).
+    inner = [e for e in sink.of(Progress) if e.loop == "train"]
+    assert {e.outer for e in inner} == {((0, 2),), ((1, 2),)}
+    last = sink.of(Progress)[-1]
+    assert (last.step, last.total, last.desc) == (2, 2, "epoch")
+
+
+def test_a_failure_inside_nested_loops_reports_the_step_it_failed_at(sink) -> None:
+    def train() -> None:
+        for epoch in progress(range(3), desc="epoch"):
+            for batch in progress(range(20), desc="batch"):
+                if (epoch, batch) == (1, 5):
+                    raise ValueError("boom")
+
+    with pytest.raises(ValueError):
+        train()
+    last = sink.of(Progress)[-1]
+    assert (last.step, last.total, last.desc) == (5, 20, "epoch 2/3 · batch")
+    assert last.outer == ((1, 3),)
+
+
+def test_a_break_shows_where_the_inner_loop_stopped_until_the_outer_moves_on(sink) -> None:
+    for _epoch in progress(range(2), desc="epoch"):
+        for batch in progress(range(20), desc="batch"):
+            if batch == 4:
+                break
+        time.sleep(0.12)
+        reporting.flush()
+        assert sink.of(Progress)[-1].desc.endswith("· batch")  # not 'epoch' 0/2
     last = sink.of(Progress)[-1]
     assert (last.step, last.total, last.desc) == (2, 2, "epoch")
 

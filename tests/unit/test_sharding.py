@@ -164,13 +164,13 @@ def test_a_short_batch_mid_epoch_still_ends_the_epoch_on_every_rank():
     """World 2, batches [0,1] [2] [3,4] [5,6] [7,8]: the step holding the short batch is dropped
     (as in Accelerate), every later step is handed out, and the last batch of each rank is
     flagged as the end of the dataloader (the final accumulation sync, gather_for_metrics)."""
-    from nbtrain.accelerator import data
+    from nbtrain.accelerator import loaders
     from nbtrain.accelerator.accumulation import GradientState
 
     dataset = TensorDataset(torch.arange(9))
     seen = []
     for rank in range(2):
-        loader = data.prepare_data_loader(
+        loader = loaders.prepare_data_loader(
             DataLoader(dataset, batch_sampler=SizedBatches([2, 1, 2, 2, 2], 2)),
             world_size=2,
             rank=rank,

@@ -30,7 +30,7 @@ def test_a_rank_line_is_compact() -> None:
     state.apply(Progress(1, 30, 100, "train", time=1.0))
     state.apply(Progress(1, 40, 100, "train", time=1.8))
     state.apply(Log(1, {"loss": 0.5213}, step=40))
-    assert format_rank(state.ranks[1]) == "[rank 1] train 40/100 12.5 it/s ETA 0:05 loss 0.5213"
+    assert format_rank(state.ranks[1]) == "[rank 1] train 40/100 ETA 0:05 12.5 it/s loss 0.5213"
 
 
 def test_progress_lines_are_periodic_per_rank_and_only_on_change() -> None:
@@ -48,7 +48,7 @@ def test_progress_lines_are_periodic_per_rank_and_only_on_change() -> None:
     state.apply(Progress(1, 5, 10, "train", time=2.0))
     view_every_draw.draw(state)
     assert out2.getvalue().splitlines() == [
-        "[rank 0] train 2/10 1.0 it/s ETA 0:08",
+        "[rank 0] train 2/10 ETA 0:08 1.0 it/s",
         "[rank 1] train 5/10",
     ]
 
@@ -159,4 +159,5 @@ def test_the_status_line_shows_a_ranks_note_until_it_moves_on() -> None:
     assert out.getvalue().endswith("\r" + waiting)
     state.apply(Progress(0, 4, 10, None, time=2.0))
     view.draw(state)
-    assert out.getvalue().endswith("\r" + "r0 4/10 | r1 running".ljust(len(waiting)))
+    moved_on = "r0 4/10 1.0 it/s ETA 0:06 | r1 running"  # (it/s from two progress events)
+    assert out.getvalue().endswith("\r" + moved_on.ljust(len(waiting)))

@@ -67,6 +67,9 @@ class RecordingComm(BaseComm):
         self.frontend.record(msg_type, self.comm_id, data or {})
 
 
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
 class RecordingDisplay:
     def __init__(self) -> None:
         self.shown: list[dict] = []
@@ -77,6 +80,11 @@ class RecordingDisplay:
 
     def update(self, bundle: dict) -> None:
         self.updates.append(bundle)
+
+    @property
+    def final_html(self) -> str:
+        """The static dashboard that replaced the live one when the launch ended."""
+        return self.updates[-1]["text/html"]
 
 
 @pytest.fixture
@@ -129,7 +137,7 @@ def test_each_rank_row_shows_device_bar_steps_rate_metrics_and_status(frontend) 
     assert "cpu" in frontend.state_of(row.label)["value"]
     bar = frontend.state_of(row.bar)
     assert (bar["value"], bar["max"], bar["bar_style"]) == (40, 100, "")
-    assert text(frontend.state_of(row.steps)["value"]) == "train 40/100 12.5 it/s ETA 0:05"
+    assert text(frontend.state_of(row.steps)["value"]) == "train 40/100 ETA 0:05 12.5 it/s"
     assert text(frontend.state_of(row.metrics)["value"]) == "loss 0.1234 acc 0.5"
     assert text(frontend.state_of(row.status)["value"]) == "running"
     assert frontend.state_of(view.rows[0].bar)["value"] == 0
@@ -216,19 +224,20 @@ def test_the_chart_redraws_at_most_every_chart_interval_and_at_the_end(
     frontend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(widgets_module, "CHART_EVERY", 3600.0)
-    view, _ = dashboard()
+    view, display = dashboard()
     state = state_with()
     state.apply(Log(0, {"loss": 1.0}, step=0))
+    state.apply(Log(0, {"loss": 0.9}, step=1))
     view.draw(state)  # the first chart draws at once
-    state.apply(Log(0, {"loss": 0.5}, step=1))
+    state.apply(Log(0, {"loss": 0.5}, step=2))
     view.draw(state)
     view.draw(state)
     assert ">0.5</text>" not in frontend.state_of(view.charts)["value"]  # held back: too soon
     assert text(frontend.state_of(view.rows[0].metrics)["value"]) == "loss 0.5"  # rows are not
     state.finish("Done")
     view.close(state)
-    assert frontend.state_of(view.charts)["value"].count("<polyline") == 1
-    assert ">0.5</text>" in frontend.state_of(view.charts)["value"]  # the final chart is whole
+    assert display.final_html.count("<polyline") == 1
+    assert ">0.5</text>" in display.final_html  # the final chart is whole
 
 
 def test_close_shows_the_summary_and_leaves_a_text_version(frontend) -> None:
@@ -240,14 +249,11 @@ def test_close_shows_the_summary_and_leaves_a_text_version(frontend) -> None:
         state.apply(Finished(rank, None))
     state.finish("Done in 1.2s, 6.7 steps/s")
     view.close(state)
-    summary = frontend.state_of(view.summary)
-    assert "Done in 1.2s, 6.7 steps/s" in summary["value"]
+    assert "Done in 1.2s, 6.7 steps/s" in text(display.final_html)
     assert display.updates[-1]["text/plain"] == (
         "[rank 0] train 8/8 loss 0.25 done\n[rank 1] train 8/8 loss 0.25 done\n"
         "Done in 1.2s, 6.7 steps/s"
     )
-    widget = display.updates[-1]["application/vnd.jupyter.widget-view+json"]
-    assert widget["model_id"] == view.box.model_id
 
 
 def test_a_run_too_short_to_draw_still_gets_its_dashboard(frontend) -> None:
@@ -284,32 +290,36 @@ def test_the_chart_stays_small_however_long_the_run_and_however_many_ranks() -> 
     assert flat.count("<polyline") == 1  # a flat line draws; a rank with only NaN does not
 
 
-def test_old_dashboards_become_static_html_and_release_their_widgets(frontend) -> None:
-    views = []
-    for _ in range(widgets_module.LIVE_DASHBOARDS + 1):
-        view, display = dashboard()
-        state = state_with()
-        state.apply(Progress(0, 5, 10, "train"))
-        state.apply(Finished(0, None))
-        state.apply(Finished(1, None))
-        state.finish("Done in 1.0s")
-        view.close(state)
-        views.append((view, display))
-    oldest_view, oldest_display = views[0]
-    frozen = oldest_display.updates[-1]
-    assert "application/vnd.jupyter.widget-view+json" not in frozen
-    assert "rank 0" in text(frozen["text/html"]) and "Done in 1.0s" in text(frozen["text/html"])
+@pytest.mark.parametrize("ending", ["done", "failed", "stopped"])
+def test_an_ended_dashboard_is_replaced_by_static_html_and_releases_its_widgets(
+    frontend, ending
+) -> None:
+    view, display = dashboard()
+    state = ended(ending)
+    state.apply(Progress(0, 5, 10, "train"))
+    state.apply(Log(0, {"loss": 1.0}, step=1))
+    state.apply(Log(0, {"loss": 0.5}, step=2))
+    view.draw(state)
+    opened = {comm_id for kind, comm_id, _ in frontend.messages if kind == "comm_open"}
+    state.finish("the end")
+    view.close(state)
+    final = display.updates[-1]
+    # No widget mimetype left: a reopened notebook cannot say "model not found".
+    assert WIDGET_VIEW not in final and set(final) == {"text/html", "text/plain"}
+    markup = final["text/html"]
+    assert markup.count('class="nbtrain-row"') == 2 and "the end" in text(markup)
+    assert 'data-metric="loss"' in markup and "train 5/10" in text(markup)
     closed = {comm_id for kind, comm_id, _ in frontend.messages if kind == "comm_close"}
-    assert oldest_view.title.comm is None and oldest_view.box is None
-    assert closed, "the retired dashboard's widgets were not closed"
-    newest_view, newest_display = views[-1]
-    assert newest_view.box is not None  # the newest ones stay live
-    assert "application/vnd.jupyter.widget-view+json" in newest_display.updates[-1]
+    assert opened <= closed, "an ended dashboard kept widget comms open"
+    assert view.box is None
+    view.close(state)  # a second close changes nothing
+    view.draw(state)
+    assert display.updates[-1] is final and len(display.shown) == 1
 
 
-def summary_color(frontend, view) -> str:
-    markup = frontend.state_of(view.summary)["value"]
-    found = re.search(r"color:(#[0-9a-f]{6})", markup)
+def summary_color(display) -> str:
+    found = re.search(r'<b style="color:(#[0-9a-f]{6})">', display.final_html)
+    markup = display.final_html
     assert found, markup
     return found.group(1)
 
@@ -343,11 +353,11 @@ def ended(ending: str) -> RunState:
 def test_the_summary_is_green_only_when_the_run_succeeded(
     frontend, ending, summary, verdict, color
 ) -> None:
-    view, _ = dashboard()
+    view, display = dashboard()
     state = ended(ending)
     state.finish(summary, verdict)
     view.close(state)
-    assert summary_color(frontend, view) == color
+    assert summary_color(display) == color
 
 
 def test_a_ranks_note_shows_mid_run_only_until_it_moves_on(frontend) -> None:
@@ -393,7 +403,7 @@ def test_a_restarted_rank_is_shown_running_again_not_failed(frontend) -> None:
 
 
 def test_a_node_note_shows_in_the_header_until_ranks_start(frontend) -> None:
-    view, _ = dashboard()
+    view, display = dashboard()
     state = RunState([0, 1], title="node 0 of 2")
     view.draw(state)
     view.note("waiting for nodes (1 of 2 joined)")
@@ -409,4 +419,4 @@ def test_a_node_note_shows_in_the_header_until_ranks_start(frontend) -> None:
     assert "1 of 2 done" in text(frontend.state_of(view.title)["value"])
     state.finish("Done in 1.0s")
     view.close(state)
-    assert "1 of 2 done" not in text(frontend.state_of(view.title)["value"])
+    assert "1 of 2 done" not in text(display.final_html)

@@ -104,7 +104,7 @@ class NodeAgent(SimpleElasticAgent):
         self.coordinator = coordinator
         first = config.node_rank * config.num_processes
         self.ranks = list(range(first, first + config.num_processes))
-        self.run = Run(config, self.ranks, title=title_of(config, self.ranks))
+        self.lifecycle = Run(config, self.ranks, title=title_of(config, self.ranks))
         self.verdict: News | None = None  # the news that ended the last attempt
         self.workers: LocalRendezvous | None = None  # the ranks' store of this attempt
         self._begin_attempt()
@@ -136,7 +136,7 @@ class NodeAgent(SimpleElasticAgent):
             forget_locals(ended)
             raise ended.error.with_traceback(None) from ended.cause
         except BaseException as exc:
-            if not self.run.ended:
+            if not self.lifecycle.ended:
                 self._abandon(exc)
             forget_locals(exc)
             raise
@@ -191,11 +191,11 @@ class NodeAgent(SimpleElasticAgent):
         self._begin_attempt()
         attempt = self._attempt()
         if attempt:
-            self.run.new_attempt()
+            self.lifecycle.new_attempt()
         specs = self._specs(attempt)
         if self.config.multi_node:
             self.say(f"all {self.config.num_nodes} nodes joined; starting ranks")
-        self.run.start_clock()
+        self.lifecycle.start_clock()
 
         def make_args(rank: int, pipes: processes.RankPipes, close: tuple[int, ...]) -> tuple:
             spec = replace(specs[rank], close_fds=close) if close else specs[rank]
@@ -204,7 +204,7 @@ class NodeAgent(SimpleElasticAgent):
         self.started = processes.start_ranks(
             self.config.start.method, self.ranks, rank_entry, make_args
         )
-        self.supervisor = self.run.supervisor(
+        self.supervisor = self.lifecycle.supervisor(
             self.started, emit=self._emit, failed=self._stop_wanted
         )
         return {rp.rank - self.ranks[0]: rp.process.pid for rp in self.started}
@@ -232,7 +232,7 @@ class NodeAgent(SimpleElasticAgent):
         }
 
     def _emit(self, event: Event) -> None:
-        self.run.emit(event)
+        self.lifecycle.emit(event)
         if isinstance(event, Failed):
             self.failures.append(event)
 
@@ -244,7 +244,7 @@ class NodeAgent(SimpleElasticAgent):
         assert supervisor is not None
         end = time.monotonic() + SLICE
         while supervisor.running:
-            supervisor.step(self.run.deadline)
+            supervisor.step(self.lifecycle.deadline)
             self._tick()
             # Once stopping began, finish it here: torch's loop must not see HEALTHY meanwhile.
             if supervisor.stopping or time.monotonic() < end:
@@ -274,7 +274,7 @@ class NodeAgent(SimpleElasticAgent):
             return False
 
     def _tick(self) -> None:
-        self.run.tick()
+        self.lifecycle.tick()
         self._publish_root_cause()
 
     def _close_ranks(self) -> None:
@@ -355,7 +355,8 @@ class NodeAgent(SimpleElasticAgent):
         total = self.config.num_nodes
         end = time.monotonic() + SLICE
         while True:
-            expired = self.run.deadline is not None and time.monotonic() > self.run.deadline
+            deadline = self.lifecycle.deadline
+            expired = deadline is not None and time.monotonic() > deadline
             done = self.coordinator.done_count()
             if done >= total:
                 return self._succeeded()
@@ -387,21 +388,22 @@ class NodeAgent(SimpleElasticAgent):
     def _time_out(self, supervisor: Supervisor) -> NoReturn:
         self.coordinator.publish(News.stop(self.config.node_rank, "timeout"))
         self._end(f"Timed out after {self.config.timeout:g}s", Verdict.TIMED_OUT)
-        raise AttemptEnded(TimeoutError(self.run.timeout_message(supervisor.stuck_frames())))
+        raise AttemptEnded(TimeoutError(self.lifecycle.timeout_message(supervisor.stuck_frames())))
 
     # -- endings -----------------------------------------------------------------------------
 
     def _succeed(self) -> Any:
-        return self.run.deliver()  # ends the view, also when it raises ResultError
+        return self.lifecycle.deliver()  # ends the view, also when it raises ResultError
 
     def _fail(self, news: News) -> NoReturn:
         if news.kind == "stopped":
             verdict = Verdict.TIMED_OUT if news.reason == "timeout" else Verdict.STOPPED
-            self._end(f"Stopped after {self.run.state.elapsed:.1f}s: {news.summary()}", verdict)
+            elapsed = self.lifecycle.state.elapsed
+            self._end(f"Stopped after {elapsed:.1f}s: {news.summary()}", verdict)
             raise AttemptEnded(stopped_error(news, self.config, finished=self._done))
         local = news.node == self.config.node_rank and self.outcome.root_cause() == news.rank
         error = self._local_error() if local else news.error(others=self._local_failures())
-        self._end(self.run.state.failed_summary(error), Verdict.FAILED)
+        self._end(self.lifecycle.state.failed_summary(error), Verdict.FAILED)
         cause = RemoteTraceback(error.remote_traceback) if error.remote_traceback else None
         raise AttemptEnded(error, cause)
 
@@ -423,7 +425,7 @@ class NodeAgent(SimpleElasticAgent):
     def _local_failures(self, besides: int | None = None) -> dict[int, str]:
         ranks = set(self.outcome.failed_ranks()) | {failure.rank for failure in self.failures}
         return {
-            rank: self.run.state.ranks[rank].failure or "failed"
+            rank: self.lifecycle.state.ranks[rank].failure or "failed"
             for rank in sorted(ranks - {besides})
         }
 
@@ -439,17 +441,17 @@ class NodeAgent(SimpleElasticAgent):
             else Verdict.TIMED_OUT if isinstance(exc, TimeoutError)
             else Verdict.FAILED
         )
-        self.run.abandon(exc, verdict)
+        self.lifecycle.abandon(exc, verdict)
 
     def _end(self, summary: str, verdict: Verdict | None = None) -> None:
-        self.run.end(summary, verdict)
+        self.lifecycle.end(summary, verdict)
 
     # -- node-level status -------------------------------------------------------------------
 
     def say(self, text: str) -> None:
         """A node-level status ("waiting for nodes (1 of 2 joined)", "restarting ...")."""
-        self.run.say(text)
+        self.lifecycle.say(text)
 
     @property
     def outcome(self) -> Outcome:
-        return self.run.outcome
+        return self.lifecycle.outcome

@@ -12,6 +12,7 @@ from nbtrain.kernel.config import LaunchConfig
 from nbtrain.kernel.elastic.news import (
     News,
 )
+from nbtrain.kernel.option_names import given, to_raise
 from nbtrain.shared.errors import LaunchError
 
 
@@ -33,13 +34,13 @@ def stopped_error(news: News, config: LaunchConfig, *, finished: bool) -> Except
     )
     if news.reason == "timeout" and news.node == config.node_rank:
         return TimeoutError(
-            f"notebook_launcher(timeout={config.timeout:g}) expired on this node "
+            f"{given('timeout', f'{config.timeout:g}')} expired on this node "
             f"(node {news.node}) while it waited for the other nodes to finish; they "
-            "were told to stop. Raise timeout= if the run needs longer."
+            f"were told to stop. Raise {to_raise('timeout')} if the run needs longer."
         )
     if news.reason == "timeout":
         return TimeoutError(
-            f"Node {news.node} reached its notebook_launcher(timeout=...) and stopped "
+            f"Node {news.node} reached its {given('timeout')} and stopped "
             f"the run; {where}."
         )
     return LaunchError(f"The run was stopped: {news.summary()}; {where}.")

@@ -1,0 +1,329 @@
+"""The dashboard in JupyterLab and Notebook 7 (Chromium via Playwright), as a user sees it.
+
+One notebook per frontend: a launch whose rank 1 fails with a long message, then a long launch
+with nested loops (epoch + batch) and four metrics with long names that is interrupted from the
+kernel (the stop button) mid-run. Checked on the DOM, at 1400 px and at 900 px width:
+- no box of a row draws over the next one: the bounding rectangles of a row's columns are
+  disjoint and each column's text stays inside its column (so long texts end in "…");
+- after the interrupt every row says "stopped" (orange), with the step it had reached, no ETA;
+  the failed rank's long reason is ellipsized with the full text as its tooltip;
+- after save and reopen in a fresh page (new kernel), each launch shows its static dashboard
+  and no "Error displaying widget".
+Screenshots go to tests/artifacts/ (dashboard_<frontend>_<moment>.png).
+
+Needs Debian's chromium, playwright, jupyterlab and notebook>=7 (see test_live_view_browser.py,
+whose server and skip logic this reuses).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import nbformat
+import pytest
+from test_live_view_browser import (
+    ARTIFACTS,
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    MISSING,
+    _browser_required,
+    _free_port,
+    _wait_for,
+)
+
+NOTEBOOK_MISSING = None
+try:
+    import notebook  # noqa: F401
+except ImportError:
+    NOTEBOOK_MISSING = "notebook>=7 is not installed: pip install 'notebook>=7'"
+
+pytestmark = [
+    pytest.mark.skipif(
+        (MISSING or NOTEBOOK_MISSING) is not None and not _browser_required(),
+        reason=str(MISSING or NOTEBOOK_MISSING),
+    ),
+    pytest.mark.slow,
+]
+
+SETUP = """
+import os, time
+from nbtrain import notebook_launcher, progress, log
+
+NAMES = ("train/cross_entropy_loss", "validation/top1_accuracy_percent",
+         "optimizer/learning_rate_schedule", "gradients/global_norm_before_clipping")
+
+def train(epochs, batches, delay, fail_at=None):
+    rank = int(os.environ["RANK"])
+    for epoch in progress(range(epochs), desc="epoch"):
+        for batch in progress(range(batches), desc="batch"):
+            time.sleep(delay)
+            step = epoch * batches + batch
+            log({name: (i + 1) / (step + 1) + rank for i, name in enumerate(NAMES)})
+            if rank == 1 and (epoch, batch) == fail_at:
+                raise ValueError(
+                    "the validation loader returned a batch whose tensors do not match the "
+                    "model's expected input shape; check the collate function and the "
+                    "dataset's transform pipeline, which produced " + "x" * 200)
+"""
+
+FAILING = """
+try:
+    notebook_launcher(train, (3, 20, 0.02, (1, 5)), num_processes=2, start_method="fork")
+except Exception as exc:
+    print("raised", type(exc).__name__)
+"""
+
+LONG = 'notebook_launcher(train, (3, 400, 0.03), num_processes=2, start_method="fork")'
+
+APPS = {
+    "lab": (["-m", "jupyterlab", "--LabApp.expose_app_in_browser=True"], "lab/tree"),
+    "notebook": (
+        ["-m", "notebook", "--JupyterNotebookApp.expose_app_in_browser=True"], "notebooks"
+    ),
+}
+
+READY_JS = """(path) => {
+    const app = window.jupyterapp;
+    const widget = app && app.shell.currentWidget;
+    const session = widget && widget.sessionContext && widget.sessionContext.session;
+    return Boolean(widget && widget.context && widget.context.path === path
+                   && session && session.kernel && session.kernel.status === 'idle');
+}"""
+
+# Every row of a dashboard (live: a widget HBox holding a bar; static: div.nbtrain-row) as the
+# rectangles of its visible columns and of the text element inside each.
+ROWS_JS = """(selector) => Array.from(document.querySelectorAll(selector))
+    .filter(row => row.querySelector('.progress-bar, .nbtrain-bar'))
+    .map(row => Array.from(row.children)
+        .filter(col => col.getBoundingClientRect().width > 0)
+        .map(col => {
+            const box = col.getBoundingClientRect();
+            const whole = row.getBoundingClientRect();
+            const inner = col.querySelector('span[title]');
+            const text = inner ? inner.getBoundingClientRect() : box;
+            return {left: box.left, right: box.right, rowRight: whole.right, textLeft: text.left,
+                    textRight: text.right, text: col.innerText, title: inner ? inner.title : '',
+                    clipped: inner ? inner.scrollWidth > inner.clientWidth : false,
+                    status: row.dataset.status || ''};
+        }))"""
+
+LIVE_ROWS = ".nbtrain-dashboard .widget-hbox"
+STATIC_ROWS = ".nbtrain-static .nbtrain-row"
+
+
+@pytest.fixture(autouse=True)
+def _browser_present() -> None:
+    if (MISSING or NOTEBOOK_MISSING) is not None:  # only reached when the browser is required
+        pytest.fail(f"CI or NBTRAIN_REQUIRE_BROWSER=1 requires the browser test: "
+                    f"{MISSING or NOTEBOOK_MISSING}")
+
+
+@pytest.fixture(params=sorted(APPS))
+def server(request, tmp_path: Path) -> Iterator[tuple[str, str, str, Path]]:
+    """(frontend name, url, token, root) of a JupyterLab or Notebook 7 server."""
+    app = request.param
+    root, home = tmp_path / "root", tmp_path / "jupyter"
+    root.mkdir()
+    env = dict(os.environ)
+    for name, sub in (("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_DATA_DIR", "data"),
+                      ("JUPYTER_RUNTIME_DIR", "runtime"), ("IPYTHONDIR", "ipython")):
+        env[name] = str(home / sub)
+        (home / sub).mkdir(parents=True)
+    env.pop("JUPYTER_PATH", None)
+    spec = home / "data" / "kernels" / "python3"
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python 3", "language": "python",
+    }))
+    labconfig = home / "config" / "labconfig"
+    labconfig.mkdir()
+    (labconfig / "page_config.json").write_text(json.dumps(
+        {"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}}
+    ))
+    port, token = _free_port(), secrets.token_hex(16)
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "server.log"
+    args, _ = APPS[app]
+    with open(log, "wb") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, *args, "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+             f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
+             "--allow-root"],
+            env=env, stdout=subprocess.DEVNULL, stderr=log_file,
+        )
+        try:
+            _wait_for(url, token, process, log)
+            yield app, url, token, root
+        finally:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def _api(url: str, token: str, path: str, method: str = "GET") -> object:
+    request = urllib.request.Request(
+        f"{url}/api/{path}", method=method, headers={"Authorization": f"token {token}"},
+        data=b"" if method == "POST" else None,
+    )
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        body = answer.read()
+    return json.loads(body) if body else None
+
+
+def _overlaps(rows: list[list[dict]]) -> list[str]:
+    """Columns of a row that draw over each other, or text that leaves its column."""
+    found = []
+    for cols in rows:
+        for col in cols:
+            if col["textRight"] > col["right"] + 1 or col["textLeft"] < col["left"] - 1:
+                found.append(f"text {col['text']!r} leaves its column {col}")
+            if col["right"] > col["rowRight"] + 1:
+                found.append(f"{col['text']!r} leaves its row {col}")
+        for left, right in itertools.pairwise(cols):
+            if left["right"] > right["left"] + 1:
+                found.append(f"{left['text']!r} overlaps {right['text']!r}")
+    return found
+
+
+def _shot(page, frontend: str, moment: str) -> None:
+    page.screenshot(path=str(ARTIFACTS / f"dashboard_{frontend}_{moment}.png"), full_page=False)
+
+
+def _scroll_to(page, selector: str, index: int = -1) -> None:
+    page.evaluate(
+        "([s, i]) => { const all = document.querySelectorAll(s); const el = all[i < 0 ? "
+        "all.length + i : i]; if (el) el.scrollIntoView({block: 'center'}); }",
+        [selector, index],
+    )
+
+
+@pytest.mark.timeout(600)
+def test_rows_fit_their_columns_stop_cleanly_and_survive_save_and_reopen(server) -> None:
+    from playwright.sync_api import sync_playwright
+
+    frontend, url, token, root = server
+    name = f"dashboard_{frontend}.ipynb"
+    cells = [nbformat.v4.new_code_cell(code) for code in (SETUP, FAILING, LONG)]
+    notebook = nbformat.v4.new_notebook(cells=cells)
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                       "language": "python"}
+    nbformat.write(notebook, root / name)
+    ARTIFACTS.mkdir(exist_ok=True)
+    _, route = APPS[frontend]
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(f"{url}/{route}/{name}?token={token}")
+            page.wait_for_function(READY_JS, arg=name, timeout=120_000)
+            page.evaluate("() => { window.jupyterapp.commands.execute("
+                          "'notebook:run-all-cells'); }")
+            live = _watch_live_run(page, frontend)
+            sessions = _api(url, token, "sessions")
+            assert isinstance(sessions, list) and len(sessions) == 1
+            kernel = sessions[0]["kernel"]["id"]
+            _api(url, token, f"kernels/{kernel}/interrupt", "POST")  # the stop button
+            page.wait_for_function(
+                "() => document.querySelectorAll('.nbtrain-static').length === 2",
+                timeout=120_000,
+            )
+            page.wait_for_function(READY_JS, arg=name, timeout=120_000)
+            ended = {}
+            for width in (1400, 900):
+                page.set_viewport_size({"width": width, "height": 1000})
+                time.sleep(0.5)  # let the layout settle
+                ended[width] = page.evaluate(ROWS_JS, STATIC_ROWS)
+                _scroll_to(page, ".nbtrain-static", 0)
+                _shot(page, frontend, f"failed_{width}")
+                _scroll_to(page, ".nbtrain-static", 1)
+                _shot(page, frontend, f"stopped_{width}")
+            page.set_viewport_size({"width": 1400, "height": 1000})
+            page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+            time.sleep(1.0)
+            for session in _api(url, token, "sessions") or []:  # a fresh kernel on reopen
+                _api(url, token, f"sessions/{session['id']}", "DELETE")
+
+            fresh = browser.new_page(viewport={"width": 1400, "height": 1000})
+            fresh.goto(f"{url}/{route}/{name}?token={token}")
+            fresh.wait_for_function(READY_JS, arg=name, timeout=120_000)
+            fresh.wait_for_selector(".nbtrain-static", timeout=60_000)
+            time.sleep(1.0)
+            reopened = fresh.evaluate(
+                "() => ({static: document.querySelectorAll('.nbtrain-static').length,"
+                " svg: document.querySelectorAll('.nbtrain-static svg').length,"
+                " text: document.body.innerText})"
+            )
+            reopened_rows = fresh.evaluate(ROWS_JS, STATIC_ROWS)
+            _scroll_to(fresh, ".nbtrain-static", 1)
+            _shot(fresh, frontend, "reopened")
+        finally:
+            browser.close()
+
+    # Mid-run: the live rows' columns never drew over each other.
+    assert live["samples"] >= 3, live
+    assert live["problems"] == [], live["problems"][:5]
+    assert len(live["columns"]) == 1, f"columns moved as their texts changed: {live['columns']}"
+    assert any("ETA" in col["text"] for cols in live["rows"] for col in cols), live["rows"]
+    for width, rows in ended.items():
+        assert len(rows) == 4, (width, rows)  # 2 ranks x 2 launches
+        assert _overlaps(rows) == [], (width, _overlaps(rows))
+        failed_run, stopped_run = rows[:2], rows[2:]
+        statuses = [cols[-1]["text"] for cols in failed_run]
+        assert statuses[0] == "stopped" and statuses[1].startswith("failed: ValueError")
+        reason = failed_run[1][-1]
+        assert reason["clipped"] and reason["title"].endswith("…"), reason  # ellipsized
+        assert "returned a batch whose tensors" in reason["title"]
+        for cols in stopped_run:
+            assert cols[0]["status"] == "stopped" and cols[-1]["text"] == "stopped", cols
+            steps = cols[2]["title"]  # where it was: the interrupt came in epoch 2 or later
+            assert "ETA" not in steps and "/400" in steps and "epoch 1/3" not in steps, steps
+    assert reopened["static"] == 2, reopened
+    assert reopened["svg"] >= 2  # the charts of both launches
+    assert "Error displaying widget" not in reopened["text"]
+    assert "model not found" not in reopened["text"]
+    assert [cols[0]["status"] for cols in reopened_rows] == ["stopped", "failed",
+                                                             "stopped", "stopped"]
+
+
+def _watch_live_run(page, frontend: str) -> dict:
+    """Sample the long launch's live rows until it is well under way; screenshot it."""
+    deadline = time.monotonic() + 240
+    samples, problems, rows = 0, [], []
+    columns = set()  # the x-extent of every column, per sample: text changes must not move them
+    page.wait_for_function(
+        "() => document.querySelectorAll('.nbtrain-static').length === 1", timeout=180_000
+    )
+    while time.monotonic() < deadline:
+        rows = page.evaluate(ROWS_JS, LIVE_ROWS)
+        if len(rows) == 2:
+            samples += 1
+            problems += _overlaps(rows)
+            columns.add(tuple((round(c["left"]), round(c["right"])) for cols in rows for c in cols))
+            texts = " ".join(col["text"] for cols in rows for col in cols)
+            if samples >= 3 and "epoch 2/3" in texts:
+                _scroll_to(page, ".nbtrain-dashboard")
+                _shot(page, frontend, "live_1400")
+                page.set_viewport_size({"width": 900, "height": 1000})
+                time.sleep(0.7)
+                problems += _overlaps(page.evaluate(ROWS_JS, LIVE_ROWS))
+                _scroll_to(page, ".nbtrain-dashboard")
+                _shot(page, frontend, "live_900")
+                page.set_viewport_size({"width": 1400, "height": 1000})
+                break
+        time.sleep(0.5)
+    return {"samples": samples, "problems": problems, "rows": rows, "columns": columns}

@@ -1,0 +1,96 @@
+"""What the dashboard says about a run that ended, nested loops' ETA, and single-point metrics.
+
+Driven by RunState events, read from the static rendering that replaces the live dashboard.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+
+from nbtrain.display.formatting import format_steps, run_eta
+from nbtrain.display.rows import static_row
+from nbtrain.display.widgets import WidgetView
+from nbtrain.kernel.monitor import RankStatus, RunState, Verdict
+from nbtrain.shared.events import Failed, Log, Progress, Started
+from nbtrain.shared.options import OutputMode
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.updates: list[dict] = []
+
+    def show(self, bundle: dict) -> None:
+        pass
+
+    def update(self, bundle: dict) -> None:
+        self.updates.append(bundle)
+
+
+def running(ranks=(0, 1)) -> RunState:
+    state = RunState(list(ranks), title="t")
+    for rank in ranks:
+        state.apply(Started(rank, 100 + rank, "cpu", "host", rank, time=0.0))
+        state.apply(Progress(rank, 30, 100, "train", time=1.0))
+        state.apply(Progress(rank, 40, 100, "train", time=1.8))
+    return state
+
+
+def test_after_an_interrupt_running_ranks_say_stopped_at_their_step_without_an_eta() -> None:
+    state = running()
+    assert "ETA" in format_steps(state.ranks[0])
+    state.finish("Interrupted after 2.0s: every rank was stopped")
+    for view in state.ranks.values():
+        assert view.status is RankStatus.STOPPED
+        row = static_row(view)
+        assert 'data-status="stopped"' in row and "#fb8c00" in row  # orange bar
+        shown = html.unescape(re.sub(r"<[^>]+>", " ", row))
+        assert "train 40/100" in shown and "ETA" not in shown and "running" not in shown
+
+
+def test_a_successful_finish_leaves_statuses_alone() -> None:
+    state = running([0])
+    state.finish("Done", Verdict.SUCCEEDED)
+    assert state.ranks[0].status is RankStatus.RUNNING  # not every rank reported: not green
+
+
+def test_the_eta_covers_the_whole_run_when_every_outer_total_is_known() -> None:
+    state = RunState([0])
+    state.apply(Started(0, 1, "cpu", "h", 0, time=0.0))
+    # Epoch 2 of 3 (one done), batch 10 of 20: 10 + 1 * 20 steps left, at 10 steps/s.
+    for step, at in ((5, 1.0), (10, 1.5)):
+        state.apply(
+            Progress(0, step, 20, "epoch 2/3 · train", time=at, loop="train", outer=((1, 3),))
+        )
+    view = state.ranks[0]
+    assert view.rate == 10.0
+    assert run_eta(view) == 3.0
+    assert "ETA 0:03" in format_steps(view)
+    # An outer loop without a total: only the current loop's rest is known.
+    state.apply(Progress(0, 11, 20, "epoch 2 · train", time=1.6, loop="train", outer=((1, None),)))
+    eta = run_eta(state.ranks[0])
+    assert eta is not None and eta < 1.5
+
+
+def test_a_metric_logged_once_gives_no_empty_chart_but_its_value() -> None:
+    recorder = Recorder()
+    view = WidgetView(output=OutputMode.NONE, world_size=1, display=recorder)
+    state = RunState([0])
+    state.apply(Started(0, 1, "cpu", "h", 0))
+    state.apply(Log(0, {"accuracy_on_the_validation_set": 0.91}, step=3))
+    state.finish("Done")
+    view.close(state)
+    markup = recorder.updates[-1]["text/html"]
+    assert "<svg" not in markup
+    assert "accuracy_on_the_validation_set 0.91" in html.unescape(markup)
+
+
+def test_a_long_failure_is_ellipsized_with_the_full_text_as_tooltip() -> None:
+    state = RunState([0])
+    state.apply(Started(0, 1, "cpu", "h", 0))
+    state.apply(Failed(0, "ValueError", "x" * 500, "tb", None, 1, False))
+    failure = state.ranks[0].failure
+    assert len(failure) == 200 and failure.endswith("…")
+    row = static_row(state.ranks[0])
+    assert f'title="failed: {failure}"' in html.unescape(row)
+    assert "text-overflow:ellipsis" in row
