@@ -24,7 +24,9 @@ import ast
 import contextlib
 import dataclasses
 import keyword
+import os
 import pickle
+import secrets
 import signal
 import sys
 import threading
@@ -43,7 +45,7 @@ from nbtrain.kernel.rendezvous import LocalRendezvous, open_local
 from nbtrain.kernel.run import GRACE, Run, sigint_deferred
 from nbtrain.kernel.supervisor import Supervisor
 from nbtrain.rank import session_entry
-from nbtrain.shared import stacks
+from nbtrain.shared import sharedmem, stacks
 from nbtrain.shared.commands import Call, Cell, Command, Pull, Push, Stop
 from nbtrain.shared.errors import SessionError, WorkerError
 from nbtrain.shared.events import Event
@@ -143,10 +145,11 @@ class Ranks:
         __tracebackhide__ = True
         _check_expression(expression)
         world = self._require()
-        return self._execute(
-            world, lambda rank: Pull(expression), self.ranks,
-            title=f"pull {expression!r}", return_all=True, quiet=True,
-        )
+        with _results_segments() as prefix:
+            return self._execute(
+                world, lambda rank: Pull(expression, prefix), self.ranks,
+                title=f"pull {expression!r}", return_all=True, quiet=True,
+            )
 
     def push(self, **values: Any) -> None:
         """Set these names in every rank's namespace (large tensors and arrays through one
@@ -194,13 +197,14 @@ class Ranks:
             exc.add_note("(the %%ranks cell was not sent to the ranks)")
             raise
         world = self._require()
-        values = self._execute(
-            world, lambda rank: Cell(code, name), selected,
-            title=f"cell on rank{'s' if len(selected) > 1 else ''} "
-            f"{', '.join(map(str, selected))}",
-            return_all=True,
-            timeout=timeout,
-        )
+        with _results_segments() as prefix:
+            values = self._execute(
+                world, lambda rank: Cell(code, name, results_prefix=prefix), selected,
+                title=f"cell on rank{'s' if len(selected) > 1 else ''} "
+                f"{', '.join(map(str, selected))}",
+                return_all=True,
+                timeout=timeout,
+            )
         pairs = zip(selected, values, strict=True)
         return {rank: value for rank, value in pairs if value is not None}
 
@@ -406,6 +410,21 @@ def _interrupts_to(supervisor: Supervisor) -> Iterator[Callable[[], None]]:
         yield check
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
+def _results_segments() -> Iterator[str | None]:
+    """A name prefix for the segments of one command's large values (pulled tensors travel
+    through /dev/shm, not the pipe); whatever a rank left under it (killed mid-write, a value
+    never loaded) is removed when the command ends. None where there is no /dev/shm."""
+    if not sharedmem.available():
+        yield None
+        return
+    prefix = f"{sharedmem.PREFIX}{os.getpid()}_{secrets.token_hex(6)}_"
+    try:
+        yield prefix
+    finally:
+        sharedmem.remove_names(prefix + "*")
 
 
 def _check_expression(expression: object) -> None:

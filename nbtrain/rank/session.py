@@ -29,7 +29,7 @@ from typing import Any
 
 from nbtrain.rank import notebook, process, rankenv, reporting, runtime, teardown
 from nbtrain.rank.failures import failure_event
-from nbtrain.rank.payload import pack_result, unpack_call
+from nbtrain.rank.payload import pack_result, take_results_as, unpack_call
 from nbtrain.rank.runtime import Runtime
 from nbtrain.shared import sharedmem
 from nbtrain.shared.commands import Call, Cell, Command, Pull, Push, Stop
@@ -103,6 +103,7 @@ def answer(rank: int, sink: EventSink, work: Callable[[], bytes | None]) -> None
 
 def execute(command: Command, namespace: dict, rank: int) -> bytes | None:
     if isinstance(command, Cell):
+        take_results_as(command.results_prefix)
         value = run_cell(command, namespace)
         return None if value is None else pack_result(display_bundle(value))
     if isinstance(command, Call):
@@ -110,6 +111,7 @@ def execute(command: Command, namespace: dict, rank: int) -> bytes | None:
         value = in_namespace(function, namespace)(*args, **kwargs)
         return pack_result(value) if command.send_result else None
     if isinstance(command, Pull):
+        take_results_as(command.results_prefix)
         return pack_result(pull(command.expression, namespace, rank))
     if isinstance(command, Push):
         namespace.update(sharedmem.loads(command.data, private=True))

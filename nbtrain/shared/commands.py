@@ -19,6 +19,7 @@ class Cell:
     code: str
     filename: str  # the cell's own name: tracebacks and stack dumps show its lines
     show_value: bool = True
+    results_prefix: str | None = None  # segment names for a large value (None: in the pickle)
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class Pull:
     """Evaluate an expression in the rank's namespace and send its value."""
 
     expression: str
+    results_prefix: str | None = None  # segment names for large values (None: in the pickle)
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,23 @@ def test_push_sets_names_on_every_rank_through_shared_memory(ranks):
     assert leftover == []
 
 
+def test_pull_brings_big_tensors_through_shared_memory_and_leaves_none(ranks, monkeypatch):
+    from nbtrain.shared import serialization
+
+    received: list[int] = []  # bytes of each value's pickle, as it came through the pipe
+    loads = serialization.sharedmem.loads
+    monkeypatch.setattr(
+        serialization.sharedmem, "loads",
+        lambda data, **kw: received.append(len(data)) or loads(data, **kw),
+    )
+    ranks.run_cell("big_out = torch.full((1 << 21,), float(dist.get_rank()))")  # 8 MiB each
+    values = ranks.pull("big_out")
+    assert len(received) == 2 and max(received) < 4096  # the 8 MiB went through a segment
+    assert [float(v[0]) for v in values] == [0.0, 1.0] and values[1].numel() == 1 << 21
+    mine = f"nbtrain_{os.getpid()}_"
+    assert [name for name in os.listdir("/dev/shm") if name.startswith(mine)] == []
+
+
 def test_a_failure_on_one_rank_keeps_every_ranks_state(ranks):
     pids = rank_pids(ranks)
     ranks.run_cell("kept = dist.get_rank() + 100")
