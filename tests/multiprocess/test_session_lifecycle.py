@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
@@ -149,3 +150,18 @@ def test_an_accelerator_made_in_a_later_cell_works_with_what_an_earlier_one_prep
         grads = handle.pull("grad")
         assert torch.equal(grads[0], grads[1])  # DDP averaged them: one process group
         assert handle.pull("(later.process_index, later.num_processes)") == [(0, 2), (1, 2)]
+
+
+def test_an_interrupt_that_leaves_a_rank_stuck_in_c_restarts_and_says_where():
+    with nbtrain.start_ranks(2, **QUIET) as handle:
+        handle.run_cell(INIT)
+        old = rank_pids(handle)
+        timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        with pytest.raises(KeyboardInterrupt) as info:
+            handle.run_cell("if dist.get_rank() == 0:\n    dist.barrier()", filename="<alone>")
+        timer.join()
+        text = str(info.value)
+        assert "not every rank returned to idle" in text and "restarted the 2 ranks" in text
+        assert "rank 0 was in" in text and "<alone>:2 in <module>" in text
+        assert set(rank_pids(handle)).isdisjoint(old)
