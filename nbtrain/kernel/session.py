@@ -40,7 +40,7 @@ from nbtrain.kernel import processes
 from nbtrain.kernel.config import LaunchConfig, build_config, check_function
 from nbtrain.kernel.local import rank_specs
 from nbtrain.kernel.monitor import Verdict
-from nbtrain.kernel.payload import as_prepared, prepare_call, share
+from nbtrain.kernel.payload import prepare_call, share
 from nbtrain.kernel.rendezvous import LocalRendezvous, open_local
 from nbtrain.kernel.run import GRACE, Run, sigint_deferred
 from nbtrain.kernel.supervisor import Supervisor
@@ -49,7 +49,7 @@ from nbtrain.shared import sharedmem, stacks
 from nbtrain.shared.commands import Call, Cell, Command, Pull, Push, Stop
 from nbtrain.shared.errors import SessionError, WorkerError
 from nbtrain.shared.events import Event
-from nbtrain.shared.options import StartMethod
+from nbtrain.shared.options import ProgressMode, StartMethod
 from nbtrain.shared.serialization import PayloadError
 from nbtrain.shared.specs import RankSpec
 
@@ -126,7 +126,7 @@ class Ranks:
         args, kwargs = check_function(function, args, kwargs)
         world = self._require()
         # Pickled, never by reference: the ranks were started before these objects existed.
-        call = as_prepared(prepare_call(function, args, kwargs, StartMethod.SPAWN))
+        call = prepare_call(function, args, kwargs, StartMethod.SPAWN)
         try:
             call.commit(lambda text: None, len(self.ranks))
             name = getattr(function, "__qualname__", repr(function))
@@ -257,7 +257,7 @@ class Ranks:
             timeout=self.config.timeout if timeout is None else timeout,
         )
         if quiet:  # pull/push: answers, not runs worth a view of their own
-            config = dataclasses.replace(config, progress=type(config.progress)("off"))
+            config = dataclasses.replace(config, progress=ProgressMode.OFF)
         run = Run(config, ranks, title=title, view_after=VIEW_AFTER)
         supervisor = world.supervisor
         supervisor.begin_cell(set(ranks), run.emit, run.outcome.has_failure)
