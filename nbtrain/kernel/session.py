@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
-from nbtrain.kernel import processes
+from nbtrain.kernel import environment, processes
 from nbtrain.kernel.config import LaunchConfig, build_config, check_function
 from nbtrain.kernel.local import rank_specs
 from nbtrain.kernel.monitor import Verdict
@@ -353,7 +353,7 @@ class Ranks:
         config = self.config
         rendezvous = open_local(config.world_size)
         try:
-            specs = rank_specs(config, rendezvous)
+            specs = _xla_allowed(rank_specs(config, rendezvous))
             ctx = processes.context(config.start.method)
             pipes = {rank: ctx.Pipe(duplex=False) for rank in self.ranks}  # (read, write)
 
@@ -385,6 +385,20 @@ class Ranks:
         supervisor = Supervisor(started, _drop, failed=lambda: False, grace=GRACE)
         commands = {rank: writer for rank, (_, writer) in pipes.items()}
         self._holder.world = _World(started, commands, rendezvous, supervisor)
+
+
+def _xla_allowed(specs: dict[int, RankSpec]) -> dict[int, RankSpec]:
+    """With PJRT_DEVICE set, a warm rank that imports torch_xla takes the XLA device: the
+    one-shot CPU path's ACCELERATE_USE_CPU (which would pin its Accelerator to the CPU) is left
+    out."""
+    if not environment.variables().get("PJRT_DEVICE"):
+        return specs
+    return {
+        rank: dataclasses.replace(
+            spec, env={k: v for k, v in spec.env.items() if k != "ACCELERATE_USE_CPU"}
+        )
+        for rank, spec in specs.items()
+    }
 
 
 def _drop(event: Event) -> None:
@@ -520,7 +534,6 @@ def start_ranks(
 
 
 def _clean_start() -> Any:
-    from nbtrain.kernel import environment
     from nbtrain.kernel.config import StartChoice
 
     if "forkserver" in environment.available_start_methods():
