@@ -23,8 +23,10 @@ __version__ = "0.1.0"
 _LAZY = {
     "notebook_launcher": "nbtrain.kernel.launcher",
     "debug_launcher": "nbtrain.kernel.launcher",
+    "start_ranks": "nbtrain.kernel.magics",
     "WorkerError": "nbtrain.shared.errors",
     "ResultError": "nbtrain.shared.errors",
+    "SessionError": "nbtrain.shared.errors",
     "Accelerator": "nbtrain.accelerator.core",
     "DistributedType": "nbtrain.accelerator.core",
     "set_seed": "nbtrain.accelerator.seed",
@@ -40,8 +42,9 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     from nbtrain.accelerator.seed import set_seed
     from nbtrain.integrations.transformers import NbtrainCallback
     from nbtrain.kernel.launcher import debug_launcher, notebook_launcher
+    from nbtrain.kernel.magics import start_ranks
     from nbtrain.rank.reporting import log, progress
-    from nbtrain.shared.errors import ResultError, WorkerError
+    from nbtrain.shared.errors import ResultError, SessionError, WorkerError
 
 
 def __getattr__(name: str) -> Any:
@@ -49,6 +52,11 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module 'nbtrain' has no attribute {name!r}")
     return getattr(import_module(module), name)
+
+
+def load_ipython_extension(shell: Any) -> None:
+    """``%load_ext nbtrain``: registers the ``%%ranks`` cell magic (warm ranks)."""
+    import_module("nbtrain.kernel.magics").load_ipython_extension(shell)
 
 
 def __dir__() -> list[str]:
@@ -61,6 +69,7 @@ __all__ = [
     "FullyShardedDataParallelPlugin",
     "NbtrainCallback",
     "ResultError",
+    "SessionError",
     "WorkerError",
     "__version__",
     "debug_launcher",
@@ -68,4 +77,5 @@ __all__ = [
     "notebook_launcher",
     "progress",
     "set_seed",
+    "start_ranks",
 ]

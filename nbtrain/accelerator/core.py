@@ -38,6 +38,7 @@ from nbtrain.accelerator import (
     precision,
 )
 from nbtrain.accelerator.accumulation import GradientAccumulationPlugin, GradientState, check_steps
+from nbtrain.accelerator.front_base import PREPARED_MODELS
 from nbtrain.accelerator.front_processes import ProcessMethods
 from nbtrain.accelerator.front_state import StateMethods
 from nbtrain.accelerator.front_training import TrainingStep
@@ -209,6 +210,7 @@ class Accelerator(StateMethods, ProcessMethods, TrainingStep):
         self._precision.wrap_forward(self._strategy.unwrap_model(model))
         wrapped = model if evaluation_mode else self._strategy.wrap_model(model, self._ddp_kwargs)
         self._models.append(wrapped)
+        PREPARED_MODELS.add(wrapped)
         return wrapped
 
     def prepare_optimizer(

@@ -3,6 +3,7 @@ front end shares, its properties, and ``unwrap_model`` (core.py assembles the pa
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -23,6 +24,12 @@ from nbtrain.rank import rankenv
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+
+
+# Models any Accelerator of this process prepared: as in Accelerate (whose state is one per
+# process), a later Accelerator() works with what an earlier one prepared, e.g. in a later cell
+# of warm ranks (kernel/session.py).
+PREPARED_MODELS: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
 
 class AcceleratorBase:

@@ -13,7 +13,7 @@ from torch import nn
 from nbtrain.accelerator import (
     join,
 )
-from nbtrain.accelerator.front_base import AcceleratorBase
+from nbtrain.accelerator.front_base import PREPARED_MODELS, AcceleratorBase
 from nbtrain.accelerator.optim import PreparedOptimizer
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -25,7 +25,7 @@ class TrainingStep(AcceleratorBase):
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """``loss.backward()`` divided by the accumulation steps and scaled for fp16."""
-        if not self._models and not self._optimizers:
+        if not self._models and not self._optimizers and not PREPARED_MODELS:
             raise RuntimeError(
                 "accelerator.backward() was called before accelerator.prepare(): prepare the "
                 "model and optimizer first (model, optimizer, loader = accelerator.prepare(model, "

@@ -12,6 +12,7 @@ One way through, no back and forth::
     supervisor  the non-blocking watch loop over every rank's pipes and exit
     monitor     RunState: events folded into a plain per-rank model (display/ draws it)
     outcome     results and the root-cause rule
+    session     warm ranks across cells (start_ranks): one Run per command; magics: %%ranks
 
 Also here: ``environment`` (the kernel's one reader of os.environ and of what the machine
 offers), ``shm`` (what killed ranks leave in /dev/shm), ``cli`` / ``envreport`` / ``demo`` (the

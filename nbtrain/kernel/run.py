@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 from nbtrain.display import View, make_view
+from nbtrain.display.deferred import DeferredView
 from nbtrain.kernel import processes, tracebacks
 from nbtrain.kernel.cellout import CellOutput
 from nbtrain.kernel.config import LaunchConfig
@@ -62,13 +63,21 @@ def open_view(config: LaunchConfig) -> View:
 class Run:
     """One launch (or one warm cell): state, view, deadline, outcome and ending."""
 
-    def __init__(self, config: LaunchConfig, ranks: list[int], title: str) -> None:
+    def __init__(
+        self, config: LaunchConfig, ranks: list[int], title: str, *, view_after: float = 0.0
+    ) -> None:
+        """``view_after``: show the view only once the run has lasted that long (warm ranks:
+        a quick cell gets no dashboard)."""
         self.config = config
         self.ranks = ranks
         self.state = RunState(ranks, title=title)
         self.outcome = Outcome(ranks)
         tracebacks.install()  # the cell's tracebacks show the user's frames, not nbtrain's
-        self.view = open_view(config)
+        self.view: View = (
+            DeferredView(lambda: open_view(config), view_after)
+            if view_after > 0
+            else open_view(config)
+        )
         self.output = CellOutput(
             config.output, before_write=getattr(self.view, "erase_status", _nothing)
         )

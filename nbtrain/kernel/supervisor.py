@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,6 +39,9 @@ READ_BUDGET = 4 * READ_SIZE  # bytes read from one pipe per pass of the loop (un
 # waits for non-daemon threads (and multiprocessing for non-daemon children): one left running
 # would keep the launch from ever returning.
 EXIT_WAIT = 10.0  # generous: a loaded machine can take seconds to finalize a spawned rank
+# Warm ranks (kernel/session.py): seconds the other ranks of a cell get to finish (or fail) after
+# one failed, and to return to idle after an interrupt, before they count as stuck.
+STUCK_GRACE = 1.0
 
 
 @dataclass
@@ -85,6 +89,13 @@ class Supervisor:
         self._done_for: dict[int, set[int]] = {rp.rank: set() for rp in ranks}
         self._done_at: dict[int, float] = {}
         self._lingering: dict[int, tuple[str, ...]] = {}
+        # Warm ranks: the ranks of the current cell (None: a launch, watched until all exit),
+        # when they were interrupted or one failed (the others' grace starts), and whether
+        # some were stuck past it (then every rank is stopped and the session restarts).
+        self._cell: set[int] | None = None
+        self._grace_from: float | None = None
+        self.interrupted = False
+        self.stuck = False
 
     def run(self, deadline: float | None, tick: Callable[[], None]) -> None:
         """Return when every rank has exited and been reaped."""
@@ -94,8 +105,69 @@ class Supervisor:
 
     @property
     def running(self) -> bool:
-        """Some rank has not exited (or not been reaped) yet."""
-        return any(not rp.reaped for rp in self.ranks)
+        """Some rank has not exited (or not been reaped) yet; in a cell (``begin_cell``), some
+        rank of the cell has not reported it yet (unless the ranks are being stopped)."""
+        if self._cell is None or self.stopping:
+            return any(not rp.reaped for rp in self.ranks)
+        return not self._cell <= self._reported
+
+    # -- warm ranks: one cell at a time on processes that stay ----------------------------
+
+    def begin_cell(self, ranks: set[int], emit: Callable[[Event], None],
+                   failed: Callable[[], bool]) -> None:
+        """A new cell runs on ``ranks`` (a warm session): ``run`` returns once each of them
+        reported Finished/Failed for it. The pipes' decoders carry over; the rest is new."""
+        self._cell = set(ranks)
+        self._emit, self._failed = emit, failed
+        self._reported.clear()
+        self._started.clear()
+        self._dumps, self._grace_from = None, None
+        self.timed_out = self.interrupted = self.stuck = False
+
+    def interrupt(self) -> None:
+        """Ctrl-C (or the cell's timeout): KeyboardInterrupt in every rank still in the cell;
+        those not back within STUCK_GRACE count as stuck."""
+        self.interrupted = True
+        for rank_process in self.ranks:
+            if rank_process.rank in self._cell_waiting():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(rank_process.pid, signal.SIGINT)  # the rank alone, not its workers
+        self._start_grace()
+
+    def _cell_waiting(self) -> set[int]:
+        return (self._cell or set()) - self._reported
+
+    def _start_grace(self) -> None:
+        if self._grace_from is None:
+            self._grace_from = time.monotonic()
+
+    def _watch_cell(self, deadline: float | None) -> None:
+        """A cell's rules: a rank that exits breaks the world (stop all: the session restarts);
+        a failure or an interrupt gives the others STUCK_GRACE to report; past it, their
+        stacks are asked for and every rank is stopped."""
+        if self.stopping:
+            return
+        if any(rp.reaped for rp in self.ranks):
+            self.stop_all()
+            return
+        if self._failed():
+            self._start_grace()
+        if deadline is not None and time.monotonic() >= deadline and not self.interrupted:
+            self.timed_out = True
+            self.interrupt()
+        if self._grace_from is not None and time.monotonic() - self._grace_from >= STUCK_GRACE:
+            self._stop_stuck()
+
+    def _stop_stuck(self) -> None:
+        if self._dumps is None:
+            waiting = self._cell_waiting()
+            self._dumps = {
+                rp.rank: [] for rp in self.ranks if rp.rank in waiting and self._ask_for_stack(rp)
+            }
+            self._dump_until = time.monotonic() + stacks.WAIT
+        if not self._dumps or time.monotonic() >= self._dump_until:
+            self.stuck = True
+            self.stop_all()
 
     def step(self, deadline: float | None) -> None:
         """One turn of the loop (at most about TICK seconds); callers that own the loop, such
@@ -109,13 +181,17 @@ class Supervisor:
         # A failure that arrived as an event stops the others before exits are collected, so a
         # rank that reported it and already exited still counts as asked to stop (the view shows
         # a peer-loss rank as stopped, not failed).
-        if not self.stopping and self._failed():
+        if self._cell is None and not self.stopping and self._failed():
             self.stop_all()
         for rank_process in by_sentinel.values():
             # Not the sentinel alone: a rank's forked DataLoader workers hold it open. Nor
             # process.exitcode, which would reap the rank before reap() could use its pid.
             if has_exited(rank_process):
                 self._collect(rank_process)
+        if self._cell is not None:
+            self._watch_cell(deadline)
+            kill_overdue(self.ranks, self._grace)
+            return
         if not self.stopping and self._failed():
             self.stop_all()
         if deadline is not None and not self.stopping and time.monotonic() >= deadline:
@@ -201,6 +277,8 @@ class Supervisor:
         self._emit(event)
 
     def _wait_time(self, deadline: float | None) -> float:
+        if self._cell is not None and (self._grace_from is not None or self._dumps is not None):
+            return TICK
         if deadline is None:
             return TICK
         if self._dumps is not None:

@@ -16,11 +16,11 @@ import sys
 from types import TracebackType
 from typing import Any
 
-from nbtrain.shared.errors import ResultError, WorkerError
+from nbtrain.shared.errors import ResultError, SessionError, WorkerError
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _KERNEL_SIDE = os.path.dirname(os.path.abspath(__file__)) + os.sep
-HANDLED = (WorkerError, ResultError, TimeoutError, KeyboardInterrupt)
+HANDLED = (WorkerError, ResultError, SessionError, TimeoutError, KeyboardInterrupt)
 
 
 def install() -> None:

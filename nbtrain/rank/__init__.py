@@ -7,6 +7,7 @@
   ``textbar``: their text fallback outside a launch.
 - ``rankenv``: the rank side's one reader of the environment; ``teardown``: ending cleanly.
 - ``xla_host``: torch_xla's host process, which runs the XLA ordinals.
+- ``session``: a warm rank (``nbtrain.start_ranks``): serves cells and calls until stopped.
 
 This package's ``__init__`` holds only the process targets the kernel starts ranks with: the
 kernel names them without importing any rank logic, and the child imports it when it starts.
@@ -23,6 +24,13 @@ def rank_entry(*args: Any) -> None:
     from nbtrain.rank.worker import rank_main
 
     rank_main(*args)
+
+
+def session_entry(*args: Any) -> None:
+    """Process target of a warm rank (see session.session_main)."""
+    from nbtrain.rank.session import session_main
+
+    session_main(*args)
 
 
 def host_entry(*args: Any) -> None:

@@ -187,6 +187,11 @@ def _formatter() -> Any:
     return _FORMATTER
 
 
+def formatter() -> Any:
+    """IPython's display formatter for this rank (a warm rank formats a cell's value)."""
+    return _formatter()
+
+
 def _has_type(formatter: Any, kind: type) -> bool:
     try:
         formatter.lookup_by_type(kind)

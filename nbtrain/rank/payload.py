@@ -35,6 +35,13 @@ def unpack_call(payload: bytes) -> tuple[Callable[..., Any], tuple, dict]:
     return function, args, kwargs
 
 
+def take_results_as(prefix: str | None) -> None:
+    """Large results of the next command go to segments named ``prefix...`` (a warm rank's
+    pull or cell; a launch's envelope sets it in ``unpack_call``)."""
+    global _results_prefix
+    _results_prefix = prefix
+
+
 def pack_result(value: Any, pickler: type[sharedmem.SharingPickler] | None = None) -> bytes:
     """Pickle a result with ``pickler``; large tensors and arrays through a segment if the
     launch takes them that way. Without room in /dev/shm, the result travels in the pickle."""

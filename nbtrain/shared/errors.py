@@ -79,6 +79,11 @@ def _rebuild_worker_error(state: dict[str, Any]) -> WorkerError:
     return err
 
 
+class SessionError(RuntimeError):
+    """Bad use of warm ranks (``nbtrain.start_ranks``): none running, a rank selector naming a
+    rank that does not exist, a stopped session. Raised before anything runs."""
+
+
 class ResultError(RuntimeError):
     """A rank returned a value that the kernel cannot unpickle (the rank itself succeeded)."""
 

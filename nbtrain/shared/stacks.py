@@ -21,7 +21,7 @@ MAX_FRAMES = 6
 _THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ ")
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<name>.+)$')
 # Frames below the user's function: the rank entry, and the XLA host's ordinal entry.
-_ENTRY = ("nbtrain/rank/worker.py", "nbtrain/rank/xla_host.py")
+_ENTRY = ("nbtrain/rank/worker.py", "nbtrain/rank/xla_host.py", "nbtrain/rank/session.py")
 
 
 def enable_dumps() -> None:

@@ -28,6 +28,7 @@ BINDER_NOTEBOOKS = [
     "03_when_things_go_wrong.ipynb",
     "04_checkpoint_and_resume.ipynb",
     "05_accumulation_and_precision.ipynb",
+    "07_interactive_ranks.ipynb",
     "08_fsdp.ipynb",
 ]
 XLA_NOTEBOOK = "06_tpu_colab.ipynb"

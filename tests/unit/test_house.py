@@ -152,6 +152,7 @@ import nbtrain
 from nbtrain import Accelerator, DistributedType, log, progress, set_seed
 import nbtrain.rank.worker
 import nbtrain.rank.xla_host
+import nbtrain.rank.session
 import nbtrain.integrations.transformers
 import pkgutil, importlib, nbtrain.accelerator
 for info in pkgutil.iter_modules(nbtrain.accelerator.__path__):
@@ -175,6 +176,7 @@ def test_a_rank_imports_nothing_of_the_kernel_side():
         "nbtrain.kernel.elastic.agent",
         "nbtrain.kernel.xla",
         "nbtrain.kernel.cli",
+        "nbtrain.kernel.magics",
     ],
 )
 def test_importing_the_kernel_side_loads_no_rank_logic(entry):

@@ -1,0 +1,51 @@
+"""A view that appears only once a run has lasted ``after`` seconds (warm-rank commands).
+
+A ``%%ranks`` cell that ends at once (most of them: define a name, look at a value) needs no
+dashboard: building one costs more than the cell (ipywidgets send a comm message per widget)
+and leaves a finished view under every cell. A cell that runs longer gets the usual live view
+from then on, and keeps its final state like any launch's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from nbtrain.display import View
+from nbtrain.kernel.monitor import RunState
+
+
+class DeferredView:
+    def __init__(self, make: Callable[[], View], after: float) -> None:
+        self._make = make
+        self._due = time.monotonic() + after
+        self._view: View | None = None
+        self._note = ""
+
+    @property
+    def opened(self) -> bool:
+        return self._view is not None
+
+    def draw(self, state: RunState) -> None:
+        if self._view is None:
+            if time.monotonic() < self._due:
+                return
+            self._view = self._make()
+            if self._note:
+                self._view.note(self._note)
+        self._view.draw(state)
+
+    def close(self, state: RunState) -> None:
+        if self._view is not None:
+            self._view.close(state)
+
+    def note(self, text: str) -> None:
+        self._note = text
+        if self._view is not None:
+            self._view.note(text)
+
+    def erase_status(self) -> None:
+        """The text view's live status line is erased before output is written (cellout.py)."""
+        erase = getattr(self._view, "erase_status", None)
+        if erase is not None:
+            erase()

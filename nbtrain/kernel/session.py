@@ -1,0 +1,547 @@
+"""Warm ranks: a distributed session that lives across cells (``nbtrain.start_ranks``).
+
+A session is a set of long-lived rank processes (rank/session.py), each serving one command at a
+time from its own pipe. Every command (a ``%%ranks`` cell, ``run``, ``pull``, ``push``) is one
+``Run`` (run.py): its own view, cell output, root cause and timeout, fed by the session's
+``Supervisor`` in cell mode, which returns once every rank of the command reported it and
+never tears the ranks down for an ordinary failure.
+
+What happens to the ranks' state:
+
+- a command that raises on some ranks while the others finish (or raise too): state kept;
+- ranks still busy STUCK_GRACE after another failed or after an interrupt (typically in a
+  collective waiting for the failed rank), or a rank that died: every rank is stopped and a new
+  set started, and the error says so plainly;
+- Ctrl-C: KeyboardInterrupt in the command on every rank; kept if they all return in time.
+
+No orphans: ranks die with the kernel (PR_SET_PDEATHSIG, and EOF on their command pipe), on
+``stop()``, and at interpreter exit (``weakref.finalize``).
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import dataclasses
+import keyword
+import os
+import pickle
+import secrets
+import signal
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from multiprocessing.connection import Connection
+from typing import Any
+
+from nbtrain.kernel import environment, processes
+from nbtrain.kernel.config import LaunchConfig, build_config, check_function
+from nbtrain.kernel.local import rank_specs
+from nbtrain.kernel.monitor import Verdict
+from nbtrain.kernel.payload import prepare_call, share
+from nbtrain.kernel.rendezvous import LocalRendezvous, open_local
+from nbtrain.kernel.run import GRACE, Run, sigint_deferred
+from nbtrain.kernel.supervisor import Supervisor
+from nbtrain.rank import session_entry
+from nbtrain.shared import sharedmem, stacks
+from nbtrain.shared.commands import Call, Cell, Command, Pull, Push, Stop
+from nbtrain.shared.errors import SessionError, WorkerError
+from nbtrain.shared.events import Event
+from nbtrain.shared.options import ProgressMode, StartMethod
+from nbtrain.shared.serialization import PayloadError
+from nbtrain.shared.specs import RankSpec
+
+STOP_WAIT = 5.0  # seconds ranks get to leave their loop on stop() before they are terminated
+VIEW_AFTER = 0.5  # seconds a command runs before its live view appears (quick cells get none)
+
+_current: Ranks | None = None  # the session magics use (the last one started)
+
+
+@dataclasses.dataclass
+class _World:
+    """One generation of warm rank processes and what the kernel holds for them."""
+
+    started: list[processes.RankProcess]
+    commands: dict[int, Connection]
+    rendezvous: LocalRendezvous
+    supervisor: Supervisor
+
+    def send(self, rank: int, data: bytes) -> None:
+        # A rank that died meanwhile cannot read: the supervisor sees its exit next.
+        with contextlib.suppress(OSError):
+            self.commands[rank].send_bytes(data)
+
+    def dead(self) -> list[processes.RankProcess]:
+        return [rp for rp in self.started if processes.has_exited(rp)]
+
+    def close(self, grace: float) -> None:
+        """Ask every rank to leave its loop, wait up to ``grace``, then stop the rest."""
+        data = pickle.dumps(Stop())
+        for rank in self.commands:
+            self.send(rank, data)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and not all(
+            processes.has_exited(rp) for rp in self.started
+        ):
+            time.sleep(0.01)
+        processes.stop(self.started, GRACE)
+        for connection in self.commands.values():
+            connection.close()
+        processes.close(self.started)
+        self.rendezvous.close()
+
+
+class _Holder:
+    """What ``weakref.finalize`` stops: the session's current world (not the session itself)."""
+
+    world: _World | None = None
+
+    def stop(self, grace: float = STOP_WAIT) -> None:
+        world, self.world = self.world, None
+        if world is not None:
+            world.close(grace)
+
+
+class Ranks:
+    """A set of warm ranks (see the module docstring); made by ``start_ranks``."""
+
+    def __init__(self, config: LaunchConfig) -> None:
+        self.config = config
+        self.ranks = list(range(config.world_size))
+        self._holder = _Holder()
+        # Ends the ranks when the handle is collected, or at interpreter exit at the latest.
+        self._finalizer = weakref.finalize(self, self._holder.stop)
+        self._commands = 0
+        self._start_world()
+
+    # -- the public API ----------------------------------------------------------------------
+
+    def run(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``function(*args, **kwargs)`` on every rank: rank 0's value (every rank's with
+        ``return_all``), as ``notebook_launcher`` returns it. A notebook-defined function sees
+        the rank's own names (what earlier cells defined) over the kernel's."""
+        __tracebackhide__ = True
+        args, kwargs = check_function(function, args, kwargs)
+        world = self._require()
+        # Pickled, never by reference: the ranks were started before these objects existed.
+        call = prepare_call(function, args, kwargs, StartMethod.SPAWN)
+        try:
+            call.commit(lambda text: None, len(self.ranks))
+            name = getattr(function, "__qualname__", repr(function))
+            return self._execute(
+                world,
+                lambda rank: Call(call.data, self.config.return_all or rank == 0),
+                self.ranks,
+                title=f"{name} on {len(self.ranks)} warm ranks",
+                return_all=self.config.return_all,
+            )
+        finally:
+            call.release()
+
+    def pull(self, expression: str) -> list[Any]:
+        """The value of ``expression`` on every rank, as a list by rank (tensors on the CPU)."""
+        __tracebackhide__ = True
+        _check_expression(expression)
+        world = self._require()
+        with _results_segments() as prefix:
+            return self._execute(
+                world, lambda rank: Pull(expression, prefix), self.ranks,
+                title=f"pull {expression!r}", return_all=True, quiet=True,
+            )
+
+    def push(self, **values: Any) -> None:
+        """Set these names in every rank's namespace (large tensors and arrays through one
+        shared-memory segment, not one copy per rank)."""
+        __tracebackhide__ = True
+        if not values:
+            raise TypeError("push() needs names to set, e.g. ranks.push(lr=0.01).")
+        for name in values:
+            if not name.isidentifier() or keyword.iskeyword(name):
+                raise ValueError(f"push({name}=...): {name!r} is not a Python name.")
+        world = self._require()
+        try:
+            shared = share(values, label="push(...)")
+        except PayloadError:
+            raise
+        except Exception as exc:
+            raise PayloadError(_unpicklable(values, exc)) from None
+        try:
+            shared.commit(lambda text: None, len(self.ranks))
+            self._execute(
+                world, lambda rank: Push(shared.data), self.ranks,
+                title=f"push {', '.join(values)}", return_all=True, quiet=True,
+            )
+        finally:
+            shared.release()
+
+    def run_cell(
+        self,
+        code: str,
+        ranks: Sequence[int] | None = None,
+        *,
+        filename: str | None = None,
+        timeout: float | None = None,
+    ) -> dict[int, dict[str, Any]]:
+        """Run ``code`` on ``ranks`` (default: all) in each rank's namespace (what ``%%ranks``
+        does). Returns each rank's display bundle of the last expression's value (ranks whose
+        cell ended without a value are left out)."""
+        __tracebackhide__ = True
+        selected = sorted(self.ranks if ranks is None else ranks)
+        self._commands += 1
+        name = filename or f"<%%ranks cell {self._commands}>"
+        try:
+            compile(code, name, "exec")  # bad syntax fails here once, before any rank runs it
+        except SyntaxError as exc:
+            exc.add_note("(the %%ranks cell was not sent to the ranks)")
+            raise
+        world = self._require()
+        with _results_segments() as prefix:
+            values = self._execute(
+                world, lambda rank: Cell(code, name, results_prefix=prefix), selected,
+                title=f"cell on rank{'s' if len(selected) > 1 else ''} "
+                f"{', '.join(map(str, selected))}",
+                return_all=True,
+                timeout=timeout,
+            )
+        pairs = zip(selected, values, strict=True)
+        return {rank: value for rank, value in pairs if value is not None}
+
+    def restart(self) -> None:
+        """Stop every rank and start a fresh set: namespaces and process group are gone."""
+        self._holder.stop()
+        self._start_world()
+
+    def stop(self) -> None:
+        """End the ranks (each leaves its loop; stragglers are terminated). Idempotent."""
+        global _current
+        self._holder.stop()
+        if _current is self:
+            _current = None
+
+    @property
+    def running(self) -> bool:
+        return self._holder.world is not None
+
+    def __enter__(self) -> Ranks:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return (
+            f"<nbtrain warm ranks: {len(self.ranks)} ranks, "
+            f"{self.config.start.method.value}, {state}>"
+        )
+
+    # -- one command -------------------------------------------------------------------------
+
+    def _execute(
+        self,
+        world: _World,
+        command: Callable[[int], Command],
+        ranks: list[int],
+        *,
+        title: str,
+        return_all: bool,
+        timeout: float | None = None,
+        quiet: bool = False,
+    ) -> Any:
+        __tracebackhide__ = True
+        config = dataclasses.replace(
+            self.config,
+            return_all=return_all,
+            timeout=self.config.timeout if timeout is None else timeout,
+        )
+        if quiet:  # pull/push: answers, not runs worth a view of their own
+            config = dataclasses.replace(config, progress=ProgressMode.OFF)
+        run = Run(config, ranks, title=title, view_after=VIEW_AFTER)
+        supervisor = world.supervisor
+        supervisor.begin_cell(set(ranks), run.emit, run.outcome.has_failure)
+        run.start_clock()
+        try:
+            with _interrupts_to(supervisor) as tick_interrupts:
+                for rank in ranks:
+                    world.send(rank, pickle.dumps(command(rank)))
+
+                def tick() -> None:
+                    tick_interrupts()
+                    run.tick()
+
+                supervisor.run(run.deadline, tick)
+                supervisor.drain()
+        except BaseException as exc:  # an error in the kernel's own loop: the ranks go
+            with sigint_deferred():
+                self._holder.stop(grace=0.0)
+                run.abandon(exc)
+            raise
+        if supervisor.stopping:
+            self._restart_after(run, supervisor)
+        if supervisor.timed_out:
+            self._time_out(run, supervisor, restarted=False)
+        if supervisor.interrupted:
+            run.abandon(KeyboardInterrupt())
+            raise KeyboardInterrupt(
+                "every rank was interrupted and is idle again; their state is kept"
+            ) from None
+        return run.finish(supervisor)
+
+    def _restart_after(self, run: Run, supervisor: Supervisor) -> None:
+        """The world is broken (a rank died, or some stayed stuck): start a new one, then raise
+        what happened, saying which rank failed, where the others were, that state is gone."""
+        __tracebackhide__ = True
+        stuck = stacks.describe(supervisor.stuck_frames())
+        self._holder.stop(grace=0.0)
+        self._start_world()
+        note = (
+            f"nbtrain restarted the {len(self.ranks)} ranks: every rank's state (names, "
+            "model, process group) is gone; run your set-up cells again."
+        )
+        if stuck:
+            note = f"Ranks that stayed busy (stuck, typically in a collective):\n{stuck}\n{note}"
+        if supervisor.timed_out:
+            self._time_out(run, supervisor, restarted=True, note=note)
+        if supervisor.interrupted:
+            run.abandon(KeyboardInterrupt())
+            raise KeyboardInterrupt(f"not every rank returned to idle in time. {note}") from None
+        if run.outcome.has_failure():
+            error = run.outcome.error()
+            error.add_note(note)
+            run.fail(error)
+        run.end(f"ranks restarted. {note}", Verdict.FAILED)
+        raise WorkerError(0, message=note)
+
+    def _time_out(
+        self, run: Run, supervisor: Supervisor, *, restarted: bool, note: str = ""
+    ) -> None:
+        __tracebackhide__ = True
+        limit = run.config.timeout or 0.0
+        run.end(f"Timed out after {limit:g}s", Verdict.TIMED_OUT)
+        kept = "" if restarted else "every rank was interrupted and is idle again; state kept."
+        raise TimeoutError(f"the command's timeout={limit:g}s expired; {kept}{note}") from None
+
+    # -- the processes -----------------------------------------------------------------------
+
+    def _require(self) -> _World:
+        """The running world; a rank that died since the last command means a new world (said
+        in the cell before the command runs)."""
+        world = self._holder.world
+        if world is None:
+            raise SessionError(
+                "these warm ranks were stopped. Start new ones with nbtrain.start_ranks(...), "
+                "or call ranks.restart()."
+            )
+        dead = world.dead()
+        if dead:
+            names = ", ".join(
+                f"rank {rp.rank} (exit code {rp.process.exitcode})" for rp in dead
+            )
+            print(
+                f"[nbtrain] {names} ended since the last command: restarted the "
+                f"{len(self.ranks)} ranks; their state is gone.",
+                file=sys.stderr,
+            )
+            self.restart()
+            world = self._holder.world
+            assert world is not None
+        return world
+
+    def _start_world(self) -> None:
+        config = self.config
+        rendezvous = open_local(config.world_size)
+        try:
+            specs = _xla_allowed(rank_specs(config, rendezvous))
+            ctx = processes.context(config.start.method)
+            pipes = {rank: ctx.Pipe(duplex=False) for rank in self.ranks}  # (read, write)
+
+            def make_args(
+                rank: int, rank_pipes: processes.RankPipes, close: tuple[int, ...]
+            ) -> tuple:
+                spec = specs[rank]
+                if close:  # fork: every other command pipe, and the kernel's own end
+                    others = [
+                        fd
+                        for other, (reader, writer) in pipes.items()
+                        for fd in ((writer.fileno(),) if other == rank else
+                                   (reader.fileno(), writer.fileno()))
+                    ]
+                    spec = RankSpec(**{**spec.__dict__, "close_fds": (*close, *others)})
+                return (spec, pipes[rank][0], rank_pipes.stdout_w, rank_pipes.stderr_w,
+                        rank_pipes.events_w)
+
+            try:
+                started = processes.start_ranks(
+                    config.start.method, self.ranks, session_entry, make_args
+                )
+            finally:
+                for reader, _ in pipes.values():
+                    reader.close()
+        except BaseException:
+            rendezvous.close()
+            raise
+        supervisor = Supervisor(started, _drop, failed=lambda: False, grace=GRACE)
+        commands = {rank: writer for rank, (_, writer) in pipes.items()}
+        self._holder.world = _World(started, commands, rendezvous, supervisor)
+
+
+def _xla_allowed(specs: dict[int, RankSpec]) -> dict[int, RankSpec]:
+    """With PJRT_DEVICE set, a warm rank that imports torch_xla takes the XLA device: the
+    one-shot CPU path's ACCELERATE_USE_CPU (which would pin its Accelerator to the CPU) is left
+    out."""
+    if not environment.variables().get("PJRT_DEVICE"):
+        return specs
+    return {
+        rank: dataclasses.replace(
+            spec, env={k: v for k, v in spec.env.items() if k != "ACCELERATE_USE_CPU"}
+        )
+        for rank, spec in specs.items()
+    }
+
+
+def _drop(event: Event) -> None:
+    pass
+
+
+@contextlib.contextmanager
+def _interrupts_to(supervisor: Supervisor) -> Iterator[Callable[[], None]]:
+    """While a command runs, Ctrl-C interrupts the ranks instead of the kernel's loop (which
+    must never stop mid-read: the pipes carry on into the next command). Yields the check the
+    watch loop calls on every turn."""
+    pending: list[int] = []
+
+    def check() -> None:
+        if pending and not supervisor.interrupted:
+            supervisor.interrupt()
+
+    if threading.current_thread() is not threading.main_thread():
+        yield check
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
+    try:
+        yield check
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
+def _results_segments() -> Iterator[str | None]:
+    """A name prefix for the segments of one command's large values (pulled tensors travel
+    through /dev/shm, not the pipe); whatever a rank left under it (killed mid-write, a value
+    never loaded) is removed when the command ends. None where there is no /dev/shm."""
+    if not sharedmem.available():
+        yield None
+        return
+    prefix = f"{sharedmem.PREFIX}{os.getpid()}_{secrets.token_hex(6)}_"
+    try:
+        yield prefix
+    finally:
+        sharedmem.remove_names(prefix + "*")
+
+
+def _check_expression(expression: object) -> None:
+    if not isinstance(expression, str):
+        raise TypeError(
+            f"pull({expression!r}): give an expression as a string, e.g. ranks.pull('loss')."
+        )
+    try:
+        ast.parse(expression, mode="eval")
+    except SyntaxError as exc:
+        raise SyntaxError(
+            f"pull({expression!r}) is not a Python expression ({exc.msg}); pull takes one "
+            "expression, e.g. ranks.pull('model.weight.sum()')."
+        ) from None
+
+
+def _unpicklable(values: dict[str, Any], exc: Exception) -> str:
+    for name, value in values.items():
+        try:
+            pickle.dumps(value)
+        except Exception:
+            try:
+                import cloudpickle
+
+                cloudpickle.dumps(value)
+            except Exception:
+                return (
+                    f"push({name}=...): {type(value).__qualname__} cannot be sent to the "
+                    f"ranks ({type(exc).__name__}: {exc}). Create it on the ranks instead, in "
+                    "a %%ranks cell."
+                )
+    return f"push(...) cannot be sent to the ranks ({type(exc).__name__}: {exc})."
+
+
+def current() -> Ranks:
+    """The session ``%%ranks`` uses: the last one started and not stopped."""
+    ranks = _current
+    if ranks is None or not ranks.running:
+        raise SessionError(
+            "no warm ranks are running: start them first with "
+            "ranks = nbtrain.start_ranks(num_processes=2)."
+        )
+    return ranks
+
+
+def start_ranks(
+    num_processes: int | None = 2,
+    *,
+    start_method: str = "auto",
+    mixed_precision: str | None = None,
+    gpu_ids: list[int] | None = None,
+    timeout: float | None = None,
+    output: str = "all",
+    progress: str = "auto",
+    return_all: bool = False,
+    replace: bool = False,
+) -> Ranks:
+    """Start ``num_processes`` warm ranks (see the README: Warm ranks). ``timeout`` is each
+    command's limit; ``start_method='auto'`` starts clean ranks (forkserver, else spawn), so
+    the kernel may use CUDA itself. With ranks already running, ``replace=True`` stops them
+    first; otherwise that is an error saying so."""
+    global _current
+    config = build_config(
+        num_processes=num_processes,
+        start_method=start_method,
+        mixed_precision=mixed_precision,
+        gpu_ids=gpu_ids,
+        num_nodes=1,
+        node_rank=0,
+        rdzv_endpoint=None,
+        max_restarts=0,
+        timeout=timeout,
+        output=output,
+        progress=progress,
+        return_all=return_all,
+        allow_xla=False,
+    )
+    if start_method == "auto" and config.start.method is StartMethod.FORK:
+        config = dataclasses.replace(config, start=_clean_start())
+    if not isinstance(replace, bool):
+        raise TypeError(f"replace={replace!r} must be True or False.")
+    running = _current
+    if running is not None and running.running:
+        if not replace:
+            raise SessionError(
+                f"{len(running.ranks)} warm ranks are already running ({running!r}). Stop them "
+                "with ranks.stop() first, or pass replace=True to stop them and start new ones."
+            )
+        running.stop()
+    ranks = Ranks(config)
+    _current = ranks
+    return ranks
+
+
+def _clean_start() -> Any:
+    from nbtrain.kernel.config import StartChoice
+
+    if "forkserver" in environment.available_start_methods():
+        return StartChoice(
+            StartMethod.FORKSERVER,
+            "forkserver: warm ranks start clean (the kernel may use CUDA meanwhile)",
+        )
+    return StartChoice(StartMethod.SPAWN, "spawn: warm ranks start clean")
+
+
+__all__ = ["Ranks", "SessionError", "current", "start_ranks"]
