@@ -17,6 +17,7 @@ one of nbtrain's collectives alone gets an error rather than a hang (see collect
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
@@ -32,6 +33,7 @@ from nbtrain.accelerator import (
     devices,
     fsdp_setup,
     handlers,
+    join,
     loaderconfig,
     loaders,
     parallel,
@@ -164,6 +166,22 @@ class Accelerator(StateMethods, ProcessMethods, TrainingStep):
         if view is None:  # one view, so values a script assigns to it stay
             view = self.__dict__["_state_view"] = compat.State(self)
         return view
+
+    def join_uneven_inputs(
+        self, joinables: list[Any], even_batches: bool | None = None
+    ) -> contextlib.AbstractContextManager[None]:
+        """Train DDP models over ranks with different numbers of batches: ranks that finish
+        early shadow DDP's collectives until all are done (torch's Join). ``even_batches``
+        overrides the prepared map-style loaders' setting inside the block (see join.py)."""
+        return join.join_uneven_inputs(
+            joinables,
+            # Accelerate's state view: a script may set its distributed_type (its tests do).
+            distributed_type=self.state.distributed_type,
+            world_size=self.num_processes,
+            loaders=list(self._dataloaders),
+            default_even_batches=self.even_batches,
+            even_batches=even_batches,
+        )
 
     def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
         """Prepare models, optimizers, dataloaders and LR schedulers, in any order; they come

@@ -10,9 +10,6 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from nbtrain.accelerator import (
-    join,
-)
 from nbtrain.accelerator.front_base import PREPARED_MODELS, AcceleratorBase
 from nbtrain.accelerator.optim import PreparedOptimizer
 
@@ -50,21 +47,6 @@ class TrainingStep(AcceleratorBase):
                 for model in models:
                     stack.enter_context(self._strategy.no_sync(model))
             yield
-
-    def join_uneven_inputs(
-        self, joinables: list[Any], even_batches: bool | None = None
-    ) -> contextlib.AbstractContextManager[None]:
-        """Train DDP models over ranks with different numbers of batches: ranks that finish
-        early shadow DDP's collectives until all are done (torch's Join). ``even_batches``
-        overrides the prepared map-style loaders' setting inside the block (see join.py)."""
-        return join.join_uneven_inputs(
-            joinables,
-            distributed_type=self.distributed_type,
-            world_size=self.num_processes,
-            loaders=list(self._dataloaders),
-            default_even_batches=self.even_batches,
-            even_batches=even_batches,
-        )
 
     @contextlib.contextmanager
     def no_sync(self, model: nn.Module) -> Iterator[None]:
