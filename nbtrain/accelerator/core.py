@@ -277,7 +277,9 @@ class Accelerator(StateMethods, ProcessMethods, TrainingStep):
         placement = self.device_placement if device_placement is None else device_placement
         opts = self._loader_options()
         seed = loaderconfig.agree_on_seed(loader, opts, self._collectives)
-        xla = self.distributed_type is DistributedType.XLA  # ordinals share the user's objects
+        # XLA:CPU ordinals are threads sharing the user's loader and generator: following it
+        # would advance it once per ordinal, so several ordinals seed each epoch instead.
+        xla = self.distributed_type is DistributedType.XLA and self.num_processes > 1
         prepared = loaders.prepare_data_loader(
             loader,
             world_size=self.num_processes,

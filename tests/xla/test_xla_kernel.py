@@ -94,7 +94,9 @@ cpu = debug_launcher(train, args=(10, True), num_processes=1)
     assert kernel.value("len(xla['losses'])") == 10
     assert kernel.value("same(xla['state'], cpu['state'])") is True
     assert kernel.value("max(abs(a - b) for a, b in zip(xla['losses'], cpu['losses']))") < 1e-4
-    assert kernel.value("xla['losses'][-1] < xla['losses'][0]") is True
+    # It trains: the second pass over the data (batches 7-10) has a lower mean loss than the
+    # first (batches 1-6); single batches are too noisy to compare (the order is seeded).
+    assert kernel.value("sum(xla['losses'][6:]) / 4 < sum(xla['losses'][:6]) / 6") is True
     # The kernel only supervised: the XLA runtime lived in the host process, which is gone.
     assert kernel.value("'torch_xla' in sys.modules") is False
     assert hosts(kernel) == []
