@@ -22,20 +22,32 @@ parallel strategy.
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import time
 import traceback
-import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from datetime import timedelta
-from enum import IntEnum
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from nbtrain.accelerator import nested
+from nbtrain.accelerator.backends import Backend, Pending
+from nbtrain.accelerator.handshake import (
+    DTYPES,
+    HEAD_FIELDS,
+    SLOTS,
+    Call,
+    CollectiveError,
+    CollectiveTimeoutError,
+    LeafMeta,
+    Op,
+    PeerLostError,
+    decode_head,
+    decode_leaves,
+    dtype_code,
+    encode_head,
+    tag_of,
+)
 from nbtrain.rank import runtime
 
 DEFAULT_TIMEOUT = 1800.0  # seconds: torch's own default process-group timeout
@@ -44,269 +56,9 @@ PEER_LOSS_GRACE = 1.0  # seconds a rank that lost its peers waits before reporti
 _SLICE = 0.5  # seconds per bounded wait, between checks of the stall notice and the timeout
 
 
-class CollectiveError(RuntimeError):
-    """Ranks disagreed about a collective call, so it was refused on every rank."""
-
-
-class CollectiveTimeoutError(CollectiveError):
-    """A rank waited longer than the timeout for its peers to make the same call."""
-
-
-class PeerLostError(CollectiveError):
-    """A peer ended (finished or failed) while this rank waited for it in a collective."""
-
-
-class Op(IntEnum):
-    WAIT_FOR_EVERYONE = 1
-    GATHER = 2
-    REDUCE = 3
-    BROADCAST = 4
-    PAD = 5
-    GATHER_OBJECT = 6
-    BROADCAST_OBJECT = 7
-    SAVE_STATE = 8
-    LOAD_STATE = 9
-    MAIN_PROCESS_FIRST = 10
-    GET_STATE_DICT = 11
-
-    @property
-    def call(self) -> str:
-        return _CALL_NAMES.get(self, self.name.lower()) + "()"
-
-
-_CALL_NAMES = {Op.PAD: "pad_across_processes"}
-
 
 # ---------------------------------------------------------------------------------------------
 # Transport
-
-
-class Pending(Protocol):
-    def wait(self, seconds: float) -> bool:
-        """Wait up to ``seconds``; True once the operation finished (succeeded or failed)."""
-        ...
-
-    def result(self) -> list[torch.Tensor]: ...
-
-
-class Backend(Protocol):
-    rank: int
-    world_size: int
-
-    def all_gather_async(self, tensor: torch.Tensor) -> Pending: ...
-
-    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]: ...
-
-    def all_reduce(self, tensor: torch.Tensor, op: str) -> None: ...
-
-    def broadcast(self, tensor: torch.Tensor, src: int) -> None: ...
-
-    def all_gather_object(self, obj: Any) -> list[Any]: ...
-
-    def broadcast_object(self, obj: Any, src: int) -> Any: ...
-
-
-class Done:
-    """A Pending whose value is already there (a world of one, or a synchronous backend)."""
-
-    def __init__(self, value: list[torch.Tensor]) -> None:
-        self._value = value
-
-    def wait(self, seconds: float) -> bool:
-        return True
-
-    def result(self) -> list[torch.Tensor]:
-        return self._value
-
-
-class LocalBackend:
-    """A world of one: every collective is the identity."""
-
-    rank = 0
-    world_size = 1
-
-    def all_gather_async(self, tensor: torch.Tensor) -> Pending:
-        return Done([tensor])
-
-    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
-        return [tensor]
-
-    def all_reduce(self, tensor: torch.Tensor, op: str) -> None:
-        return None
-
-    def broadcast(self, tensor: torch.Tensor, src: int) -> None:
-        return None
-
-    def all_gather_object(self, obj: Any) -> list[Any]:
-        return [obj]
-
-    def broadcast_object(self, obj: Any, src: int) -> Any:
-        return obj
-
-
-class _AsyncGather:
-    def __init__(self, work: Any, outputs: list[torch.Tensor], blocking_wait: bool) -> None:
-        self._work = work
-        self._outputs = outputs
-        self._blocking_wait = blocking_wait
-
-    def wait(self, seconds: float) -> bool:
-        if self._blocking_wait:
-            # gloo: a bounded wait returns the moment the operation ends, and may be repeated.
-            with contextlib.suppress(RuntimeError):  # not done in time, or failed:
-                self._work.wait(timeout=timedelta(seconds=seconds))  # is_completed() tells
-            return bool(self._work.is_completed())
-        # Other backends (nccl may abort a communicator on a timed-out wait): poll.
-        deadline = time.monotonic() + seconds
-        while not self._work.is_completed():
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.0005)
-        return True
-
-    def result(self) -> list[torch.Tensor]:
-        self._work.wait()
-        return self._outputs
-
-
-class ProcessGroupBackend:
-    """torch.distributed's default process group (gloo or nccl)."""
-
-    _REDUCE_OPS = {"sum": "SUM", "max": "MAX", "min": "MIN"}
-
-    def __init__(self) -> None:
-        import torch.distributed as dist
-
-        self._dist = dist
-        self.rank = dist.get_rank()
-        self.world_size = dist.get_world_size()
-        self._gloo = dist.get_backend() == "gloo"
-
-    def __getstate__(self) -> dict[str, Any]:
-        # (an Accelerator is picklable, as Accelerate's is: not the torch.distributed module)
-        return {k: v for k, v in vars(self).items() if k != "_dist"}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        import torch.distributed as dist
-
-        vars(self).update(state)
-        self._dist = dist
-
-    def all_gather_async(self, tensor: torch.Tensor) -> Pending:
-        outputs = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        work = self._dist.all_gather(outputs, tensor, async_op=True)
-        return _AsyncGather(work, outputs, blocking_wait=self._gloo)
-
-    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
-        outputs = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        self._dist.all_gather(outputs, tensor)
-        return outputs
-
-    def all_reduce(self, tensor: torch.Tensor, op: str) -> None:
-        self._dist.all_reduce(tensor, op=getattr(self._dist.ReduceOp, self._REDUCE_OPS[op]))
-
-    def broadcast(self, tensor: torch.Tensor, src: int) -> None:
-        self._dist.broadcast(tensor, src=src)
-
-    def all_gather_object(self, obj: Any) -> list[Any]:
-        outputs: list[Any] = [None] * self.world_size
-        self._dist.all_gather_object(outputs, obj)
-        return outputs
-
-    def broadcast_object(self, obj: Any, src: int) -> Any:
-        box = [obj]
-        self._dist.broadcast_object_list(box, src=src)
-        return box[0]
-
-
-# ---------------------------------------------------------------------------------------------
-# Handshake
-
-_MAGIC = 0x6E62  # "nb": a header from anything else is refused, not misread
-_SLOTS = 16  # tensors described in the first round; more take a second, rare round
-_FIELDS = 4  # per tensor: dtype code, ndim, size along the operation's dim, hash of other dims
-_HEAD = 4  # magic, op, tag, number of tensors
-_DTYPES = [
-    torch.float32,
-    torch.float64,
-    torch.float16,
-    torch.bfloat16,
-    torch.uint8,
-    torch.int8,
-    torch.int16,
-    torch.int32,
-    torch.int64,
-    torch.bool,
-    torch.complex64,
-    torch.complex128,
-]
-
-
-@dataclass(frozen=True)
-class LeafMeta:
-    dtype: int
-    ndim: int
-    size: int
-    rest: int
-
-    @classmethod
-    def of(cls, tensor: torch.Tensor, dim: int = 0) -> LeafMeta:
-        shape = tuple(tensor.shape)
-        if tensor.ndim == 0:
-            return cls(_dtype_code(tensor.dtype), 0, 1, 0)
-        others = shape[:dim] + shape[dim + 1 :]
-        return cls(_dtype_code(tensor.dtype), tensor.ndim, shape[dim], _crc(repr(others)))
-
-
-@dataclass(frozen=True)
-class Call:
-    op: int
-    tag: int
-    leaves: tuple[LeafMeta, ...]
-
-
-def _dtype_code(dtype: torch.dtype) -> int:
-    try:
-        return _DTYPES.index(dtype)
-    except ValueError:
-        return 1000 + _crc(str(dtype)) % 1000
-
-
-def _crc(text: str) -> int:
-    return zlib.crc32(text.encode())
-
-
-def tag_of(*values: object) -> int:
-    """A stable integer for call arguments that must agree across ranks (e.g. a directory)."""
-    return _crc(repr(values))
-
-
-def _encode(op: Op, tag: int, metas: Sequence[LeafMeta], slots: int) -> torch.Tensor:
-    values = [_MAGIC, int(op), tag, len(metas)]
-    for meta in list(metas)[:slots]:
-        values += [meta.dtype, meta.ndim, meta.size, meta.rest]
-    values += [0] * (_HEAD + slots * _FIELDS - len(values))
-    return torch.tensor(values, dtype=torch.int64)
-
-
-def _decode_head(row: torch.Tensor) -> tuple[int, int, int]:
-    magic, op, tag, count = (int(v) for v in row[:_HEAD].tolist())
-    if magic != _MAGIC:
-        raise CollectiveError(
-            "A peer sent data that is not an nbtrain collective header: the ranks' collective "
-            "calls are out of step (a rank is in another collective, e.g. its own "
-            "torch.distributed call). Make every rank issue the same calls in the same order."
-        )
-    return op, tag, count
-
-
-def _decode_leaves(row: torch.Tensor, start: int, count: int) -> tuple[LeafMeta, ...]:
-    values = row[start : start + count * _FIELDS].tolist()
-    return tuple(LeafMeta(*values[i * _FIELDS : (i + 1) * _FIELDS]) for i in range(count))
-
-
-# ---------------------------------------------------------------------------------------------
-# Collectives
 
 
 class Collectives:
@@ -339,21 +91,23 @@ class Collectives:
     def handshake(self, op: Op, tag: int = 0, metas: Sequence[LeafMeta] = ()) -> list[Call]:
         """Every rank's (op, tag, tensor descriptions); raises on every rank if ops or tags
         differ. Also a barrier: it completes only when every rank has made the call."""
-        header = _encode(op, tag, metas, _SLOTS).to(self.device)
+        header = encode_head(op, tag, metas, SLOTS).to(self.device)
         rows = [row.cpu() for row in self._wait(self.backend.all_gather_async(header), op)]
-        heads = [_decode_head(row) for row in rows]
+        heads = [decode_head(row) for row in rows]
         self._check_same_call(op, tag, heads)
         counts = [count for _, _, count in heads]
-        if max(counts) <= _SLOTS:
+        if max(counts) <= SLOTS:
             described = [
-                _decode_leaves(row, _HEAD, count) for row, count in zip(rows, counts, strict=True)
+                decode_leaves(row, HEAD_FIELDS, count)
+                for row, count in zip(rows, counts, strict=True)
             ]
         else:  # every rank sees the same counts, so every rank takes this second round
             longest = max(counts)
-            full = _encode(op, tag, metas, longest).to(self.device)
+            full = encode_head(op, tag, metas, longest).to(self.device)
             rows = [row.cpu() for row in self.backend.all_gather(full)]
             described = [
-                _decode_leaves(row, _HEAD, count) for row, count in zip(rows, counts, strict=True)
+                decode_leaves(row, HEAD_FIELDS, count)
+                for row, count in zip(rows, counts, strict=True)
             ]
         return [
             Call(op_, tag_, leaves) for (op_, tag_, _), leaves in zip(heads, described, strict=True)
@@ -590,7 +344,7 @@ def _pad_meta(tensor: torch.Tensor, dim: int) -> LeafMeta:
         return LeafMeta.of(tensor, dim % tensor.ndim)
     # Not padded: only its number of dimensions must agree across ranks (a tensor with the dim
     # on one rank and without it on another is an error), not its sizes.
-    return LeafMeta(_dtype_code(tensor.dtype), tensor.ndim, 0, 0)
+    return LeafMeta(dtype_code(tensor.dtype), tensor.ndim, 0, 0)
 
 
 def _pad(
@@ -616,7 +370,7 @@ def truncate_for_metrics(data: Any, remainder: int, as_objects: bool = False) ->
 
 
 def _dtype_name(code: int) -> str:
-    return str(_DTYPES[code]) if 0 <= code < len(_DTYPES) else f"dtype#{code}"
+    return str(DTYPES[code]) if 0 <= code < len(DTYPES) else f"dtype#{code}"
 
 
 def _call_name(op: int) -> str:

@@ -19,7 +19,8 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from nbtrain.accelerator.collectives import Collectives, LocalBackend, ProcessGroupBackend
+from nbtrain.accelerator.backends import LocalBackend, ProcessGroupBackend
+from nbtrain.accelerator.collectives import Collectives
 
 
 class DistributedType(str, Enum):

@@ -309,11 +309,8 @@ def test_misuse_fails_at_once_with_a_clear_error(tmp_path):
 
 
 def slow_and_absent_peers():
-    from nbtrain.accelerator.collectives import (
-        Collectives,
-        CollectiveTimeoutError,
-        ProcessGroupBackend,
-    )
+    from nbtrain.accelerator.backends import ProcessGroupBackend
+    from nbtrain.accelerator.collectives import Collectives, CollectiveTimeoutError
 
     acc = Accelerator()  # initialises the process group
     notes: list[str] = []
