@@ -163,8 +163,9 @@ def test_tqdm_auto_in_ranks_drives_their_rows_and_sends_nothing_from_the_fork(ex
         assert re.search(rf"\[rank {rank}\] 18/18", final), final
 
 
-def test_display_and_plt_show_give_rank_labelled_rich_outputs(execute):
-    notebook, log = execute(["""
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_display_and_plt_show_give_rank_labelled_rich_outputs(execute, method):
+    notebook, log = execute([f"""
 from nbtrain import notebook_launcher
 def show():
     import os
@@ -172,10 +173,10 @@ def show():
     import matplotlib
     import matplotlib.pyplot as plt
     rank = os.environ["RANK"]
-    display(HTML(f"<b>bold from {rank}</b>"))
+    display(HTML(f"<b>bold from {{rank}}</b>"))
     plt.plot([1, 2, 3])
     plt.show()
-notebook_launcher(show, num_processes=2, start_method="fork")
+notebook_launcher(show, num_processes=2, start_method="{method}")
 """])
     cell = notebook.cells[0]
     shown = [out for out in cell.outputs if out["output_type"] == "display_data"]
