@@ -189,3 +189,41 @@ notebook_launcher(show, num_processes=2, start_method="{method}")
     assert len(images) == 2
     assert all(out["data"]["text/plain"].startswith("[rank ") for out in images)
     assert FORK_WARNING not in log
+
+
+def test_a_trainers_progress_bar_in_forked_ranks_drives_their_rows(execute, tmp_path):
+    """Transformers picked its HTML notebook progress callback in the kernel; in the ranks its
+    tqdm bar serves instead and drives the main rank's row: no HTML progress, nothing sent from
+    the fork."""
+    notebook, log = execute([f"""
+import torch
+import transformers.trainer  # imported in the kernel: it chose the notebook progress callback
+from transformers import Trainer, TrainingArguments
+from nbtrain import notebook_launcher
+
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+    def forward(self, x, labels):
+        return {{"loss": torch.nn.functional.mse_loss(self.layer(x).squeeze(-1), labels)}}
+
+def fit():
+    data = [{{"x": torch.randn(2), "labels": torch.tensor(0.5)}} for _ in range(24)]
+    args = TrainingArguments(output_dir={str(tmp_path / "out")!r}, max_steps=6,
+                             per_device_train_batch_size=2, report_to=[], save_strategy="no",
+                             logging_strategy="no", use_cpu=True)
+    Trainer(model=Tiny(), args=args, train_dataset=data).train()
+
+notebook_launcher(fit, num_processes=2, start_method="fork")
+"""])
+    cell = notebook.cells[0]
+    errors = [out for out in cell.outputs if out["output_type"] == "error"]
+    assert not errors, errors
+    assert FORK_WARNING not in log, log[-3000:]
+    displays = [out for out in cell.outputs if out["output_type"] == "display_data"]
+    assert not any("<progress" in str(out["data"].get("text/html", "")) for out in displays)
+    final = "".join(str(out["data"].get("text/plain", "")) for out in displays)
+    # Transformers shows its bar on the main process only (is_world_process_zero).
+    assert re.search(r"\[rank 0\] 6/6", final), final
+    assert "\r" not in streams(cell)
