@@ -225,12 +225,20 @@ class CellOutput:
 
 
 def labelled(rank: int, data: dict[str, Any]) -> dict[str, Any]:
-    """The bundle with the rank's label in its text forms; images also get an HTML form that
-    shows the label above them (frontends prefer HTML; image/png stays for other tools)."""
-    label = f"rank {rank}"
+    """A rank's display with the rank's label in its text forms (see with_label)."""
+    text = data.get("text/plain")
+    plain = None if text is None else f"[rank {rank}] {text}"
+    return with_label(data, f"rank {rank}", plain, "nbtrain-rank-display")
+
+
+def with_label(
+    data: dict[str, Any], label: str, plain: str | None, css_class: str
+) -> dict[str, Any]:
+    """The bundle with ``plain`` as its text/plain and an HTML form showing ``label`` above the
+    rank's HTML or image (frontends prefer HTML; image/png stays for other tools)."""
     bundle = dict(data)
-    if "text/plain" in bundle:
-        bundle["text/plain"] = f"[{label}] {bundle['text/plain']}"
+    if plain is not None:
+        bundle["text/plain"] = plain
     body = bundle.get("text/html")
     if body is None:
         for mime in ("image/png", "image/jpeg"):
@@ -239,7 +247,7 @@ def labelled(rank: int, data: dict[str, Any]) -> dict[str, Any]:
                 break
     if body is not None:
         bundle["text/html"] = (
-            '<div class="nbtrain-rank-display"><div style="font-size:smaller;opacity:0.7">'
+            f'<div class="{css_class}"><div style="font-size:smaller;opacity:0.7">'
             f"{html.escape(label)}</div>{body}</div>"
         )
     return bundle

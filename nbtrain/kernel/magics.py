@@ -14,11 +14,11 @@ The cell is plain Python: IPython's own syntax (``%magic``, ``!shell``) runs in 
 from __future__ import annotations
 
 import functools
-import html
 import shlex
 from typing import Any
 
 from nbtrain.kernel import session
+from nbtrain.kernel.cellout import with_label
 
 _registered: set[int] = set()  # ids of the shells %%ranks is registered with
 
@@ -150,18 +150,6 @@ def show_values(values: dict[int, dict[str, Any]]) -> None:
 
 def labelled_value(rank: int, bundle: dict[str, Any]) -> dict[str, Any]:
     label = f"Out[rank {rank}]:"
-    data = dict(bundle)
-    text = data.get("text/plain", "")
-    data["text/plain"] = f"{label} {text}" if "\n" not in text else f"{label}\n{text}"
-    body = data.get("text/html")
-    if body is None:
-        for mime in ("image/png", "image/jpeg"):
-            if isinstance(data.get(mime), str):
-                body = f'<img src="data:{mime};base64,{data[mime]}">'
-                break
-    if body is not None:
-        data["text/html"] = (
-            '<div class="nbtrain-rank-value"><div style="font-size:smaller;opacity:0.7">'
-            f"{html.escape(label)}</div>{body}</div>"
-        )
-    return data
+    text = bundle.get("text/plain", "")
+    plain = f"{label} {text}" if "\n" not in text else f"{label}\n{text}"
+    return with_label(bundle, label, plain, "nbtrain-rank-value")
