@@ -98,7 +98,16 @@ def test_prepare_keeps_order_and_refuses_what_it_cannot_prepare():
         acc.prepare("model")
 
 
-def test_backward_before_prepare_is_explained():
+def test_backward_before_prepare_is_explained(monkeypatch):
+    # A process in which nothing was prepared yet (earlier tests here prepared models, which an
+    # Accelerator made later may train: the registry is per process, as Accelerate's state).
+    import weakref
+
+    from nbtrain.accelerator import front_base, front_training
+
+    nothing: weakref.WeakSet = weakref.WeakSet()
+    monkeypatch.setattr(front_base, "PREPARED_MODELS", nothing)
+    monkeypatch.setattr(front_training, "PREPARED_MODELS", nothing)
     acc = Accelerator()
     loss = torch.nn.Linear(2, 1)(torch.ones(1, 2)).sum()
     with pytest.raises(RuntimeError, match=r"backward\(\) was called before accelerator.prepare"):
