@@ -607,9 +607,14 @@ def save_model(
     model: nn.Module, directory: str | os.PathLike[str], *, safe_serialization: bool = True
 ) -> Path:
     """Weights only, as ``model.safetensors`` (or ``pytorch_model.bin`` without safetensors)."""
+    path, safe = model_file(directory, safe_serialization)
+    write_model(model, path, safe)
+    return path
+
+
+def model_file(directory: str | os.PathLike[str], safe_serialization: bool) -> tuple[Path, bool]:
+    """Where save_model writes in ``directory`` (created), and whether as safetensors."""
     target = Path(directory)
     target.mkdir(parents=True, exist_ok=True)
     safe = safe_serialization and safetensors_available()
-    path = target / ("model.safetensors" if safe else "pytorch_model.bin")
-    write_model(model, path, safe)
-    return path
+    return target / ("model.safetensors" if safe else "pytorch_model.bin"), safe

@@ -59,12 +59,9 @@ def save_full(
     state: dict[str, torch.Tensor], directory: str | os.PathLike[str], safe: bool
 ) -> Path:
     """(Main process.) save_model's file from a gathered full state dict."""
-    from nbtrain.accelerator.checkpoint import safetensors_available
+    from nbtrain.accelerator.checkpoint import model_file
     from nbtrain.accelerator.fsdp_checkpoint import write_state_dict
 
-    target = Path(directory)
-    target.mkdir(parents=True, exist_ok=True)
-    safe = safe and safetensors_available()
-    path = target / ("model.safetensors" if safe else "pytorch_model.bin")
+    path, safe = model_file(directory, safe)
     write_state_dict(state, path, safe)
     return path
