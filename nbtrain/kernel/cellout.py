@@ -75,6 +75,9 @@ class CellOutput:
         self._held = _Held()
         self._files: dict[int, IO[str]] = {}
         self._cut_dump: set[int] = set()  # ranks whose current dump block reached the entry
+        # Dumps arrive interleaved in whatever order the ranks answered: held and written in
+        # rank order at the end, so every rank's stack reads as one block, rank 0 first.
+        self._dumped: dict[int, list[tuple[str, str]]] = {}
         self.folder: Path | None = None  # created with the first line
         self._handles: dict[tuple[int, str | None], Any] = {}  # a rank's display ids
 
@@ -92,7 +95,11 @@ class CellOutput:
             self._held.total += 1
             self._held.by_rank[line.rank] = self._held.by_rank.get(line.rank, 0) + 1
             return
-        self._pending.append((line.stream, f"[rank {line.rank}] {text}\n"))
+        entry = (line.stream, f"[rank {line.rank}] {text}\n")
+        if line.dump:
+            self._dumped.setdefault(line.rank, []).append(entry)
+        else:
+            self._pending.append(entry)
 
     def _shows(self, rank: int) -> bool:
         if self.mode is OutputMode.NONE:
@@ -125,6 +132,10 @@ class CellOutput:
     def flush(self, *, final: bool = False) -> None:
         """Write what arrived since the last flush to the cell, one write per stream run."""
         notice = self._notice(final)
+        if final:
+            for rank in sorted(self._dumped):
+                self._pending.extend(self._dumped[rank])
+            self._dumped.clear()
         if not self._pending and notice is None:
             return
         self._before_write()

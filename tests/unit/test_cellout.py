@@ -129,3 +129,23 @@ def test_a_stack_dump_is_shown_from_the_users_frames() -> None:
     cells.close()
     shown = [line.removeprefix("[rank 1] ") for line in err.getvalue().splitlines()]
     assert shown == [dump[0], dump[1], dump[2], dump[6], dump[7]]
+
+
+def test_interleaved_stack_dumps_are_written_rank_by_rank() -> None:
+    """Ranks answer the stack request in any order; the cell shows rank 0's stack, then rank 1's."""
+    state, cells, _, err = attached()
+    state.apply(Output(0, "stderr", "before the timeout"))
+    arrivals = [
+        (1, "Current thread 0x00007f30ff810b80 (most recent call first):"),
+        (1, '  File "/tmp/ipykernel_1/2.py", line 5 in train'),
+        (0, "Current thread 0x00007f30ff810b80 (most recent call first):"),
+        (1, '  File "/tmp/ipykernel_1/2.py", line 9 in main'),
+        (0, '  File "/tmp/ipykernel_1/2.py", line 4 in train'),
+    ]
+    for rank, line in arrivals:
+        state.apply(Output(rank, "stderr", line, dump=True))
+    cells.close()
+    shown = err.getvalue().splitlines()
+    assert shown[0] == "[rank 0] before the timeout"
+    assert [line.split("]")[0] + "]" for line in shown[1:]] == ["[rank 0]"] * 2 + ["[rank 1]"] * 3
+    assert shown[1:3] == [f"[rank 0] {arrivals[2][1]}", f"[rank 0] {arrivals[4][1]}"]
