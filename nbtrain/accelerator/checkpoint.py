@@ -38,7 +38,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -50,8 +49,14 @@ from torch import nn
 
 from nbtrain.accelerator import rng
 from nbtrain.accelerator.collectives import Collectives, Op, tag_of
+from nbtrain.shared.checkpoints import (
+    MARKER,
+    automatic_checkpoints,
+    automatic_name,
+    is_complete,
+    read_meta,
+)
 
-MARKER = "nbtrain_checkpoint.json"
 FORMAT = 2
 READABLE_FORMATS = (1, 2)
 IN_PLACE = ".nbtrain-partial"  # inside the target directory: an in-place save being written
@@ -68,6 +73,7 @@ class TrainingState:
     custom: list[Any] = field(default_factory=list)
     scaler: Any = None
     accumulation_step: int = 0
+    steps: int = 0  # optimizer steps taken (stop and resume count on from it)
     # FSDP models and optimizers, saved by every rank (fsdp_checkpoint.ShardedCheckpoint)
     sharded: Any = None
 
@@ -96,6 +102,17 @@ def safetensors_available() -> bool:
 
 
 @dataclass(frozen=True)
+class Loaded:
+    """What load_state read besides the objects it restored in place."""
+
+    source: Path
+    accumulation_step: int
+    steps: int
+    rng: Any = None  # with ``later``: the RNG states to restore at the training loop's start
+    custom: list[Path] = field(default_factory=list)  # with ``later``: registered objects' files
+
+
+@dataclass(frozen=True)
 class Slots:
     final: Path
     partial: Path
@@ -107,10 +124,6 @@ class Slots:
         return cls(
             final, final.with_name(f".{final.name}.partial"), final.with_name(f".{final.name}.old")
         )
-
-
-def is_complete(path: Path) -> bool:
-    return (path / MARKER).is_file()
 
 
 def check_target(directory: Path) -> None:
@@ -138,11 +151,6 @@ def resolve_complete(directory: str | os.PathLike[str]) -> Path:
         f"checkpoint (no {MARKER}); it was not written by save_state(), or its save was "
         "interrupted before it completed. Load an earlier checkpoint."
     )
-
-
-def read_meta(directory: Path) -> dict[str, Any]:
-    meta: dict[str, Any] = json.loads((directory / MARKER).read_text())
-    return meta
 
 
 def written_files(meta: dict[str, Any]) -> set[str]:
@@ -358,6 +366,7 @@ def _meta(state: TrainingState, world: int, safe: bool) -> dict[str, Any]:
         "safetensors": safe,
         "nbtrain": __version__,
         "torch": torch.__version__,
+        "steps": state.steps,
         **state.counts(),
     }
     if state.sharded is not None:
@@ -390,12 +399,15 @@ def load_state(
     *,
     model_kwargs: dict[str, Any] | None = None,
     load_kwargs: dict[str, Any] | None = None,
-) -> tuple[Path, int]:
-    """Restore ``state`` in place; returns (directory read, accumulation counter).
+    later: bool = False,
+) -> Loaded:
+    """Restore ``state`` in place.
 
     ``model_kwargs`` go to the model loading (e.g. ``strict=False``), ``load_kwargs`` to the
     ``torch.load`` of optimizer, scheduler and registered-object states (Accelerate's
-    ``load_state(dir, load_kwargs=..., **load_model_func_kwargs)``)."""
+    ``load_state(dir, load_kwargs=..., **load_model_func_kwargs)``). ``later`` (a resume at
+    prepare(), accelerator/resume.py): registered objects and the RNG states are not restored
+    but returned, for objects registered after prepare() and for the loop's first batch."""
     slots = Slots.of(directory)
     shared, tag = _agree_on_directory(collectives, Op.LOAD_STATE, slots.final)
     if collectives.rank == 0 or not shared:
@@ -403,7 +415,7 @@ def load_state(
     collectives.barrier(Op.LOAD_STATE, tag_of(tag, "ready"))
     source = resolve_complete(directory)  # every rank decides alike: it reads the same disk
     meta = read_meta(source)
-    _check_compatible(meta, state, collectives.world_size, source)
+    _check_compatible(meta, state, collectives.world_size, source, custom=not later)
     fmt, safe = meta["format"], bool(meta.get("safetensors"))
     extra = dict(load_kwargs or {})
     for index, model in enumerate(state.models):
@@ -417,19 +429,29 @@ def load_state(
         scheduler.load_state_dict(_load(path, extra, trusted=True))
     if state.scaler is not None:
         state.scaler.load_state_dict(_load(source / "scaler.pt"))
-    for index, obj in enumerate(state.custom):
-        path = source / f"custom_checkpoint_{index}.pkl"
-        obj.load_state_dict(_load(path, extra, trusted=True))
+    custom = [source / f"custom_checkpoint_{i}.pkl" for i in range(meta.get("custom_objects", 0))]
+    if not later:
+        for obj, path in zip(state.custom, custom, strict=True):
+            load_custom(obj, path, extra)
+    steps = int(meta.get("steps", 0))
     if meta.get("world_size") != collectives.world_size:  # a resharded FSDP checkpoint
         _warn_resharded(source, meta, collectives.world_size)
         collectives.barrier(Op.LOAD_STATE, tag_of(tag, "done"))
-        return source, 0
+        return Loaded(source, 0, steps, custom=custom if later else [])
     mine = _load(source / _rank_name(collectives.rank, fmt))
     for loader, position in zip(state.dataloaders, mine["dataloaders"], strict=True):
         loader.load_state_dict(position)
     collectives.barrier(Op.LOAD_STATE, tag_of(tag, "done"))
+    accumulation = int(mine.get("accumulation_step", 0))
+    if later:
+        return Loaded(source, accumulation, steps, rng=mine["rng"], custom=custom)
     rng.restore(mine["rng"])  # last: nothing after this may draw random numbers
-    return source, int(mine.get("accumulation_step", 0))
+    return Loaded(source, accumulation, steps)
+
+
+def load_custom(obj: Any, path: Path, options: dict[str, Any] | None = None) -> None:
+    """Restore one registered object (anything with load_state_dict) from its file."""
+    obj.load_state_dict(_load(path, options, trusted=True))
 
 
 def _warn_resharded(source: Path, meta: dict[str, Any], world_size: int) -> None:
@@ -466,7 +488,7 @@ def _load(path: Path, options: dict[str, Any] | None = None, trusted: bool = Fal
 
 
 def _check_compatible(
-    meta: dict[str, Any], state: TrainingState, world_size: int, source: Path
+    meta: dict[str, Any], state: TrainingState, world_size: int, source: Path, custom: bool
 ) -> None:
     if meta.get("format") not in READABLE_FORMATS:
         raise ValueError(
@@ -482,6 +504,8 @@ def _check_compatible(
             f"resume with num_processes={meta.get('world_size')}."
         )
     for name, count in state.counts().items():
+        if name == "custom_objects" and not custom:
+            continue  # registered after prepare() (a resume): checked as they are registered
         if meta.get(name, 0) != count:
             raise ValueError(
                 f"load_state: {source} holds {meta.get(name, 0)} {name} but this Accelerator "
@@ -507,12 +531,9 @@ def _rank_name(rank: int, fmt: object) -> str:
 # ---------------------------------------------------------------------------------------------
 # Automatic checkpoint naming (Accelerate's ProjectConfiguration(automatic_checkpoint_naming=True))
 
-_AUTOMATIC = re.compile(r"checkpoint_(\d+)")
-
-
 def automatic_directory(project_dir: str | os.PathLike[str], iteration: int) -> Path:
     """``<project_dir>/checkpoints/checkpoint_<iteration>``, which must not exist yet."""
-    target = Path(project_dir, "checkpoints", f"checkpoint_{iteration}").absolute()
+    target = automatic_name(project_dir, iteration)
     if target.exists():
         raise FileExistsError(
             f"save_state(): the automatic checkpoint directory {str(target)!r} exists already. "
@@ -520,19 +541,6 @@ def automatic_directory(project_dir: str | os.PathLike[str], iteration: int) -> 
             f"{iteration + 1} (or higher)."
         )
     return target
-
-
-def automatic_checkpoints(project_dir: str | os.PathLike[str]) -> list[Path]:
-    """The automatically named checkpoint directories, oldest (lowest number) first."""
-    parent = Path(project_dir, "checkpoints")
-    if not parent.is_dir():
-        return []
-    found = [
-        (int(match.group(1)), entry)
-        for entry in parent.iterdir()
-        if (match := _AUTOMATIC.fullmatch(entry.name)) and entry.is_dir()
-    ]
-    return [entry for _, entry in sorted(found)]
 
 
 def latest_automatic(project_dir: str | os.PathLike[str]) -> Path:

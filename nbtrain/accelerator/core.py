@@ -38,6 +38,7 @@ from nbtrain.accelerator import (
     loaders,
     parallel,
     precision,
+    stopping,
 )
 from nbtrain.accelerator.accumulation import GradientAccumulationPlugin, GradientState, check_steps
 from nbtrain.accelerator.front_base import PREPARED_MODELS
@@ -156,6 +157,7 @@ class Accelerator(StateMethods, ProcessMethods, TrainingStep):
         self._schedulers: list[PreparedScheduler] = []
         self._dataloaders: list[data.PreparedDataLoader] = []
         self._custom: list[Any] = []
+        self._stops = stopping.for_this_run()  # checkpoint on interrupt, periodic, resume
         self._trigger = 0  # set_trigger() / check_trigger()
 
     @property
@@ -201,6 +203,7 @@ class Accelerator(StateMethods, ProcessMethods, TrainingStep):
             for index, (obj, kind) in enumerate(zip(args, kinds, strict=True)):
                 if kind == phase:
                     result[index] = self._prepare_one(kind, obj, device_placement[index])
+        self._stops.after_prepare(self)  # resume=True loads once everything is prepared
         return result[0] if len(result) == 1 else tuple(result)
 
     def _prepare_one(self, kind: str, obj: Any, placement: bool) -> Any:
@@ -244,6 +247,7 @@ class Accelerator(StateMethods, ProcessMethods, TrainingStep):
         if hook is not None:  # XLA: gradients are all-reduced right before each real step
             hook(optimizer)
         prepared = PreparedOptimizer(optimizer, self.gradient_state, self._precision.scaler)
+        self._stops.watch_optimizer(optimizer)
         self._optimizers.append(prepared)
         return prepared
 
@@ -295,6 +299,9 @@ class Accelerator(StateMethods, ProcessMethods, TrainingStep):
             share=functools.partial(self._collectives.broadcast_object, from_process=0),
             dispatch_with=self._collectives if opts.dispatch_batches else None,
         )
+        if self._stops.active:
+            prepared.stop_point = functools.partial(self._stops.point, self)
+            self._stops.arm()
         self._dataloaders.append(prepared)
         return prepared
 

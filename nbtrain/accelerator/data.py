@@ -16,7 +16,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,6 +95,7 @@ class PreparedDataLoader(DataLoader):
         self.gradient_state = gradient_state
         self.spec = spec
         self.position = Position()
+        self.stop_point: Callable[[], None] | None = None  # called as each batch is asked for
         self.end_of_dataloader = False
         self._seed = seed
         self._iterable = isinstance(loader.dataset, IterableDataset)
@@ -225,10 +226,14 @@ class PreparedDataLoader(DataLoader):
         self.gradient_state.enter(self)
         try:
             batches = super().__iter__()
-            if total is not None:
-                yield from self._counted(batches, skip, total)
-            else:
-                yield from self._looking_ahead(batches, skip)
+            handed = (
+                self._counted(batches, skip, total)
+                if total is not None
+                else self._looking_ahead(batches, skip)
+            )
+            if self.stop_point is not None:  # a stop policy (accelerator/stopping.py)
+                handed = _with_stop_points(handed, self.stop_point)
+            yield from handed
             self.position.finish()
         finally:
             self.end_of_dataloader = False
@@ -269,3 +274,17 @@ class PreparedDataLoader(DataLoader):
         return nested.send_to_device(batch, self.device, non_blocking=self.pin_memory)
 
 
+def _with_stop_points(batches: Iterator[Any], point: Callable[[], None]) -> Iterator[Any]:
+    """Call ``point`` each time the loop asks for a batch, before the batch is taken: the
+    position saved there is the batch about to be handed out (also at the end of the pass)."""
+    try:
+        while True:
+            point()
+            batch = next(batches, _NOTHING)
+            if batch is _NOTHING:
+                return
+            yield batch
+    finally:
+        close = getattr(batches, "close", None)  # a loop left early: end the pass now
+        if close is not None:
+            close()

@@ -15,6 +15,7 @@ from nbtrain.accelerator import (
     data,
     loaderconfig,
     precision,
+    stopping,
 )
 from nbtrain.accelerator.accumulation import GradientState, check_steps
 from nbtrain.accelerator.optim import PreparedOptimizer, PreparedScheduler
@@ -55,6 +56,7 @@ class AcceleratorBase:
     _schedulers: list[PreparedScheduler]
     _dataloaders: list[data.PreparedDataLoader]
     _custom: list[Any]
+    _stops: stopping.Stops
     _trigger: int
 
     # ---------------------------------------------------------------------------------------

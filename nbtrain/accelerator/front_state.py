@@ -42,6 +42,7 @@ class StateMethods(AcceleratorBase):
                 f"load_state_dict() methods; these have not: {', '.join(invalid)}."
             )
         self._custom.extend(objects)
+        self._stops.registered(list(objects), len(self._custom) - len(objects))
 
     def save_state(
         self,
@@ -111,7 +112,8 @@ class StateMethods(AcceleratorBase):
         options = dict(load_model_func_kwargs)
         location = options.pop("map_location", None)
         device = self._device if location in (None, "on_device") else torch.device(location)
-        source, step = checkpoint.load_state(
+        self._stops.cancel_resume()  # the user's own load wins over resume=True's
+        loaded = checkpoint.load_state(
             input_dir,
             self._training_state(),
             self._collectives,
@@ -119,8 +121,9 @@ class StateMethods(AcceleratorBase):
             model_kwargs=options,
             load_kwargs=load_kwargs,
         )
-        self.gradient_state.step = step
-        return str(source)
+        self.gradient_state.step = loaded.accumulation_step
+        self._stops.resumed(loaded.steps)
+        return str(loaded.source)
 
     def _training_state(self) -> checkpoint.TrainingState:
         state = checkpoint.TrainingState(
@@ -131,6 +134,7 @@ class StateMethods(AcceleratorBase):
             custom=list(self._custom),
             scaler=self._precision.scaler,
             accumulation_step=self.gradient_state.step,
+            steps=self._stops.steps,
         )
         split = getattr(self._strategy, "checkpoint_state", None)  # FSDP: sharded via DCP
         return split(state) if split is not None else state

@@ -17,6 +17,7 @@ from typing import Any
 from nbtrain.kernel import environment
 from nbtrain.shared import tpu
 from nbtrain.shared.options import MixedPrecision, OutputMode, ProgressMode, StartMethod
+from nbtrain.shared.stopping import StopPolicy
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class LaunchConfig:
     rdzv_timeout: float = 900.0  # seconds each node waits for the others at a rendezvous
     xla_device: str = ""  # "TPU" or "CPU": XLA ordinals run by torch_xla (kernel/xla.py)
     xla_counted: str = ""  # how num_processes was counted for XLA (tpu.check_launch), in words
+    stopping: StopPolicy | None = None  # on_interrupt / checkpoint_every / resume (stopping.py)
 
     @property
     def world_size(self) -> int:
@@ -52,7 +54,7 @@ class LaunchConfig:
         return self.num_nodes > 1
 
 
-def _choice(name: str, value: object, enum: type[Enum]) -> Any:
+def choice(name: str, value: object, enum: type[Enum]) -> Any:
     allowed = ", ".join(repr(member.value) for member in enum)
     if not isinstance(value, str):
         raise TypeError(f"{name}={value!r} must be a string, one of {allowed}.")
@@ -64,7 +66,7 @@ def _choice(name: str, value: object, enum: type[Enum]) -> Any:
         ) from None
 
 
-def _whole(name: str, value: object, minimum: int, hint: str = "") -> int:
+def whole(name: str, value: object, minimum: int, hint: str = "") -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name}={value!r} must be a whole number >= {minimum}.{hint}")
     if value < minimum:
@@ -155,7 +157,7 @@ def _check_gpu_ids(gpu_ids: object) -> tuple[int, ...] | None:
         raise TypeError(
             f"gpu_ids={gpu_ids!r} must be a non-empty list of GPU indices, e.g. [0, 2]."
         )
-    ids = tuple(_whole("gpu_ids entry", value, 0) for value in gpu_ids)
+    ids = tuple(whole("gpu_ids entry", value, 0) for value in gpu_ids)
     if len(set(ids)) != len(ids):
         raise ValueError(f"gpu_ids={list(ids)!r} names a GPU twice: list each GPU once.")
     visible = environment.cuda_device_count()
@@ -227,7 +229,7 @@ def default_num_processes(
 
 def choose_start_method(requested: object, uses_cuda: bool) -> StartChoice:
     """Resolve 'auto' and check an explicit choice against this platform and this kernel."""
-    method = _choice("start_method", requested, _StartMethodOrAuto)
+    method = choice("start_method", requested, _StartMethodOrAuto)
     available = environment.available_start_methods()
     if method is not _StartMethodOrAuto.AUTO:
         chosen = StartMethod(method.value)
@@ -283,17 +285,17 @@ def build_config(
     rdzv_timeout: object = 900.0,
     allow_xla: bool = True,
 ) -> LaunchConfig:
-    output_mode = _choice("output", output, OutputMode)
-    progress_mode = _choice("progress", progress, ProgressMode)
+    output_mode = choice("output", output, OutputMode)
+    progress_mode = choice("progress", progress, ProgressMode)
     precision = (
         None
         if mixed_precision is None
-        else _choice("mixed_precision", mixed_precision, MixedPrecision)
+        else choice("mixed_precision", mixed_precision, MixedPrecision)
     )
     if not isinstance(return_all, bool):
         raise TypeError(f"return_all={return_all!r} must be True or False.")
-    nodes = _whole("num_nodes", num_nodes, 1)
-    rank_of_node = _whole("node_rank", node_rank, 0)
+    nodes = whole("num_nodes", num_nodes, 1)
+    rank_of_node = whole("node_rank", node_rank, 0)
     if rank_of_node >= nodes:
         raise ValueError(
             f"node_rank={rank_of_node} must be below num_nodes={nodes}: "
@@ -307,13 +309,13 @@ def build_config(
                 "on every node)."
             )
         endpoint = _check_endpoint(rdzv_endpoint)
-    restarts = _whole("max_restarts", max_restarts, 0)
+    restarts = whole("max_restarts", max_restarts, 0)
     ids = _check_gpu_ids(gpu_ids)
     xla = _xla_target(allow_xla, ids)
     if num_processes is None:
         processes = default_num_processes(ids, xla)
     else:
-        processes = _whole(
+        processes = whole(
             "num_processes", num_processes, 1, " Use None for one rank per visible GPU."
         )
     if ids is not None and processes > len(ids):

@@ -8,6 +8,9 @@ lifecycle: view, interrupt, timeout, root cause, results.
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +25,7 @@ from nbtrain.kernel.config import (
 from nbtrain.kernel.inprocess import run_in_process
 from nbtrain.kernel.local import run_ranks
 from nbtrain.kernel.payload import prepare_call
+from nbtrain.kernel.stopping import build_policy, check_launch
 from nbtrain.shared.serialization import pack_call
 
 
@@ -43,9 +47,22 @@ def notebook_launcher(
     progress: str = "auto",
     return_all: bool = False,
     rdzv_timeout: float = 900.0,
+    on_interrupt: str = "stop",
+    checkpoint_every: int | str | datetime.timedelta | None = None,
+    resume: bool | str = False,
+    resume_from: str | os.PathLike[str] | None = None,
+    project_dir: str | os.PathLike[str] | None = None,
+    total_limit: int | None = 3,
 ) -> Any:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` ranks and return rank 0's value
     (on a node of a multi-node launch: its first rank's; ``return_all``: its ranks' values).
+
+    Stop and resume (README: Stop and resume): ``on_interrupt="checkpoint"`` makes the first
+    interrupt save a checkpoint at the next optimizer step and stop; ``checkpoint_every`` saves
+    periodically (optimizer steps, or a duration like ``"10min"``); ``resume=True`` has
+    ``prepare()`` load the newest one. Checkpoints go to
+    ``<project_dir>/checkpoints/checkpoint_<n>`` (default project_dir:
+    ``nbtrain-runs/<function name>``), the newest ``total_limit`` kept.
 
     See the README for the full contract. Every argument is checked before anything starts.
     """
@@ -68,6 +85,18 @@ def notebook_launcher(
         return_all=return_all,
         rdzv_timeout=rdzv_timeout,
     )
+    policy = build_policy(
+        getattr(function, "__name__", "run"),
+        config.world_size,
+        on_interrupt=on_interrupt,
+        checkpoint_every=checkpoint_every,
+        resume=resume,
+        resume_from=resume_from,
+        project_dir=project_dir,
+        total_limit=total_limit,
+    )
+    check_launch(policy, config, elastic=False)
+    config = dataclasses.replace(config, stopping=policy)
     return dispatch(config, function, args, kwargs)
 
 

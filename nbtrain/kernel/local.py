@@ -93,6 +93,7 @@ def rank_specs(config: LaunchConfig, rendezvous: LocalRendezvous) -> dict[int, R
             kernel_env=kernel_env,
             # fork and forkserver children end in os._exit: no interpreter finalization.
             finalizes=config.start.method is StartMethod.SPAWN,
+            stopping=config.stopping,
         )
     return specs
 

@@ -30,6 +30,7 @@ from nbtrain.shared.events import (
     Progress,
     Started,
     Status,
+    Stopped,
     Strategy,
 )
 
@@ -162,6 +163,9 @@ class RunState:
             self.metrics_version += 1
         elif isinstance(event, Finished):
             view.status, view.ended_at = RankStatus.DONE, event.time
+        elif isinstance(event, Stopped):
+            view.status, view.ended_at = RankStatus.STOPPED, event.time
+            view.note, view.failure = "", f"stopped at step {event.step} (saved)"
         elif isinstance(event, Failed):
             view.status, view.ended_at = RankStatus.FAILED, event.time
             view.failure = _one_line(f"{event.type_name}: {event.message}")
@@ -316,6 +320,8 @@ def _apply_log(view: RankView, event: Log) -> None:
 def _apply_exit(view: RankView, event: Exited) -> None:
     if view.ended_at is None:
         view.ended_at = event.time
+    if view.status is RankStatus.STOPPED and event.exitcode == 0:
+        return  # a graceful stop (a Stopped event): it saved and left by itself
     if view.status is RankStatus.DONE:
         if event.exitcode not in (0, None) and not event.stopped_by_launcher:
             view.status = RankStatus.FAILED

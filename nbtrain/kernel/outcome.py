@@ -9,7 +9,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from nbtrain.shared.errors import ResultError, WorkerError
-from nbtrain.shared.events import Event, Exited, Failed, Finished, Output
+from nbtrain.shared.events import Event, Exited, Failed, Finished, Output, Stopped
 from nbtrain.shared.serialization import unloadable_global, unpack
 
 _STDERR_TAIL = 60  # last stderr lines kept per rank: the account of a death without exception
@@ -21,6 +21,7 @@ _FATAL_LINES = 2000  # a faulthandler dump (every thread's stack) is kept whole 
 class RankRecord:
     result: bytes | None = None
     finished: bool = False
+    stopped: Stopped | None = None  # a graceful stop: the rank saved its checkpoint and left
     failure: Failed | None = None
     exit: Exited | None = None
     stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=_STDERR_TAIL))
@@ -41,6 +42,8 @@ class Outcome:
             record.finished, record.result = True, event.result
         elif isinstance(event, Failed):
             record.failure = event
+        elif isinstance(event, Stopped):
+            record.stopped = event
         elif isinstance(event, Exited):
             record.exit = event
         elif isinstance(event, Output) and event.stream == "stderr":
@@ -60,6 +63,10 @@ class Outcome:
 
     def has_failure(self) -> bool:
         return any(_failed(record) for record in self.records.values())
+
+    def stops(self) -> list[Stopped]:
+        """The graceful stops reported, by rank."""
+        return [r.stopped for _, r in sorted(self.records.items()) if r.stopped is not None]
 
     def root_cause(self) -> int | None:
         """The first rank to fail on its own account.
@@ -141,7 +148,8 @@ def _failed(record: RankRecord) -> bool:
     exit_event = record.exit
     if exit_event is None or exit_event.stopped_by_launcher:
         return False
-    return not (record.finished and exit_event.exitcode == 0)
+    ended_well = record.finished or record.stopped is not None
+    return not (ended_well and exit_event.exitcode == 0)
 
 
 def _is_collateral(record: RankRecord) -> bool:

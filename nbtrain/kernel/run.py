@@ -45,9 +45,9 @@ from nbtrain.kernel.monitor import RunState, Verdict
 from nbtrain.kernel.option_names import given, to_raise
 from nbtrain.kernel.outcome import Outcome
 from nbtrain.kernel.supervisor import EXIT_WAIT, Supervisor
-from nbtrain.shared import stacks
+from nbtrain.shared import checkpoints, stacks
 from nbtrain.shared.errors import RemoteTraceback, ResultError, WorkerError
-from nbtrain.shared.events import Display, Event
+from nbtrain.shared.events import Display, Event, Stopped
 
 GRACE = 2.0  # seconds between SIGTERM and SIGKILL when stopping ranks (read at each use)
 REFRESH = 0.1  # seconds between redraws of the view (about 10 per second)
@@ -86,6 +86,7 @@ class Run:
         self.ended = False
         self._last_draw = 0.0
         self._note = ""
+        self._stop_asked = False
         self.view.draw(self.state)  # shown at once; the text view sees every output line
 
     # -- feeding the run -------------------------------------------------------------------
@@ -99,6 +100,12 @@ class Run:
 
     def tick(self) -> None:
         """Publish the ranks' new output lines and redraw, at most every REFRESH seconds."""
+        if self._stop_asked:
+            self._stop_asked = False
+            self.say(
+                "stopping at the next optimizer step to save a checkpoint… "
+                "(interrupt again to stop at once)"
+            )
         now = time.monotonic()
         if now - self._last_draw >= REFRESH:
             self._last_draw = now
@@ -161,7 +168,8 @@ class Run:
         try:
             started = start()
             supervisor = self.supervisor(started, emit=emit)
-            supervisor.run(self.deadline, self.tick)
+            with self.graceful_interrupts(supervisor):
+                supervisor.run(self.deadline, self.tick)
             supervisor.drain()
         except BaseException as exc:
             with sigint_deferred():
@@ -173,21 +181,83 @@ class Run:
                 cleanup()
             if isinstance(exc, KeyboardInterrupt):
                 # Where the watch loop was is no news to the user: the cell line and this.
-                raise KeyboardInterrupt("every rank was stopped") from None
+                raise KeyboardInterrupt(f"every rank was stopped{self._kept()}") from None
             raise
         processes.close(started)
         cleanup()
         return supervisor
+
+    # -- a graceful stop (on_interrupt="checkpoint", shared/stopping.py) ------------------------
+
+    @contextlib.contextmanager
+    def graceful_interrupts(self, supervisor: Supervisor) -> Iterator[None]:
+        """With on_interrupt="checkpoint": the first Ctrl-C asks the ranks to save and stop at
+        their next optimizer step; the second stops everything at once (KeyboardInterrupt)."""
+        policy = self.config.stopping
+        if policy is None or not policy.on_interrupt:
+            yield
+            return
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def on_sigint(signum: int, frame: Any) -> None:
+            if supervisor.stop_asked:
+                raise KeyboardInterrupt
+            supervisor.ask_to_stop()
+            self._stop_asked = True  # said by the next tick(): no drawing inside a handler
+
+        previous = signal.signal(signal.SIGINT, on_sigint)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def _kept(self) -> str:
+        """After an interrupt under a stop policy: which checkpoint the next run resumes from."""
+        policy = self.config.stopping
+        if policy is None:
+            return ""
+        latest = checkpoints.latest_complete(policy.project_dir)
+        if latest is None:
+            return "; no checkpoint was saved"
+        return f"; the newest complete checkpoint is {latest} (resume=True continues from it)"
+
+    def stopped(self, stops: list[Stopped]) -> NoReturn:
+        """Every rank saved the graceful stop's checkpoint and left: say where, and how to go on."""
+        __tracebackhide__ = True
+        step, path = max(stop.step for stop in stops), stops[0].path
+        self.end(f"Stopped at step {step}: checkpoint saved in {path}", Verdict.STOPPED)
+        raise KeyboardInterrupt(
+            f"stopped at step {step}; every rank's state is saved in {path}. Continue from it "
+            "by running the same launch with resume=True."
+        )
+
+    def _interrupted_early(self, supervisor: Supervisor | None) -> bool:
+        """A stop was asked for, and the ranks ended as interrupted (no place to stop at yet)."""
+        if supervisor is None or not supervisor.stop_asked:
+            return False
+        failures = [self.outcome.records[rank].failure for rank in self.outcome.failed_ranks()]
+        return all(f is not None and f.type_name == "KeyboardInterrupt" for f in failures)
 
     # -- endings -----------------------------------------------------------------------------
 
     def finish(self, supervisor: Supervisor | None = None) -> Any:
         """The ranks ended: raise the root cause, or TimeoutError, or return the values."""
         __tracebackhide__ = True
+        if self.outcome.has_failure() and self._interrupted_early(supervisor):
+            self.end(f"Interrupted after {self.state.elapsed:.1f}s", Verdict.STOPPED)
+            raise KeyboardInterrupt(
+                "every rank was stopped before its training loop reached a prepared DataLoader "
+                f"(the only place a checkpoint can be taken){self._kept()}"
+            )
         if self.outcome.has_failure():
             self.fail(self.outcome.error(node=self.config.node_rank))
         if supervisor is not None and supervisor.timed_out:
             self.time_out(supervisor.stuck_frames())
+        stops = self.outcome.stops()
+        if stops:
+            self.stopped(stops)
         return self.deliver()
 
     def deliver(self) -> Any:

@@ -28,9 +28,11 @@ from nbtrain.shared.events import (
     FrameDecoder,
     Output,
     Started,
+    Stopped,
     now,
 )
 from nbtrain.shared.lines import LineSplitter
+from nbtrain.shared.stopping import STOP_SIGNAL
 
 TICK = 0.05  # seconds: the loop wakes at least this often to refresh the view and check limits
 READ_SIZE = 1 << 16  # bytes per read
@@ -96,6 +98,8 @@ class Supervisor:
         self._grace_from: float | None = None
         self.interrupted = False
         self.stuck = False
+        self.stop_asked = False  # a graceful stop was asked for (ask_to_stop)
+        self._asked: set[int] = set()
 
     def run(self, deadline: float | None, tick: Callable[[], None]) -> None:
         """Return when every rank has exited and been reaped."""
@@ -122,7 +126,8 @@ class Supervisor:
         self._reported.clear()
         self._started.clear()
         self._dumps, self._grace_from = None, None
-        self.timed_out = self.interrupted = self.stuck = False
+        self.timed_out = self.interrupted = self.stuck = self.stop_asked = False
+        self._asked.clear()
 
     def interrupt(self) -> None:
         """Ctrl-C (or the cell's timeout): KeyboardInterrupt in every rank still in the cell;
@@ -133,6 +138,27 @@ class Supervisor:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(rank_process.pid, signal.SIGINT)  # the rank alone, not its workers
         self._start_grace()
+
+    def ask_to_stop(self) -> None:
+        """A graceful stop (on_interrupt="checkpoint"): each rank still working is asked to
+        save at its next optimizer step and leave (shared/stopping.py). A rank whose handler
+        is not installed yet (not Started) is asked as soon as it starts."""
+        self.stop_asked = True
+        self._ask_pending()
+
+    def _ask_pending(self) -> None:
+        if STOP_SIGNAL is None:
+            return
+        for rank_process in self.ranks:
+            rank = rank_process.rank
+            if rank in self._asked or rank not in self._started or rank in self._reported:
+                continue
+            if rank_process.reaped:
+                continue
+            self._asked.add(rank)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                # The rank alone: its DataLoader workers have no part in it.
+                os.kill(rank_process.pid, STOP_SIGNAL)
 
     def _cell_waiting(self) -> set[int]:
         return (self._cell or set()) - self._reported
@@ -174,6 +200,8 @@ class Supervisor:
         as torch's elastic agent (agent.py), call it themselves."""
         by_sentinel = {rp.sentinel: rp for rp in self.ranks if not rp.reaped}
         watched = [s.fd for s in self._streams.values() if s.open] + list(by_sentinel)
+        if self.stop_asked:
+            self._ask_pending()
         for ready in wait(watched, timeout=self._wait_time(deadline)):
             assert isinstance(ready, int)
             if ready in self._streams:
@@ -262,7 +290,7 @@ class Supervisor:
             # Its SIGTERM handler raised (some libraries turn SIGTERM into an exception): a
             # consequence of the stop, shown as stopped, never the root cause.
             event = dataclasses.replace(event, after_stop=True, collateral=True)
-        if isinstance(event, (Finished, Failed)):
+        if isinstance(event, (Finished, Failed, Stopped)):
             self._reported.add(event.rank)
             self._done_for[process_rank].add(event.rank)
             if isinstance(event, Finished) and event.lingering:

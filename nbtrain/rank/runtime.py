@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from nbtrain.shared.events import EventSink
 from nbtrain.shared.specs import RankInfo
+from nbtrain.shared.stopping import StopPolicy
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,7 @@ class Runtime:
     sink: EventSink
     mixed_precision: str | None = None
     in_kernel: bool = False
+    stopping: StopPolicy | None = None  # checkpoint on interrupt, periodic saves, resume
 
 
 class _ThreadRuntime(threading.local):

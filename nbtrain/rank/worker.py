@@ -11,12 +11,13 @@ import sys
 from multiprocessing.connection import Connection
 from typing import Any
 
-from nbtrain.rank import notebook, process, rankenv, reporting, runtime, teardown
+from nbtrain.rank import interrupts, notebook, process, rankenv, reporting, runtime, teardown
 from nbtrain.rank.failures import exit_code_of, failure_event
 from nbtrain.rank.payload import pack_result, unpack_call
 from nbtrain.rank.runtime import Runtime
-from nbtrain.shared.events import EventSink, Finished, PipeWriter, Started
+from nbtrain.shared.events import EventSink, Finished, PipeWriter, Started, Stopped
 from nbtrain.shared.specs import RankSpec
+from nbtrain.shared.stopping import TrainingStopped
 
 
 def call_and_report(rank: int, payload: bytes, sink: EventSink, send_result: bool) -> int:
@@ -28,6 +29,9 @@ def call_and_report(rank: int, payload: bytes, sink: EventSink, send_result: boo
         finally:
             reporting.flush()  # metrics progress()/log() still hold go out before the verdict
         data = pack_result(value) if send_result else None
+    except TrainingStopped as stop:  # a graceful stop: its checkpoint is saved
+        sink.send(Stopped(rank, stop.step, stop.path))
+        return 0
     except SystemExit as exc:
         code = exit_code_of(exc)
         if code == 0:  # a deliberate clean exit: success without a value
@@ -77,8 +81,13 @@ def rank_main(
     sink = PipeWriter(events.fileno())
     info = spec.info
     sink.send(Started(info.rank, os.getpid(), spec.device, socket.gethostname(), info.local_rank))
-    with runtime.activate(Runtime(info, sink, spec.mixed_precision)):
+    if spec.stopping is not None and spec.stopping.on_interrupt:
+        interrupts.install()
+        interrupts.begin()
+    active = Runtime(info, sink, spec.mixed_precision, stopping=spec.stopping)
+    with runtime.activate(active):
         code = call_and_report(info.rank, payload, sink, spec.send_result)
+    interrupts.end()
     teardown.release(finalizing=spec.finalizes)
     process.flush_streams()
     sys.exit(code)

@@ -120,6 +120,16 @@ class Finished:
 
 
 @dataclass(frozen=True, slots=True)
+class Stopped:
+    """The rank saved the checkpoint of a graceful stop and left its function there."""
+
+    rank: int
+    step: int
+    path: str
+    time: float = field(default_factory=now)
+
+
+@dataclass(frozen=True, slots=True)
 class Failed:
     rank: int
     type_name: str
@@ -147,7 +157,17 @@ class Exited:
 
 
 Event = (
-    Started | Status | Strategy | Progress | Log | Output | Display | Finished | Failed | Exited
+    Started
+    | Status
+    | Strategy
+    | Progress
+    | Log
+    | Output
+    | Display
+    | Finished
+    | Stopped
+    | Failed
+    | Exited
 )
 
 

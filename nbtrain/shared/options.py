@@ -29,3 +29,8 @@ class MixedPrecision(Enum):
     NO = "no"
     FP16 = "fp16"
     BF16 = "bf16"
+
+
+class OnInterrupt(Enum):
+    STOP = "stop"  # every rank stops at once (the default)
+    CHECKPOINT = "checkpoint"  # the ranks save at their next optimizer step, then stop

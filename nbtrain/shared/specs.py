@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from nbtrain.shared.stopping import StopPolicy
+
 
 @dataclass(frozen=True)
 class RankInfo:
@@ -29,6 +31,7 @@ class RankSpec:
     close_fds: tuple[int, ...] = field(default=())
     kernel_env: dict[str, str] | None = None  # forkserver: the kernel's environment at launch
     finalizes: bool = True  # the process runs interpreter finalization at exit (spawn)
+    stopping: StopPolicy | None = None  # checkpoint on interrupt, periodic saves, resume
 
 
 @dataclass(frozen=True)
