@@ -55,6 +55,8 @@ def format_status(view: RankView) -> str:
         return f"failed: {view.failure}"
     if view.status in (RankStatus.STARTING, RankStatus.RUNNING) and view.note:
         return view.note
+    if view.status is RankStatus.STOPPED and view.stopped_as:
+        return view.stopped_as
     return view.status.value
 
 

@@ -80,6 +80,7 @@ class RankView:
     metrics: dict[str, float] = field(default_factory=dict)
     history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     failure: str = ""  # one line: why this rank failed or was stopped
+    stopped_as: str = ""  # a graceful stop: 'stopped at step 40 (saved)'
     collateral: bool = False  # it failed only because a peer vanished
     started_at: float | None = None  # of this attempt
     ended_at: float | None = None
@@ -165,7 +166,7 @@ class RunState:
             view.status, view.ended_at = RankStatus.DONE, event.time
         elif isinstance(event, Stopped):
             view.status, view.ended_at = RankStatus.STOPPED, event.time
-            view.note, view.failure = "", f"stopped at step {event.step} (saved)"
+            view.note, view.stopped_as = "", f"stopped at step {event.step} (saved)"
         elif isinstance(event, Failed):
             view.status, view.ended_at = RankStatus.FAILED, event.time
             view.failure = _one_line(f"{event.type_name}: {event.message}")
@@ -256,6 +257,7 @@ def _busy_time(view: RankView, state: RunState) -> float:
 def _reset_attempt(view: RankView) -> None:
     """Forget what belonged to the rank's last attempt; keep its metrics and their history."""
     view.status, view.note, view.failure, view.collateral = RankStatus.STARTING, "", "", False
+    view.stopped_as = ""
     view.step, view.total, view.desc, view.loop, view.outer = 0, None, None, (None, None), ()
     view.rate, view._last_progress, view.iterations = None, None, 0
     view.started_at = view.ended_at = None
