@@ -303,7 +303,7 @@ def test_resume_without_a_checkpoint_is_refused(tmp_path: Path) -> None:
 
 def test_resume_with_another_world_size_is_refused(tmp_path: Path) -> None:
     stopped_run(tmp_path, 0.2)
-    with pytest.raises(ValueError, match="written by 2 rank.*num_processes=2"):
+    with pytest.raises(ValueError, match=r"written by 2 rank.*num_processes=2"):
         notebook_launcher(
             never_called, num_processes=3, resume=True, project_dir=tmp_path / "project"
         )
