@@ -223,14 +223,17 @@ class Run:
             return "; no checkpoint was saved"
         return f"; the newest complete checkpoint is {latest} (resume=True continues from it)"
 
-    def stopped(self, stops: list[Stopped]) -> NoReturn:
+    def stopped(
+        self,
+        stops: list[Stopped],
+        then: str = "Continue from it by running the same launch with resume=True.",
+    ) -> NoReturn:
         """Every rank saved the graceful stop's checkpoint and left: say where, and how to go on."""
         __tracebackhide__ = True
         step, path = max(stop.step for stop in stops), stops[0].path
         self.end(f"Stopped at step {step}: checkpoint saved in {path}", Verdict.STOPPED)
         raise KeyboardInterrupt(
-            f"stopped at step {step}; every rank's state is saved in {path}. Continue from it "
-            "by running the same launch with resume=True."
+            f"stopped at step {step}; every rank's state is saved in {path}. {then}"
         )
 
     def _interrupted_early(self, supervisor: Supervisor | None) -> bool:

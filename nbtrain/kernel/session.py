@@ -23,6 +23,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
+import datetime
 import keyword
 import os
 import pickle
@@ -43,6 +44,7 @@ from nbtrain.kernel.monitor import Verdict
 from nbtrain.kernel.payload import prepare_call, share
 from nbtrain.kernel.rendezvous import LocalRendezvous, open_local
 from nbtrain.kernel.run import GRACE, Run, sigint_deferred
+from nbtrain.kernel.stopping import build_policy
 from nbtrain.kernel.supervisor import Supervisor
 from nbtrain.rank import session_entry
 from nbtrain.shared import sharedmem, stacks
@@ -107,8 +109,11 @@ class _Holder:
 class Ranks:
     """A set of warm ranks (see the module docstring); made by ``start_ranks``."""
 
-    def __init__(self, config: LaunchConfig) -> None:
+    def __init__(self, config: LaunchConfig, stop_options: dict[str, Any] | None = None) -> None:
+        """``stop_options``: start_ranks' stop and resume options, checked again (and the
+        checkpoint numbering taken afresh) whenever a new set of ranks starts."""
         self.config = config
+        self._stop_options = dict(stop_options or {})
         self.ranks = list(range(config.world_size))
         self._holder = _Holder()
         # Ends the ranks when the handle is collected, or at interpreter exit at the latest.
@@ -263,7 +268,8 @@ class Ranks:
         supervisor.begin_cell(set(ranks), run.emit, run.outcome.has_failure)
         run.start_clock()
         try:
-            with _interrupts_to(supervisor) as tick_interrupts:
+            graceful = config.stopping is not None and config.stopping.on_interrupt
+            with _interrupts_to(supervisor, graceful, run) as tick_interrupts:
                 for rank in ranks:
                     world.send(rank, pickle.dumps(command(rank)))
 
@@ -287,6 +293,9 @@ class Ranks:
             raise KeyboardInterrupt(
                 "every rank was interrupted and is idle again; their state is kept"
             ) from None
+        stops = run.outcome.stops()
+        if stops and not run.outcome.has_failure():
+            run.stopped(stops, "Every rank is idle again with its state as of that step.")
         return run.finish(supervisor)
 
     def _restart_after(self, run: Run, supervisor: Supervisor) -> None:
@@ -350,6 +359,12 @@ class Ranks:
         return world
 
     def _start_world(self) -> None:
+        if self._stop_options:
+            policy = build_policy("session", self.config.world_size, **self._stop_options)
+            self.config = dataclasses.replace(self.config, stopping=policy)
+            if self._stop_options.get("resume"):  # a restart resumes from the newest, if any
+                self._stop_options["resume"] = "auto"
+            self._stop_options.pop("resume_from", None)
         config = self.config
         rendezvous = open_local(config.world_size)
         try:
@@ -406,14 +421,25 @@ def _drop(event: Event) -> None:
 
 
 @contextlib.contextmanager
-def _interrupts_to(supervisor: Supervisor) -> Iterator[Callable[[], None]]:
+def _interrupts_to(
+    supervisor: Supervisor, graceful: bool, run: Run
+) -> Iterator[Callable[[], None]]:
     """While a command runs, Ctrl-C interrupts the ranks instead of the kernel's loop (which
     must never stop mid-read: the pipes carry on into the next command). Yields the check the
-    watch loop calls on every turn."""
+    watch loop calls on every turn. ``graceful`` (on_interrupt="checkpoint"): the first Ctrl-C
+    asks the ranks to save and stop at their next optimizer step, the second interrupts them."""
     pending: list[int] = []
 
     def check() -> None:
-        if pending and not supervisor.interrupted:
+        if not pending or supervisor.interrupted:
+            return
+        if graceful and not supervisor.stop_asked:
+            supervisor.ask_to_stop()
+            run.say(
+                "stopping at the next optimizer step to save a checkpoint… (interrupt again "
+                "to interrupt the ranks at once; their state is kept)"
+            )
+        if len(pending) >= (2 if graceful else 1):  # graceful: the second press interrupts
             supervisor.interrupt()
 
     if threading.current_thread() is not threading.main_thread():
@@ -495,11 +521,18 @@ def start_ranks(
     progress: str = "auto",
     return_all: bool = False,
     replace: bool = False,
+    on_interrupt: str = "stop",
+    checkpoint_every: int | str | datetime.timedelta | None = None,
+    resume: bool | str = False,
+    resume_from: str | os.PathLike[str] | None = None,
+    project_dir: str | os.PathLike[str] | None = None,
+    total_limit: int | None = 3,
 ) -> Ranks:
     """Start ``num_processes`` warm ranks (see the README: Warm ranks). ``timeout`` is each
     command's limit; ``start_method='auto'`` starts clean ranks (forkserver, else spawn), so
     the kernel may use CUDA itself. With ranks already running, ``replace=True`` stops them
-    first; otherwise that is an error saying so."""
+    first; otherwise that is an error saying so. The stop and resume options are
+    notebook_launcher's, for every command (default project_dir: ``nbtrain-runs/session``)."""
     global _current
     config = build_config(
         num_processes=num_processes,
@@ -520,6 +553,16 @@ def start_ranks(
         config = dataclasses.replace(config, start=_clean_start())
     if not isinstance(replace, bool):
         raise TypeError(f"replace={replace!r} must be True or False.")
+    stop_options = {
+        "on_interrupt": on_interrupt,
+        "checkpoint_every": checkpoint_every,
+        "resume": resume,
+        "resume_from": resume_from,
+        "project_dir": project_dir,
+        "total_limit": total_limit,
+    }
+    if build_policy("session", config.world_size, **stop_options) is None:
+        stop_options = {}  # (checked here, before any rank starts: bad input fails now)
     running = _current
     if running is not None and running.running:
         if not replace:
@@ -528,7 +571,7 @@ def start_ranks(
                 "with ranks.stop() first, or pass replace=True to stop them and start new ones."
             )
         running.stop()
-    ranks = Ranks(config)
+    ranks = Ranks(config, stop_options)
     _current = ranks
     return ranks
 

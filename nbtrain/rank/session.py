@@ -27,14 +27,15 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from nbtrain.rank import notebook, process, rankenv, reporting, runtime, teardown
+from nbtrain.rank import interrupts, notebook, process, rankenv, reporting, runtime, teardown
 from nbtrain.rank.failures import failure_event
 from nbtrain.rank.payload import pack_result, take_results_as, unpack_call
 from nbtrain.rank.runtime import Runtime
 from nbtrain.shared import sharedmem
 from nbtrain.shared.commands import Call, Cell, Command, Pull, Push, Stop
-from nbtrain.shared.events import EventSink, Finished, PipeWriter, Started
+from nbtrain.shared.events import EventSink, Finished, PipeWriter, Started, Stopped
 from nbtrain.shared.specs import RankSpec
+from nbtrain.shared.stopping import TrainingStopped
 
 _busy = False  # a command is running: SIGINT raises KeyboardInterrupt in it
 
@@ -54,6 +55,7 @@ def session_main(
     notebook.install()
     teardown.install()
     signal.signal(signal.SIGINT, _on_sigint)
+    interrupts.install()  # acts only while a command runs under on_interrupt="checkpoint"
     serve(spec, commands, PipeWriter(events.fileno()), new_namespace())
     teardown.release(finalizing=spec.finalizes)
     process.flush_streams()
@@ -78,8 +80,15 @@ def serve(spec: RankSpec, commands: Connection, sink: EventSink, namespace: dict
         if isinstance(command, Stop):
             return
         sink.send(Started(info.rank, os.getpid(), spec.device, host, info.local_rank))
-        with runtime.activate(Runtime(info, sink, spec.mixed_precision)):
-            answer(info.rank, sink, functools.partial(execute, command, namespace, info.rank))
+        active = Runtime(info, sink, spec.mixed_precision, stopping=spec.stopping)
+        graceful = spec.stopping is not None and spec.stopping.on_interrupt
+        with runtime.activate(active):
+            if graceful:
+                interrupts.begin()
+            try:
+                answer(info.rank, sink, functools.partial(execute, command, namespace, info.rank))
+            finally:
+                interrupts.end()
 
 
 def answer(rank: int, sink: EventSink, work: Callable[[], bytes | None]) -> None:
@@ -93,6 +102,9 @@ def answer(rank: int, sink: EventSink, work: Callable[[], bytes | None]) -> None
             _busy = False
             reporting.flush()  # progress()/log() still held go out before the verdict
             process.flush_streams()  # the cell's output is in the pipes before its verdict
+    except TrainingStopped as stop:  # a graceful stop: saved; the rank stays warm
+        sink.send(Stopped(rank, stop.step, stop.path))
+        return
     except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the rank stays warm
         if getattr(exc, "nbtrain_bad_input", False):
             exc.__traceback__ = None  # bad input: the message says it all, no frame is the user's

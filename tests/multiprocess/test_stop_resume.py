@@ -333,3 +333,33 @@ def test_a_failure_during_a_stop_policy_is_still_the_root_cause(tmp_path: Path) 
         notebook_launcher(
             broken, num_processes=2, on_interrupt="checkpoint", project_dir=tmp_path, **QUIET
         )
+
+
+# -- warm ranks ---------------------------------------------------------------------------------
+
+
+def test_warm_ranks_stop_gracefully_stay_warm_and_a_new_session_resumes(
+    tmp_path: Path, reference: dict[str, Any]
+) -> None:
+    import nbtrain
+
+    project, marker = tmp_path / "project", tmp_path / "marker"
+    with nbtrain.start_ranks(2, on_interrupt="checkpoint", project_dir=project, **QUIET) as ranks:
+        pids = ranks.pull("__import__('os').getpid()")
+        thread = interrupt_when(marker, 0.3)
+        try:
+            with pytest.raises(KeyboardInterrupt, match="idle again with its state"):
+                ranks.run(train, marker=str(marker), slow=0.03)
+        finally:
+            thread.join()
+        assert ranks.pull("__import__('os').getpid()") == pids, "no restart: still warm"
+        assert (project / "checkpoints" / "checkpoint_0" / "nbtrain_checkpoint.json").is_file()
+    with nbtrain.start_ranks(2, resume=True, project_dir=project, **QUIET) as ranks:
+        assert same(ranks.run(train), reference)
+
+
+def test_warm_ranks_refuse_bad_stop_options_before_starting(tmp_path: Path) -> None:
+    import nbtrain
+
+    with pytest.raises(FileNotFoundError, match="resume=True"):
+        nbtrain.start_ranks(2, resume=True, project_dir=tmp_path)
