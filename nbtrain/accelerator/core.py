@@ -247,7 +247,6 @@ class Accelerator(StateMethods, ProcessMethods, TrainingStep):
         if hook is not None:  # XLA: gradients are all-reduced right before each real step
             hook(optimizer)
         prepared = PreparedOptimizer(optimizer, self.gradient_state, self._precision.scaler)
-        self._stops.watch_optimizer(optimizer)
         self._optimizers.append(prepared)
         return prepared
 

@@ -3,7 +3,8 @@
 A *stop point* is a prepared DataLoader about to hand out its next batch right after an
 optimizer step: the user's whole iteration (step, scheduler, zero_grad, their own counters) is
 done and the next batch not yet drawn, so a checkpoint taken there resumes bitwise (the loader
-continues at that batch, data.py). Steps are seen through torch's own optimizer step hooks.
+continues at that batch, data.py). Steps are seen through torch's global optimizer step hook
+(every optimizer counts, prepared or not).
 
 Agreement: the ranks must save and stop at the *same* step, or one would wait in a collective for
 a peer that already stopped. A rank cannot block at a stop point to ask the others (a peer not yet
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from nbtrain.accelerator import checkpoint
 from nbtrain.accelerator.resume import Resume
@@ -48,6 +50,7 @@ class Stops:
         self._number = policy.next_number if policy is not None else 0
         self._saved_at = time.monotonic()
         self._agreement: _Agreement | None = None
+        self._hook: Any = None  # torch's handle of the global optimizer step hook
         # resume=True: loaded by the first Accelerator's prepare() (resume.py)
         self.resume = Resume(policy.resume_from) if policy and policy.resume_from else None
 
@@ -55,9 +58,15 @@ class Stops:
     def active(self) -> bool:
         return self.policy is not None
 
-    def watch_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        if self.policy is not None:
-            optimizer.register_step_post_hook(self._on_step)
+    def watch_steps(self) -> None:
+        """Count every optimizer's steps (prepared or not) through torch's global hook."""
+        if self.policy is not None and self._hook is None:
+            self._hook = register_optimizer_step_post_hook(self._on_step)
+
+    def forget(self) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
 
     def _on_step(self, *_: Any) -> None:
         self._stepped = True
@@ -178,5 +187,7 @@ def for_this_run() -> Stops:
     current = runtime.current()
     policy = current.stopping if current is not None else None
     if policy is not _current.policy:
+        _current.forget()
         _current = Stops(policy)
+        _current.watch_steps()
     return _current

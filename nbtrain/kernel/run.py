@@ -251,8 +251,9 @@ class Run:
         if self.outcome.has_failure() and self._interrupted_early(supervisor):
             self.end(f"Interrupted after {self.state.elapsed:.1f}s", Verdict.STOPPED)
             raise KeyboardInterrupt(
-                "every rank was stopped before its training loop reached a prepared DataLoader "
-                f"(the only place a checkpoint can be taken){self._kept()}"
+                "every rank was stopped at once: its loop had no nbtrain-prepared DataLoader to "
+                "stop at (yet), the only place a checkpoint can be taken (a raw DDP loop, a "
+                f"Trainer, or code still setting up){self._kept()}"
             )
         if self.outcome.has_failure():
             self.fail(self.outcome.error(node=self.config.node_rank))

@@ -53,4 +53,4 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     if _flags.armed:
         _flags.requested = True  # no I/O here: the handler may run inside a write to a pipe
         return
-    raise KeyboardInterrupt("interrupted before the training loop had a place to stop at")
+    raise KeyboardInterrupt("stopped at once: no prepared DataLoader to stop at")

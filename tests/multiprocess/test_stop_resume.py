@@ -44,6 +44,7 @@ def train(
     accumulate: int = 1,
     own_checkpoint: str | None = None,
     swallow: bool = False,
+    raw_optimizer: bool = False,
 ) -> dict[str, Any]:
     """Dropout, shuffling, Adam and a scheduler: a resume that is off by one batch or one random
     draw gives other weights."""
@@ -56,7 +57,12 @@ def train(
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=7, gamma=0.7)
     data = TensorDataset(torch.randn(192, 8), torch.randint(0, 2, (192,)))
     loader = DataLoader(data, batch_size=8, shuffle=True)
-    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    if raw_optimizer:  # only the model and the loader prepared: steps still count
+        model, loader = accelerator.prepare(model, loader)
+    else:
+        model, optimizer, loader, scheduler = accelerator.prepare(
+            model, optimizer, loader, scheduler
+        )
     seen = Seen()
     accelerator.register_for_checkpointing(seen)
     if own_checkpoint is not None:
@@ -176,6 +182,10 @@ def test_with_gradient_accumulation_the_stop_lands_on_a_real_step(
     assert same(resumed, full)
 
 
+def test_an_optimizer_that_was_not_prepared_still_gets_its_stop(tmp_path: Path) -> None:
+    assert "stopped at step" in stopped_run(tmp_path, 0.2, raw_optimizer=True)
+
+
 def test_user_code_catching_exception_does_not_swallow_the_stop(tmp_path: Path) -> None:
     message = stopped_run(tmp_path, 0.2, swallow=True)
     assert "stopped at step" in message
@@ -285,7 +295,7 @@ def test_an_interrupt_before_the_training_loop_stops_at_once(tmp_path: Path) -> 
     finally:
         thread.join()
     assert time.monotonic() - started < 30
-    assert "before its training loop reached a prepared DataLoader" in str(info.value)
+    assert "no nbtrain-prepared DataLoader to stop at" in str(info.value)
     assert "no checkpoint was saved" in str(info.value)
 
 
