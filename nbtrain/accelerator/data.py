@@ -232,7 +232,7 @@ class PreparedDataLoader(DataLoader):
                 else self._looking_ahead(batches, skip)
             )
             if self.stop_point is not None:  # a stop policy (accelerator/stopping.py)
-                handed = _with_stop_points(handed, self.stop_point)
+                handed = _with_stop_points(handed, self)
             yield from handed
             self.position.finish()
         finally:
@@ -274,12 +274,17 @@ class PreparedDataLoader(DataLoader):
         return nested.send_to_device(batch, self.device, non_blocking=self.pin_memory)
 
 
-def _with_stop_points(batches: Iterator[Any], point: Callable[[], None]) -> Iterator[Any]:
-    """Call ``point`` each time the loop asks for a batch, before the batch is taken: the
-    position saved there is the batch about to be handed out (also at the end of the pass)."""
+def _with_stop_points(batches: Iterator[Any], loader: PreparedDataLoader) -> Iterator[Any]:
+    """Call the loader's stop point each time the loop asks for a batch, before the batch is
+    taken: the position saved there is the batch about to be handed out. Not when the pass is
+    over: the code after the loop (end-of-epoch work) has not run yet, and a resume there would
+    start with an empty pass; the next pass's first batch is the next stop point."""
+    point = loader.stop_point
+    assert point is not None
     try:
         while True:
-            point()
+            if not loader.end_of_dataloader:
+                point()
             batch = next(batches, _NOTHING)
             if batch is _NOTHING:
                 return
