@@ -69,6 +69,10 @@ class Stops:
             self._hook = None
 
     def _on_step(self, *_: Any) -> None:
+        current = runtime.current()
+        if current is None or current.stopping is not self.policy:
+            self.forget()  # the run is over (num_processes=1: this process is the kernel)
+            return
         self._stepped = True
 
     def arm(self) -> None:

@@ -22,9 +22,10 @@ from nbtrain.kernel.config import LaunchConfig
 from nbtrain.kernel.monitor import Verdict
 from nbtrain.kernel.rendezvous import open_local
 from nbtrain.kernel.run import Run
-from nbtrain.shared.events import CallbackSink, Event, Exited, Finished, Started
+from nbtrain.shared.events import CallbackSink, Event, Exited, Finished, Started, Stopped
 from nbtrain.shared.serialization import unpack
 from nbtrain.shared.specs import RankInfo
+from nbtrain.shared.stopping import TrainingStopped
 
 
 class _Expired(BaseException):
@@ -46,7 +47,7 @@ def run_in_process(
 
     precision = config.mixed_precision.value if config.mixed_precision else None
     rank_runtime = runtime.Runtime(RankInfo(0, 0, 1, 1), CallbackSink(emit), precision,
-                                   in_kernel=True)
+                                   in_kernel=True, stopping=config.stopping)
     emit(Started(0, os.getpid(), _device(), socket.gethostname()))
     try:
         with (
@@ -54,8 +55,13 @@ def run_in_process(
             _alarm(config.timeout),
             _fresh_process_group(),
             runtime.activate(rank_runtime),
+            _graceful(config),
         ):
             value = function(*args, **kwargs)
+    except TrainingStopped as stop:
+        emit(Stopped(0, stop.step, stop.path))
+        emit(Exited(0, 0, None, stopped_by_launcher=False))
+        run.stopped(run.outcome.stops())
     except _Expired:
         emit(Exited(0, None, None, stopped_by_launcher=True))
         run.end(f"Timed out after {config.timeout:g}s", Verdict.TIMED_OUT)
@@ -83,6 +89,19 @@ def run_in_process(
     run.end(run.state.done_summary())
     value = _to_cpu(value)
     return [value] if config.return_all else value
+
+
+def _graceful(config: LaunchConfig) -> contextlib.AbstractContextManager[None]:
+    """on_interrupt="checkpoint": Ctrl-C asks for a stop at the next optimizer step (the kernel
+    is the rank, see rank/interrupts.py); elsewhere (or off the main thread) nothing changes."""
+    from nbtrain.rank import interrupts
+
+    policy = config.stopping
+    if policy is None or not policy.on_interrupt:
+        return contextlib.nullcontext()
+    if threading.current_thread() is not threading.main_thread():
+        return contextlib.nullcontext()
+    return interrupts.handling(signal.SIGINT)
 
 
 def _device() -> str:

@@ -178,8 +178,6 @@ def check_launch(policy: StopPolicy | None, config: LaunchConfig, elastic: bool)
         where = "on XLA/TPU"
     elif elastic or config.multi_node or config.max_restarts:
         where = "through torch's elastic agent (num_nodes > 1 or max_restarts > 0)"
-    elif config.num_processes == 1:
-        where = "with num_processes=1 (the function runs in the kernel itself)"
     if where is not None:
         raise ValueError(
             f"on_interrupt='checkpoint', checkpoint_every= and resume= are not available {where} "

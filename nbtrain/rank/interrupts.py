@@ -3,12 +3,15 @@ training loop reads at its next optimizer step (accelerator/stopping.py).
 
 A rank with nowhere to stop at (no prepared DataLoader under a stop policy: a raw loop, or still
 setting up) is interrupted at once instead, as a plain interrupt would. Between calls (a warm
-rank waiting for its next command) the signal is ignored.
+rank waiting for its next command) the signal is ignored. With ``num_processes=1`` the kernel is
+the rank: SIGINT itself is handled so (``handling``), and a second press stops at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
+from collections.abc import Iterator
 from types import FrameType
 
 from nbtrain.shared.stopping import STOP_SIGNAL
@@ -47,9 +50,23 @@ def requested() -> bool:
     return _flags.requested
 
 
+@contextlib.contextmanager
+def handling(signum: int) -> Iterator[None]:
+    """For the duration of a call (in the kernel's main thread): ``signum`` asks for a stop."""
+    begin()
+    previous = signal.signal(signum, _on_signal)
+    try:
+        yield
+    finally:
+        signal.signal(signum, previous)
+        end()
+
+
 def _on_signal(signum: int, frame: FrameType | None) -> None:
     if not _flags.enabled:
         return
+    if _flags.requested:
+        raise KeyboardInterrupt("stopped at once (a second interrupt)")
     if _flags.armed:
         _flags.requested = True  # no I/O here: the handler may run inside a write to a pipe
         return

@@ -169,6 +169,25 @@ def test_first_interrupt_saves_and_resume_equals_an_uninterrupted_run(
     assert same(resumed, reference)
 
 
+def test_in_the_kernels_own_process_too(tmp_path: Path) -> None:
+    """num_processes=1: the kernel is the rank; its own Ctrl-C asks for the stop."""
+    alone = notebook_launcher(train, num_processes=1, **QUIET)
+    marker = tmp_path / "marker"
+    thread = interrupt_when(marker, 0.3)
+    try:
+        with pytest.raises(KeyboardInterrupt, match="stopped at step"):
+            notebook_launcher(
+                train, kwargs={"marker": str(marker), "slow": 0.03}, num_processes=1,
+                on_interrupt="checkpoint", project_dir=tmp_path / "project", **QUIET,
+            )
+    finally:
+        thread.join()
+    resumed = notebook_launcher(
+        train, num_processes=1, resume=True, project_dir=tmp_path / "project", **QUIET
+    )
+    assert same(resumed, alone)
+
+
 def test_with_gradient_accumulation_the_stop_lands_on_a_real_step(
     tmp_path: Path,
 ) -> None:
@@ -329,8 +348,6 @@ def test_a_project_dir_that_cannot_be_written_is_refused(tmp_path: Path) -> None
 
 
 def test_stop_and_resume_are_refused_where_they_do_not_run_yet() -> None:
-    with pytest.raises(ValueError, match="num_processes=1"):
-        notebook_launcher(never_called, num_processes=1, on_interrupt="checkpoint")
     with pytest.raises(ValueError, match="elastic"):
         notebook_launcher(never_called, num_processes=2, max_restarts=1, checkpoint_every=5)
 
