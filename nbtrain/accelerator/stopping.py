@@ -109,7 +109,7 @@ class Stops:
         assert policy is not None
         decision = self._agree() if policy.agrees else NOTHING
         if decision == STOP:
-            path = self.save(accelerator, "stopping: saving checkpoint…")
+            path = self.save(accelerator, "saving checkpoint…")
             raise TrainingStopped(self.steps, str(path))
         every = policy.every_steps
         if decision == SAVE or (every is not None and self.steps % every == 0):

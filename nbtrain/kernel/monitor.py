@@ -80,7 +80,7 @@ class RankView:
     metrics: dict[str, float] = field(default_factory=dict)
     history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     failure: str = ""  # one line: why this rank failed or was stopped
-    stopped_as: str = ""  # a graceful stop: 'stopped at step 40 (saved)'
+    stopped_as: str = ""  # a graceful stop: 'stopped (saved)' (the summary names the step)
     collateral: bool = False  # it failed only because a peer vanished
     started_at: float | None = None  # of this attempt
     ended_at: float | None = None
@@ -166,7 +166,7 @@ class RunState:
             view.status, view.ended_at = RankStatus.DONE, event.time
         elif isinstance(event, Stopped):
             view.status, view.ended_at = RankStatus.STOPPED, event.time
-            view.note, view.stopped_as = "", f"stopped at step {event.step} (saved)"
+            view.note, view.stopped_as = "", "stopped (saved)"
         elif isinstance(event, Failed):
             view.status, view.ended_at = RankStatus.FAILED, event.time
             view.failure = _one_line(f"{event.type_name}: {event.message}")

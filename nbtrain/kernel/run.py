@@ -231,7 +231,7 @@ class Run:
         """Every rank saved the graceful stop's checkpoint and left: say where, and how to go on."""
         __tracebackhide__ = True
         step, path = max(stop.step for stop in stops), stops[0].path
-        self.end(f"Stopped at step {step}: checkpoint saved in {path}", Verdict.STOPPED)
+        self.end(f"Stopped at step {step} (saved): checkpoint in {path}", Verdict.STOPPED)
         raise KeyboardInterrupt(
             f"stopped at step {step}; every rank's state is saved in {path}. {then}"
         )

@@ -101,7 +101,8 @@ notebook_launcher(train, kwargs={{"marker": {str(marker)!r}, "slow": 0.03}}, num
         where = f"trial {trial} (seed {seed}, stop {delay:.3f}s into training)"
         assert out.error is not None and out.error["ename"] == "KeyboardInterrupt", where
         assert "stopped at step" in out.error["evalue"], (where, out.error["evalue"])
-        assert "stopped at step" in out.stdout, "the view's final rows say where each stopped"
+        assert out.stdout.count("stopped (saved)") == 2, "each rank's final row says so"
+        assert "Stopped at step" in out.stdout, "the summary says at which step"
         stopped += 1
         resumed = kernel.run(f"""
 resumed = notebook_launcher(train, num_processes=2, resume=True, project_dir={str(project)!r},

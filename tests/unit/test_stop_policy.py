@@ -96,7 +96,7 @@ def test_resume_from_must_be_a_complete_checkpoint(tmp_path) -> None:
 def test_a_graceful_stop_is_no_failure_and_its_row_says_where_it_stopped() -> None:
     state, outcome = RunState([0, 1]), Outcome([0, 1])
     for event in (
-        Status(0, "stopping: saving checkpoint…"),
+        Status(0, "saving checkpoint…"),
         Stopped(0, 40, "/p/checkpoints/checkpoint_0"),
         Stopped(1, 40, "/p/checkpoints/checkpoint_0"),
         Exited(0, 0, None, False),
@@ -107,10 +107,10 @@ def test_a_graceful_stop_is_no_failure_and_its_row_says_where_it_stopped() -> No
     assert not outcome.has_failure()
     assert [stop.step for stop in outcome.stops()] == [40, 40]
     assert state.ranks[0].status is RankStatus.STOPPED
-    assert format_status(state.ranks[0]) == "stopped at step 40 (saved)"
+    assert format_status(state.ranks[0]) == "stopped (saved)"
 
 
 def test_a_rank_row_shows_the_save_while_it_runs() -> None:
     state = RunState([0])
-    state.apply(Status(0, "stopping: saving checkpoint…"))
-    assert format_status(state.ranks[0]) == "stopping: saving checkpoint…"
+    state.apply(Status(0, "saving checkpoint…"))
+    assert format_status(state.ranks[0]) == "saving checkpoint…"
