@@ -9,17 +9,18 @@ continues at that batch, data.py). Steps are seen through torch's global optimiz
 Agreement: the ranks must save and stop at the *same* step, or one would wait in a collective for
 a peer that already stopped. A rank cannot block at a stop point to ask the others (a peer not yet
 told may be in the next step's gradient all-reduce, waiting for this rank), so the flags travel
-one step behind: at each step point every rank starts an asynchronous MAX all-reduce of its flag
-(2: stop requested, 1: a timed checkpoint is due, 0: nothing) on a gloo group of its own, and
-reads the previous step's result. Every rank reads the same results at the same step, so they act
-alike; a stop takes effect at most two optimizer steps after the request. Only launches that need
-agreement (``on_interrupt="checkpoint"``, ``checkpoint_every`` in time) pay for it: one small
-all-reduce per step, overlapped with the step. Periodic checkpoints by steps need none.
+one exchange behind: at an exchange step every rank starts an asynchronous MAX all-reduce of its
+flag (2: stop requested, 1: a timed checkpoint is due, 0: nothing) on a gloo group of its own,
+and reads the previous exchange's result. Every rank reads the same results at the same step, so
+they act alike. Exchanges come about every 50 ms of training (``_Agreement``), so a stop lands
+within about 0.1 s plus two steps. Only launches that need agreement (``on_interrupt=
+"checkpoint"``, ``checkpoint_every`` in time) pay for it; periodic checkpoints by steps need none.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -118,15 +119,17 @@ class Stops:
     def _agree(self) -> int:
         if self._agreement is None:
             self._agreement = _Agreement()
+        return self._agreement.at_step(self.steps, self._flag)
+
+    def _flag(self) -> int:
         policy = self.policy
         assert policy is not None
-        flag = NOTHING
         if interrupts.requested():
-            flag = STOP
-        elif policy.every_seconds is not None:
+            return STOP
+        if policy.every_seconds is not None:
             due = time.monotonic() - self._saved_at >= policy.every_seconds
-            flag = SAVE if due else NOTHING
-        return self._agreement.exchange(flag)
+            return SAVE if due else NOTHING
+        return NOTHING
 
     def save(self, accelerator: Accelerator, note: str) -> str:
         """Every rank: save the registered state as the next numbered checkpoint."""
@@ -144,34 +147,58 @@ class Stops:
 
 
 class _Agreement:
-    """The one-step-behind MAX all-reduce of the ranks' flags, on a gloo group of its own (CPU
-    tensors whatever the training backend; never queued behind the gradients' collectives)."""
+    """The one-exchange-behind MAX all-reduce of the ranks' flags, on a gloo group of its own
+    (CPU tensors whatever the training backend; never queued behind the gradients' collectives).
+
+    A tiny gloo all-reduce costs a few hundred microseconds here, too much for every step of a
+    fast loop, so the ranks exchange every ``interval`` steps, chosen to come about every
+    EVERY seconds of training: each exchange also carries each rank's wish for the next interval
+    (from its own step time), and the ranks take the smallest. Everyone learns the interval from
+    the same result at the same step, so the schedule stays identical on every rank."""
+
+    EVERY = 0.05  # seconds of training between exchanges (a stop lands within about twice this)
 
     def __init__(self) -> None:
         self._world = dist.get_world_size() if dist.is_initialized() else 1
         # new_group is collective: every rank reaches its first step point in the same order.
         self._group = dist.new_group(backend="gloo") if self._world > 1 else None
-        self._buffers = (torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32))
+        self._buffers = (torch.zeros(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int64))
         self._turn = 0
         self._pending: tuple[Any, torch.Tensor] | None = None
-        self._local = NOTHING
+        self._local = (NOTHING, -1)
+        self._next = 0  # the step of the next exchange
+        self._since: tuple[float, int] | None = None  # (time, step) of the last exchange
 
-    def exchange(self, flag: int) -> int:
-        """Send this step's flag; return the agreed flag of the previous step point."""
+    def at_step(self, step: int, flag: Callable[[], int]) -> int:
+        """At every step point: the agreed flag when this step is an exchange, else NOTHING."""
+        if step < self._next:
+            return NOTHING
+        now, wish = time.monotonic(), 1
+        if self._since is not None:  # (the first exchange has no step time to go by)
+            then, last = self._since
+            per_step = (now - then) / max(1, step - last)
+            wish = max(1, min(10_000, int(self.EVERY / per_step) if per_step > 0 else 1))
+        self._since = (now, step)
+        agreed, interval = self._exchange(flag(), wish)
+        self._next = step + interval
+        return agreed
+
+    def _exchange(self, flag: int, wish: int) -> tuple[int, int]:
+        """Send (flag, wish); return the previous exchange's (MAX flag, MIN wish)."""
         if self._group is None:
-            previous, self._local = self._local, flag
-            return previous
-        previous = NOTHING
+            previous, self._local = self._local, (flag, -wish)
+            return previous[0], max(1, -previous[1])
+        agreed, interval = NOTHING, 1
         if self._pending is not None:
             work, buffer = self._pending
             work.wait()
-            previous = int(buffer.item())
+            agreed, interval = int(buffer[0]), max(1, -int(buffer[1]))
         buffer = self._buffers[self._turn]
         self._turn ^= 1
-        buffer.fill_(flag)
+        buffer[0], buffer[1] = flag, -wish  # MAX of -wish is -(the smallest wish)
         work = dist.all_reduce(buffer, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
         self._pending = (work, buffer)
-        return previous
+        return agreed, interval
 
 
 def _say(text: str) -> None:
