@@ -58,9 +58,17 @@ class WorkerError(RuntimeError):
             text = f"{where} exited with code {self.exitcode} without returning a result"
         if self.message and not self.type_name:
             text += f" ({self.message})"
-        if self.other_failures:
-            others = ", ".join(f"rank {r}: {s}" for r, s in sorted(self.other_failures.items()))
-            text += f"\n  then, as a consequence: {others}"
+        # Ranks that raised the very same error did so on their own account (the same bug on
+        # every rank), not as a consequence of this one: said as such.
+        own = f"{self.type_name}: {self.message}".strip() if self.type_name else None
+        same = sorted(r for r, s in self.other_failures.items() if own and _same(s, own))
+        if same:
+            names = ", ".join(str(r) for r in same)
+            text += f"\n  rank{'s' if len(same) > 1 else ''} {names} raised the same error"
+        others = {r: s for r, s in self.other_failures.items() if r not in same}
+        if others:
+            listed = ", ".join(f"rank {r}: {s}" for r, s in sorted(others.items()))
+            text += f"\n  then, as a consequence: {listed}"
         return text
 
     def __str__(self) -> str:
@@ -69,6 +77,11 @@ class WorkerError(RuntimeError):
     def __reduce__(self) -> tuple[Any, ...]:
         state = dict(self.__dict__)
         return (_rebuild_worker_error, (state,))
+
+
+def _same(line: str, own: str) -> bool:
+    """Is ``line`` (another rank's one-line failure, maybe cut with "…") the error ``own``?"""
+    return line == own or (line.endswith("…") and own.startswith(line[:-1]))
 
 
 def _rebuild_worker_error(state: dict[str, Any]) -> WorkerError:

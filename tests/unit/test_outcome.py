@@ -181,3 +181,24 @@ def test_only_the_collectives_transport_errors_count_as_a_lost_peer():
     ]
     assert [is_collateral(exc) for exc in lost] == [True] * len(lost)
     assert [is_collateral(exc) for exc in own] == [False] * len(own)
+
+
+def test_ranks_that_raised_the_same_error_are_not_called_its_consequence():
+    outcome = Outcome([0, 1, 2])
+    outcome.apply(failed(0, 1.0, message="bad value 1"))
+    outcome.apply(failed(1, 1.1, message="bad value 1"))
+    outcome.apply(failed(2, 1.2, collateral=True, type_name="ConnectionError", message="peer"))
+    text = str(outcome.error())
+    assert text.splitlines() == [
+        "rank 0 failed with ValueError: bad value 1",
+        "  rank 1 raised the same error",
+        "  then, as a consequence: rank 2: ConnectionError: peer",
+    ]
+
+
+def test_a_long_error_cut_in_the_summary_still_counts_as_the_same():
+    long = "x" * 500
+    outcome = Outcome([0, 1])
+    outcome.apply(failed(0, 1.0, message=long))
+    outcome.apply(failed(1, 1.1, message=long))
+    assert str(outcome.error()).splitlines()[1] == "  rank 1 raised the same error"
