@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from nbtrain.accelerator import checkpoint
+from nbtrain.accelerator import checkpoint, checkpoint_dirs
 
 if TYPE_CHECKING:
     from nbtrain.accelerator.fsdp import FsdpStrategy
@@ -104,7 +104,7 @@ class ShardedCheckpoint:
             state = _optimizer_state(self._root(), _inner(optimizer), full)
             if self.rank == 0:
                 torch.save(state, target / name)
-                checkpoint._fsync(target / name)
+                checkpoint_dirs.fsync(target / name)
 
     # -- loading (every rank) -----------------------------------------------------------------
 
@@ -184,7 +184,7 @@ def write_state_dict(state: dict[str, torch.Tensor], path: Path, safe: bool) -> 
         pointer = value.untyped_storage().data_ptr()
         tensors[key] = value.clone() if pointer in seen else value
         seen.add(pointer)
-    with checkpoint._written_aside(path) as aside:
+    with checkpoint_dirs.written_aside(path) as aside:
         if safe:
             from safetensors.torch import save_file
 

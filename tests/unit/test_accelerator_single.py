@@ -17,7 +17,7 @@ from torch.nn.functional import mse_loss
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from nbtrain import Accelerator, DistributedType, set_seed
-from nbtrain.accelerator import checkpoint
+from nbtrain.accelerator import checkpoint, checkpoint_dirs
 from nbtrain.accelerator.core import GradientAccumulationPlugin
 
 
@@ -306,7 +306,7 @@ def test_save_and_load_state_resume_the_epoch_exactly(tmp_path):
     resumed_seen, resumed_params = training_run(directory, load=True)
     assert resumed_seen == seen[2:]
     assert all(torch.equal(a, b) for a, b in zip(params, resumed_params, strict=True))
-    meta = json.loads((tmp_path / "ck" / checkpoint.MARKER).read_text())
+    meta = json.loads((tmp_path / "ck" / checkpoint_dirs.MARKER).read_text())
     assert meta["world_size"] == 1 and meta["models"] == 1 and meta["dataloaders"] == 1
 
 
@@ -314,13 +314,13 @@ def test_checkpoint_directories_are_replaced_atomically(tmp_path):
     acc = Accelerator()
     model = acc.prepare(torch.nn.Linear(2, 1))
     final = tmp_path / "ck"
-    slots = checkpoint.Slots.of(final)
+    slots = checkpoint_dirs.Slots.of(final)
     acc.save_state(str(final))
     assert sorted(os.listdir(tmp_path)) == ["ck"]
     # A save killed while writing: a partial directory without the marker is never loaded.
     slots.partial.mkdir()
     (slots.partial / "model.safetensors").write_bytes(b"half")
-    assert checkpoint.resolve_complete(final) == final
+    assert checkpoint_dirs.resolve_complete(final) == final
     # Killed between the two renames: the previous checkpoint is found at .old.
     final.rename(slots.old)
     assert acc.load_state(str(final)) == str(slots.old)
@@ -515,7 +515,9 @@ def user_files(directory) -> dict[str, str]:
     return {
         str(path.relative_to(directory)): path.read_text()
         for path in sorted(directory.rglob("*"))
-        if path.is_file() and path.suffix in {".json", ".txt"} and path.name != checkpoint.MARKER
+        if path.is_file()
+        and path.suffix in {".json", ".txt"}
+        and path.name != checkpoint_dirs.MARKER
     }
 
 
@@ -529,7 +531,7 @@ def test_save_state_into_a_directory_with_other_files_keeps_them(tmp_path):
     generation(acc, model, counter, 1)
     acc.save_state(str(out))
     assert user_files(out) == theirs
-    assert (out / "scaler.pt").exists() and not (out / checkpoint.IN_PLACE).exists()
+    assert (out / "scaler.pt").exists() and not (out / checkpoint_dirs.IN_PLACE).exists()
     assert sorted(os.listdir(tmp_path)) == ["out"], "written in place: nothing next to it"
     assert loaded_generation(out, "fp16") == (1.0, 1)
     # Saving again replaces nbtrain's own files only: the user's stay, and a file the previous
@@ -559,12 +561,12 @@ def test_an_in_place_save_stopped_before_its_commit_leaves_the_previous_checkpoi
     counter.fail = True
     with pytest.raises(RuntimeError, match="stopped while saving"):
         acc.save_state(str(out))
-    assert (out / checkpoint.IN_PLACE).is_dir(), "it had started writing"
+    assert (out / checkpoint_dirs.IN_PLACE).is_dir(), "it had started writing"
     assert loaded_generation(out) == (1.0, 1)
     counter.fail = False
     generation(acc, model, counter, 3)
     acc.save_state(str(out))  # also clears what the stopped save left
-    assert not (out / checkpoint.IN_PLACE).exists()
+    assert not (out / checkpoint_dirs.IN_PLACE).exists()
     assert loaded_generation(out) == (3.0, 3) and user_files(out) == {"notes.txt": "mine"}
 
 
@@ -575,20 +577,21 @@ def test_an_in_place_save_stopped_after_its_commit_is_finished_by_the_next_load(
     moves = []
 
     def replace_then_stop(source, target):  # the process dies after moving one file
-        moving = checkpoint.IN_PLACE in str(source) and checkpoint.IN_PLACE not in str(target)
+        partial = checkpoint_dirs.IN_PLACE
+        moving = partial in str(source) and partial not in str(target)
         if moving and moves:
             raise KeyboardInterrupt
         if moving:
             moves.append(target)
         os.rename(source, target)
 
-    monkeypatch.setattr(checkpoint.os, "replace", replace_then_stop)
+    monkeypatch.setattr(checkpoint_dirs.os, "replace", replace_then_stop)
     with pytest.raises(KeyboardInterrupt):
         acc.save_state(str(out))
     monkeypatch.undo()
-    assert not checkpoint.is_complete(out), "mid-move: the directory alone is not a checkpoint"
+    assert not checkpoint_dirs.is_complete(out), "mid-move: the directory alone is not a checkpoint"
     assert loaded_generation(out) == (2.0, 2), "committed: the new checkpoint is finished"
-    assert checkpoint.is_complete(out) and not (out / checkpoint.IN_PLACE).exists()
+    assert checkpoint_dirs.is_complete(out) and not (out / checkpoint_dirs.IN_PLACE).exists()
     assert user_files(out) == {"notes.txt": "mine"}
 
 
@@ -628,8 +631,8 @@ def test_checkpoint_files_have_accelerates_names_and_old_checkpoints_load(tmp_pa
     old = tmp_path / "ck"
     os.rename(old / "pytorch_model.bin", old / "model.bin")
     os.rename(old / "random_states_0.pkl", old / "rank_0.pt")
-    meta = json.loads((old / checkpoint.MARKER).read_text())
-    (old / checkpoint.MARKER).write_text(json.dumps({**meta, "format": 1}))
+    meta = json.loads((old / checkpoint_dirs.MARKER).read_text())
+    (old / checkpoint_dirs.MARKER).write_text(json.dumps({**meta, "format": 1}))
     assert loaded_generation(old) == (4.0, 4)
 
 
@@ -700,7 +703,7 @@ def test_a_symlinked_checkpoint_directory_stays_a_link(tmp_path):
     for value in (1, 2):
         generation(acc, model, counter, value)
         acc.save_state(str(tmp_path / "ck"))
-    assert (tmp_path / "ck").is_symlink() and checkpoint.is_complete(tmp_path / "disk")
+    assert (tmp_path / "ck").is_symlink() and checkpoint_dirs.is_complete(tmp_path / "disk")
     assert loaded_generation(tmp_path / "ck") == (2.0, 2)
 
 
@@ -747,7 +750,7 @@ def test_a_commit_marker_is_whole_or_absent(tmp_path, monkeypatch):
     real_replace = os.replace
 
     def crash_on_the_marker(source, destination):
-        if str(destination).endswith(checkpoint.MARKER):
+        if str(destination).endswith(checkpoint_dirs.MARKER):
             raise KeyboardInterrupt  # stopped between writing the marker and committing it
         real_replace(source, destination)
 
@@ -755,7 +758,7 @@ def test_a_commit_marker_is_whole_or_absent(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         acc.save_state(str(out))
     monkeypatch.setattr(os, "replace", real_replace)
-    assert not (out / checkpoint.IN_PLACE / checkpoint.MARKER).exists()
+    assert not (out / checkpoint_dirs.IN_PLACE / checkpoint_dirs.MARKER).exists()
     assert loaded_generation(out) == (1.0, 1)
     acc.save_state(str(out))
     assert loaded_generation(out) == (2.0, 2) and user_files(out) == {"notes.txt": "mine"}
