@@ -45,6 +45,7 @@ def train(
     own_checkpoint: str | None = None,
     swallow: bool = False,
     raw_optimizer: bool = False,
+    workers: int = 0,
 ) -> dict[str, Any]:
     """Dropout, shuffling, Adam and a scheduler: a resume that is off by one batch or one random
     draw gives other weights."""
@@ -56,7 +57,7 @@ def train(
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=7, gamma=0.7)
     data = TensorDataset(torch.randn(192, 8), torch.randint(0, 2, (192,)))
-    loader = DataLoader(data, batch_size=8, shuffle=True)
+    loader = DataLoader(data, batch_size=8, shuffle=True, num_workers=workers)
     if raw_optimizer:  # only the model and the loader prepared: steps still count
         model, loader = accelerator.prepare(model, loader)
     else:
@@ -196,6 +197,16 @@ def test_with_gradient_accumulation_the_stop_lands_on_a_real_step(
     assert "stopped at step" in message
     resumed = notebook_launcher(
         train, kwargs={"accumulate": 3}, num_processes=2, resume=True,
+        project_dir=tmp_path / "project", **QUIET,
+    )
+    assert same(resumed, full)
+
+
+def test_a_loader_with_worker_processes_stops_and_resumes_bitwise(tmp_path: Path) -> None:
+    full = notebook_launcher(train, kwargs={"workers": 2}, num_processes=2, **QUIET)
+    assert "stopped at step" in stopped_run(tmp_path, 0.3, workers=2)
+    resumed = notebook_launcher(
+        train, kwargs={"workers": 2}, num_processes=2, resume=True,
         project_dir=tmp_path / "project", **QUIET,
     )
     assert same(resumed, full)
