@@ -26,7 +26,7 @@ from nbtrain.kernel.inprocess import run_in_process
 from nbtrain.kernel.local import run_ranks
 from nbtrain.kernel.payload import prepare_call
 from nbtrain.kernel.stopping import build_policy, check_launch
-from nbtrain.shared.serialization import pack_call
+from nbtrain.shared.options import StartMethod
 
 
 def notebook_launcher(
@@ -115,11 +115,13 @@ def dispatch(
         # torch_xla runs the ordinals in a host process of their own
         from nbtrain.kernel.xla import run_xla
 
-        return run_xla(config, pack_call(function, args, kwargs))
+        # (segments, not fork references: torch_xla may start the ordinals' processes itself)
+        return run_xla(config, prepare_call(function, args, kwargs, StartMethod.SPAWN))
     if elastic or config.multi_node or config.max_restarts:
         from nbtrain.kernel.elastic.agent import run_elastic  # torch's elastic agent and rendezvous
 
-        return run_elastic(config, pack_call(function, args, kwargs))
+        call = prepare_call(function, args, kwargs, config.start.method)
+        return run_elastic(config, call)
     if config.num_processes == 1:
         return run_in_process(config, function, args, kwargs)
     return run_ranks(config, prepare_call(function, args, kwargs, config.start.method))

@@ -22,6 +22,7 @@ from nbtrain.kernel import processes
 from nbtrain.kernel.config import LaunchConfig
 from nbtrain.kernel.local import current_environment
 from nbtrain.kernel.outcome import Outcome
+from nbtrain.kernel.payload import PreparedCall, as_prepared
 from nbtrain.kernel.run import Run
 from nbtrain.rank import host_entry
 from nbtrain.shared.events import Event, Exited
@@ -81,8 +82,17 @@ def fan_out(
     return emit
 
 
-def run_xla(config: LaunchConfig, payload: bytes) -> Any:
+def run_xla(config: LaunchConfig, payload: bytes | PreparedCall) -> Any:
     __tracebackhide__ = True  # IPython shows the cell and the ordinal's traceback, not ours
+    call = as_prepared(payload)
+    try:  # big data shared with the host is released on every outcome (payload.py)
+        return _run_xla(config, call)
+    finally:
+        call.release()
+
+
+def _run_xla(config: LaunchConfig, call: PreparedCall) -> Any:
+    __tracebackhide__ = True
     ordinals = list(range(config.num_processes))
     spec = HostSpec(
         ordinals=len(ordinals),
@@ -101,9 +111,10 @@ def run_xla(config: LaunchConfig, payload: bytes) -> Any:
 
     def make_args(rank: int, pipes: processes.RankPipes, close: tuple[int, ...]) -> tuple:
         host = HostSpec(**{**spec.__dict__, "close_fds": close}) if close else spec
-        return (host, payload, pipes.stdout_w, pipes.stderr_w, pipes.events_w)
+        return (host, call.data, pipes.stdout_w, pipes.stderr_w, pipes.events_w)
 
     def start() -> list[processes.RankProcess]:
+        call.commit(run.say, len(ordinals))  # big data into shared memory
         return processes.start_ranks(config.start.method, [HOST], host_entry, make_args)
 
     # (fan_out reads run.outcome when called: it is the run's, for the whole launch)

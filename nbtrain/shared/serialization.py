@@ -70,14 +70,6 @@ def _children(obj: object, path: str) -> list[tuple[str, object]]:
     return []
 
 
-def pack_call(function: Callable[..., Any], args: tuple, kwargs: dict) -> bytes:
-    """cloudpickle (function, args, kwargs); the error names the object that cannot travel."""
-    try:
-        return cloudpickle.dumps((function, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as exc:
-        raise describe_payload_error(function, args, kwargs, exc) from None
-
-
 def describe_payload_error(
     function: Callable[..., Any], args: tuple, kwargs: dict, exc: Exception
 ) -> PayloadError:

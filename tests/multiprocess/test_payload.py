@@ -85,6 +85,21 @@ def test_ranks_read_a_big_global_and_argument_without_private_copies(method, big
     assert sharedmem.FORK_REGISTRY == {}
 
 
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_through_the_elastic_agent_too(method, big_global):
+    """max_restarts > 0 goes through torch's elastic agent: the same sharing, restarts included."""
+    small = np.ones(MiB // 8)
+    big = np.ones(64 * MiB // 8)
+    run = {"num_processes": 2, "start_method": method, "return_all": True, "max_restarts": 1}
+    baseline = notebook_launcher(read_small, args=(small,), **run, **QUIET)
+    measured = notebook_launcher(read_big, args=(big,), **run, **QUIET)
+    assert [total for _, total in measured] == [float(BIG.numel() + big.size)] * 2
+    growth = [uss - base for (uss, _), (base, _) in zip(measured, baseline, strict=True)]
+    assert max(growth) <= BOUND, f"rank USS grew by {[g // MiB for g in growth]} MiB"
+    assert own_segments() == []
+    assert sharedmem.FORK_REGISTRY == {}
+
+
 def identities(tensor):
     return id(BIG), id(tensor), os.getpid()
 

@@ -72,3 +72,34 @@ def test_more_ordinals_than_the_kernel_expects_fail_fast_by_name(monkeypatch):
     assert "CPU_NUM_DEVICES=2, from num_processes" in text and "num_processes=1" in text
     assert "line from ordinal" not in text  # stopped before the function ran
     assert time.monotonic() - started < 45
+
+
+def total_of(array):
+    from nbtrain.rank import runtime
+
+    return runtime.current().info.rank, float(array.sum())
+
+
+def test_big_arguments_reach_the_ordinals_through_shared_memory(monkeypatch):
+    """A 64 MiB argument travels once through /dev/shm to the host process (the pickle the host
+    receives is small), and nothing of it is left there afterwards."""
+    import glob
+    import os
+
+    import numpy as np
+
+    sent = []
+    real = xla.run_xla
+
+    def watched(config, call):
+        sent.append((len(call.data), call.shared_bytes))
+        return real(config, call)
+
+    monkeypatch.setattr(xla, "run_xla", watched)
+    big = np.ones(8 << 20)  # 64 MiB of float64
+    results = notebook_launcher(total_of, (big,), num_processes=2, return_all=True,
+                                progress="off")
+    assert results == [(0, float(big.size)), (1, float(big.size))]
+    [(pickled, shared)] = sent
+    assert pickled < (1 << 20) and shared >= big.nbytes, sent
+    assert glob.glob(f"/dev/shm/nbtrain_{os.getpid()}_*") == []
