@@ -14,7 +14,12 @@ later), so drift on a shared machine hits all alike; the table shows medians and
 Every rank uses one torch thread (two cores).
 
 A second table isolates the Accelerator's own cost from launch-to-launch noise: in ONE pair of
-ranks (nbtrain launch), an nbtrain-prepared model and a hand-wrapped DDP model train alternately.
+ranks (nbtrain launch), an nbtrain-prepared model and hand-wrapped DDP models train alternately,
+in blocks of BLOCK steps whose order flips every block, so both see the same moments of the
+shared machine; each round's ratio pairs the two cases' time over the same stretch. A second
+hand-wrapped DDP model ("ddp, again") is the noise floor: it differs from "ddp" only by chance.
+
+benchmarks/step_cost.py breaks the difference down per wrapper and shows it at other step sizes.
 
     python benchmarks/train.py [--rounds 9] [--steps 300]
 """
@@ -37,6 +42,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from nbtrain import notebook_launcher
 
 WARMUP = 30
+BLOCK = 25  # steps per block in the same-ranks alternation
 BATCH = 32  # per rank
 FEATURES, HIDDEN, CLASSES, SAMPLES = 64, 256, 10, 8192
 
@@ -176,7 +182,51 @@ def run_mp(name: str, steps: int) -> float:
     return results.get()
 
 
-def same_ranks(steps: int, rounds: int) -> tuple[list[float], list[float]]:
+def alternating(
+    runs: dict[str, tuple[Any, Any]], steps: int, rounds: int, block: int = BLOCK
+) -> dict[str, list[float]]:
+    """Steps/s of each (step, stream) per round, the cases alternating in blocks of ``block`` steps
+    inside every round (the order rotating every block). No barrier between blocks: DDP's
+    gradient all-reduce keeps the ranks in step; rank 0's clock is the one reported."""
+    names = list(runs)
+    for step, stream in runs.values():
+        for _ in range(WARMUP):
+            step(*next(stream))
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    clock = time.perf_counter
+    for _ in range(rounds):
+        dist.barrier()
+        seconds = dict.fromkeys(names, 0.0)
+        blocks = max(steps // block, 1)
+        for index in range(blocks):
+            for name in rotation(names, index):
+                step, stream = runs[name]
+                start = clock()
+                for _ in range(block):
+                    step(*next(stream))
+                seconds[name] += clock() - start
+        for name in names:
+            rates[name].append(blocks * block / seconds[name])
+    return rates
+
+
+def ddp_setup(data: TensorDataset) -> tuple[Any, Any]:
+    """A hand-wrapped DDP model's step and its endless stream of batches (DistributedSampler)."""
+    model = torch.nn.parallel.DistributedDataParallel(model_and_data()[0])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    sampler: DistributedSampler = DistributedSampler(data, shuffle=True)
+    loader = DataLoader(data, batch_size=BATCH, sampler=sampler)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        loss_fn(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    return step, batches(loader, sampler.set_epoch)
+
+
+def same_ranks(steps: int, rounds: int) -> dict[str, list[float]]:
     from nbtrain import Accelerator
 
     acc = Accelerator()
@@ -184,10 +234,6 @@ def same_ranks(steps: int, rounds: int) -> tuple[list[float], list[float]]:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = DataLoader(data, batch_size=BATCH, shuffle=True)
     model, optimizer, loader = acc.prepare(model, optimizer, loader)
-    raw_model = torch.nn.parallel.DistributedDataParallel(model_and_data()[0])
-    raw_optimizer = torch.optim.SGD(raw_model.parameters(), lr=0.01)
-    sampler: DistributedSampler = DistributedSampler(data, shuffle=True)
-    raw_loader = DataLoader(data, batch_size=BATCH, sampler=sampler)
     loss_fn = torch.nn.CrossEntropyLoss()
 
     def nbtrain_step(x: torch.Tensor, y: torch.Tensor) -> None:
@@ -195,18 +241,17 @@ def same_ranks(steps: int, rounds: int) -> tuple[list[float], list[float]]:
         optimizer.step()
         optimizer.zero_grad()
 
-    def ddp_step(x: torch.Tensor, y: torch.Tensor) -> None:
-        loss_fn(raw_model(x), y).backward()
-        raw_optimizer.step()
-        raw_optimizer.zero_grad()
+    runs = {
+        "nbtrain": (nbtrain_step, batches(loader)),
+        "ddp": ddp_setup(data),
+        "ddp, again": ddp_setup(data),
+    }
+    return alternating(runs, steps, rounds)
 
-    ours, theirs = batches(loader), batches(raw_loader, sampler.set_epoch)
-    rates: dict[str, list[float]] = {"nbtrain": [], "ddp": []}
-    runs = {"nbtrain": (nbtrain_step, ours), "ddp": (ddp_step, theirs)}
-    for round_ in range(rounds):
-        for name in rotation(list(runs), round_):
-            rates[name].append(timed(*runs[name], steps))
-    return rates["nbtrain"], rates["ddp"]
+
+def paired(values: list[float], baseline: list[float]) -> float:
+    """The median of the per-round ratios (each round's own conditions cancel out)."""
+    return statistics.median(v / b for v, b in zip(values, baseline, strict=True))
 
 
 def main() -> None:
@@ -231,14 +276,12 @@ def main() -> None:
     print("| case | median steps/s | min | max | vs ddp | vs accelerate | paired vs ddp |")
     print("|---|---|---|---|---|---|---|")
     for name, values in rates.items():
-        # Paired: the median of this case's rate over ddp's in the same round (less noise).
-        paired = statistics.median(v / d for v, d in zip(values, rates["ddp"], strict=True))
         print(
             f"| {name} | {medians[name]:.1f} | {min(values):.1f} | {max(values):.1f} | "
             f"{medians[name] / medians['ddp']:.3f}x | "
-            f"{medians[name] / medians['accelerate']:.3f}x | {paired:.3f}x |"
+            f"{medians[name] / medians['accelerate']:.3f}x | {paired(values, rates['ddp']):.3f}x |"
         )
-    ours, theirs = notebook_launcher(
+    same = notebook_launcher(
         same_ranks,
         (options.steps, options.rounds),
         num_processes=2,
@@ -246,13 +289,14 @@ def main() -> None:
         progress="off",
         output="none",
     )
-    print("\nSame ranks, alternating (Accelerator overhead only):")
-    print("| case | median steps/s | vs ddp |")
-    print("|---|---|---|")
-    ddp_median = statistics.median(theirs)
-    for name, values in (("nbtrain", ours), ("ddp", theirs)):
-        median = statistics.median(values)
-        print(f"| {name} | {median:.1f} | {median / ddp_median:.3f}x |")
+    print(f"\nSame ranks, alternating in blocks of {BLOCK} steps (Accelerator overhead only):")
+    print("| case | median steps/s | min | max | paired vs ddp |")
+    print("|---|---|---|---|---|")
+    for name, values in same.items():
+        print(
+            f"| {name} | {statistics.median(values):.1f} | {min(values):.1f} | "
+            f"{max(values):.1f} | {paired(values, same['ddp']):.3f}x |"
+        )
 
 
 if __name__ == "__main__":
