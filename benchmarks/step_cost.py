@@ -10,8 +10,8 @@ Part 2, per step: nbtrain (prepare + accelerator.backward) against hand-written 
 (DistributedSampler, loss.backward()) trained alternately in the same two ranks, in blocks whose
 order rotates, at three model sizes: ~1 ms of compute per step, train.py's MLP, ~20 ms. "compute"
 is forward + backward + SGD step of an unwrapped copy in one rank (no all-reduce). The
-difference of the step times is the fixed per-step cost; "ddp, again" (a second hand-wrapped
-model) shows the noise floor.
+difference of the step times (median over blocks, each against the DDP block beside it) is the
+fixed per-step cost; "ddp, again" (a second hand-wrapped model) shows the noise floor.
 
     python benchmarks/step_cost.py [--rounds 7] [--part 1|2]
 """
@@ -28,7 +28,7 @@ import torch
 import torch._dynamo  # (DDP imports it; loading it before forking keeps setup fast)
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
-from train import BATCH, FEATURES, HIDDEN, alternating, batches, paired
+from train import BATCH, FEATURES, HIDDEN, alternating, batches, paired_blocks
 
 from nbtrain import notebook_launcher
 
@@ -190,7 +190,7 @@ def compute_ms(width: int, batch: int, data: TensorDataset) -> float:
     return min(timings)
 
 
-def step_sizes(rounds: int) -> list[tuple[str, float, dict[str, list[float]]]]:
+def step_sizes(rounds: int) -> list[tuple[str, float, int, dict[str, list[float]]]]:
     from nbtrain import Accelerator
 
     acc = Accelerator()
@@ -225,8 +225,8 @@ def step_sizes(rounds: int) -> list[tuple[str, float, dict[str, list[float]]]]:
             return step, batches(raw, sampler.set_epoch)
 
         runs = {"nbtrain": (nbtrain_step, batches(loader)), "ddp": ddp(), "ddp, again": ddp()}
-        rates = alternating(runs, steps, rounds, block)
-        results.append((label, compute_ms(width, batch, data), rates))
+        seconds = alternating(runs, steps, rounds, block)
+        results.append((label, compute_ms(width, batch, data), block, seconds))
     return results
 
 
@@ -249,12 +249,17 @@ def main() -> None:
         print("| model | compute ms | nbtrain ms/step | ddp ms/step | added µs/step | "
               "nbtrain vs ddp | ddp, again vs ddp |")
         print("|---|---|---|---|---|---|---|")
-        for label, compute, rates in sizes:
-            ours, theirs = (1000 / statistics.median(rates[n]) for n in ("nbtrain", "ddp"))
+        for label, compute, block, seconds in sizes:
+            ours, theirs = (statistics.median(seconds[n]) * 1e3 / block for n in ("nbtrain", "ddp"))
+            # added: the median over blocks of the per-step difference to the DDP block beside it
+            added = statistics.median(
+                (a - b) / block * 1e6
+                for a, b in zip(seconds["nbtrain"], seconds["ddp"], strict=True)
+            )
             print(
-                f"| {label} | {compute:.2f} | {ours:.3f} | {theirs:.3f} | "
-                f"{(ours - theirs) * 1000:+.0f} | {paired(rates['nbtrain'], rates['ddp']):.3f}x | "
-                f"{paired(rates['ddp, again'], rates['ddp']):.3f}x |"
+                f"| {label} | {compute:.2f} | {ours:.3f} | {theirs:.3f} | {added:+.0f} | "
+                f"{paired_blocks(seconds['nbtrain'], seconds['ddp']):.3f}x | "
+                f"{paired_blocks(seconds['ddp, again'], seconds['ddp']):.3f}x |"
             )
 
 
