@@ -11,7 +11,9 @@ Part 2, per step: nbtrain (prepare + accelerator.backward) against hand-written 
 order rotates, at three model sizes: ~1 ms of compute per step, train.py's MLP, ~20 ms. "compute"
 is forward + backward + SGD step of an unwrapped copy in one rank (no all-reduce). The
 difference of the step times (median over blocks, each against the DDP block beside it) is the
-fixed per-step cost; "ddp, again" (a second hand-wrapped model) shows the noise floor.
+fixed per-step cost; "ddp, again" (a second hand-wrapped model) shows the noise floor. The same
+is given in CPU time of rank 0's stepping thread, which waiting and other processes do not
+inflate.
 
     python benchmarks/step_cost.py [--rounds 7] [--part 1|2]
 """
@@ -28,7 +30,7 @@ import torch
 import torch._dynamo  # (DDP imports it; loading it before forking keeps setup fast)
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
-from train import BATCH, FEATURES, HIDDEN, alternating, batches, paired_blocks
+from train import BATCH, FEATURES, HIDDEN, Blocks, alternating, batches, paired_blocks
 
 from nbtrain import notebook_launcher
 
@@ -190,7 +192,7 @@ def compute_ms(width: int, batch: int, data: TensorDataset) -> float:
     return min(timings)
 
 
-def step_sizes(rounds: int) -> list[tuple[str, float, int, dict[str, list[float]]]]:
+def step_sizes(rounds: int) -> list[tuple[str, float, int, Blocks, Blocks]]:
     from nbtrain import Accelerator
 
     acc = Accelerator()
@@ -225,8 +227,8 @@ def step_sizes(rounds: int) -> list[tuple[str, float, int, dict[str, list[float]
             return step, batches(raw, sampler.set_epoch)
 
         runs = {"nbtrain": (nbtrain_step, batches(loader)), "ddp": ddp(), "ddp, again": ddp()}
-        seconds = alternating(runs, steps, rounds, block)
-        results.append((label, compute_ms(width, batch, data), block, seconds))
+        seconds, cpu = alternating(runs, steps, rounds, block)
+        results.append((label, compute_ms(width, batch, data), block, seconds, cpu))
     return results
 
 
@@ -246,21 +248,28 @@ def main() -> None:
     if options.part in (None, 2):
         sizes = notebook_launcher(step_sizes, (options.rounds,), **launch)
         print(f"\nPer step, same 2 ranks, alternating, {options.rounds} rounds (medians):")
-        print("| model | compute ms | nbtrain ms/step | ddp ms/step | added µs/step | "
-              "nbtrain vs ddp | ddp, again vs ddp |")
-        print("|---|---|---|---|---|---|---|")
-        for label, compute, block, seconds in sizes:
-            ours, theirs = (statistics.median(seconds[n]) * 1e3 / block for n in ("nbtrain", "ddp"))
-            # added: the median over blocks of the per-step difference to the DDP block beside it
-            added = statistics.median(
-                (a - b) / block * 1e6
-                for a, b in zip(seconds["nbtrain"], seconds["ddp"], strict=True)
-            )
+        print(
+            "| model | compute ms | nbtrain ms/step | ddp ms/step | added µs/step | "
+            "nbtrain vs ddp | ddp, again vs ddp | added CPU µs/step | CPU vs ddp |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|")
+        for label, compute, block, wall, cpu in sizes:
+            ours, theirs = (statistics.median(wall[n]) * 1e3 / block for n in ("nbtrain", "ddp"))
             print(
-                f"| {label} | {compute:.2f} | {ours:.3f} | {theirs:.3f} | {added:+.0f} | "
-                f"{paired_blocks(seconds['nbtrain'], seconds['ddp']):.3f}x | "
-                f"{paired_blocks(seconds['ddp, again'], seconds['ddp']):.3f}x |"
+                f"| {label} | {compute:.2f} | {ours:.3f} | {theirs:.3f} | "
+                f"{added(wall, block):+.0f} | {paired_blocks(wall['nbtrain'], wall['ddp']):.3f}x | "
+                f"{paired_blocks(wall['ddp, again'], wall['ddp']):.3f}x | "
+                f"{added(cpu, block):+.1f} | {paired_blocks(cpu['nbtrain'], cpu['ddp']):.3f}x |"
             )
+
+
+def added(seconds: Blocks, block: int) -> float:
+    """µs per step nbtrain adds: the median over blocks of the difference to the DDP block
+    beside it."""
+    return statistics.median(
+        (ours - theirs) / block * 1e6
+        for ours, theirs in zip(seconds["nbtrain"], seconds["ddp"], strict=True)
+    )
 
 
 if __name__ == "__main__":
