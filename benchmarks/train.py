@@ -19,7 +19,8 @@ in blocks of BLOCK steps whose order rotates every block, so all see the same mo
 shared machine. Its ratio is the median, over all blocks, of the DDP block's time over the
 neighbouring nbtrain block's: a block that another process on the machine preempted is one
 outlier among rounds x blocks ratios. A second hand-wrapped DDP model ("ddp, again") is the
-noise floor: it differs from "ddp" only by chance.
+noise floor: it differs from "ddp" only by chance. The table also gives the CPU time of rank 0's
+stepping thread per step, which waiting for the peer and preemption leave out.
 
 benchmarks/step_cost.py breaks the difference down per wrapper and shows it at other step sizes.
 
