@@ -14,7 +14,15 @@ later), so drift on a shared machine hits all alike; the table shows medians and
 Every rank uses one torch thread (two cores).
 
 A second table isolates the Accelerator's own cost from launch-to-launch noise: in ONE pair of
-ranks (nbtrain launch), an nbtrain-prepared model and a hand-wrapped DDP model train alternately.
+ranks (nbtrain launch), an nbtrain-prepared model and hand-wrapped DDP models train alternately,
+in blocks of BLOCK steps whose order rotates every block, so all see the same moments of the
+shared machine. Its ratio is the median, over all blocks, of the DDP block's time over the
+neighbouring nbtrain block's: a block that another process on the machine preempted is one
+outlier among rounds x blocks ratios. A second hand-wrapped DDP model ("ddp, again") is the
+noise floor: it differs from "ddp" only by chance. The table also gives the CPU time of rank 0's
+stepping thread per step, which waiting for the peer and preemption leave out.
+
+benchmarks/step_cost.py breaks the difference down per wrapper and shows it at other step sizes.
 
     python benchmarks/train.py [--rounds 9] [--steps 300]
 """
@@ -37,6 +45,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from nbtrain import notebook_launcher
 
 WARMUP = 30
+BLOCK = 25  # steps per block in the same-ranks alternation
 BATCH = 32  # per rank
 FEATURES, HIDDEN, CLASSES, SAMPLES = 64, 256, 10, 8192
 
@@ -176,7 +185,74 @@ def run_mp(name: str, steps: int) -> float:
     return results.get()
 
 
-def same_ranks(steps: int, rounds: int) -> tuple[list[float], list[float]]:
+Blocks = dict[str, list[float]]  # seconds of each block, per case, in the order they ran
+
+
+def alternating(
+    runs: dict[str, tuple[Any, Any]], steps: int, rounds: int, block: int = BLOCK
+) -> tuple[Blocks, Blocks]:
+    """Wall-clock and main-thread CPU seconds of each block of ``block`` steps of each
+    (step, stream), the cases alternating block by block (the order rotating every block),
+    ``steps // block`` blocks per case and round. No barrier between blocks: DDP's gradient
+    all-reduce keeps the ranks in step; rank 0's clocks are the ones reported.
+
+    The CPU time of the thread running the steps leaves out waiting (for the peer, in the
+    all-reduce) and time other processes held the core, so the Python a wrapper adds shows in it
+    even when the machine is busy."""
+    names = list(runs)
+    for step, stream in runs.values():
+        for _ in range(WARMUP):
+            step(*next(stream))
+    wall: Blocks = {name: [] for name in names}
+    cpu: Blocks = {name: [] for name in names}
+    clock, thread_clock = time.perf_counter, time.thread_time
+    for _ in range(rounds):
+        dist.barrier()
+        for index in range(max(steps // block, 1)):
+            for name in rotation(names, index):
+                step, stream = runs[name]
+                start, start_cpu = clock(), thread_clock()
+                for _ in range(block):
+                    step(*next(stream))
+                cpu[name].append(thread_clock() - start_cpu)
+                wall[name].append(clock() - start)
+    return wall, cpu
+
+
+def round_rates(seconds: list[float], rounds: int, block: int = BLOCK) -> list[float]:
+    """Steps/s of each round, from its blocks' seconds."""
+    per_round = len(seconds) // rounds
+    return [
+        per_round * block / sum(seconds[i * per_round : (i + 1) * per_round])
+        for i in range(rounds)
+    ]
+
+
+def paired_blocks(seconds: list[float], baseline: list[float]) -> float:
+    """Speed vs the baseline: the median over blocks of the baseline block's time over this
+    case's block run right next to it. A block another process preempted is one outlier among
+    rounds x blocks ratios, not a share of a whole round's sum."""
+    return statistics.median(b / s for s, b in zip(seconds, baseline, strict=True))
+
+
+def ddp_setup(data: TensorDataset) -> tuple[Any, Any]:
+    """A hand-wrapped DDP model's step and its endless stream of batches (DistributedSampler)."""
+    model = torch.nn.parallel.DistributedDataParallel(model_and_data()[0])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    sampler: DistributedSampler = DistributedSampler(data, shuffle=True)
+    loader = DataLoader(data, batch_size=BATCH, sampler=sampler)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        loss_fn(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    return step, batches(loader, sampler.set_epoch)
+
+
+def same_ranks(steps: int, rounds: int) -> tuple[Blocks, Blocks]:
+    """Wall-clock and CPU seconds of every block, per case (see alternating)."""
     from nbtrain import Accelerator
 
     acc = Accelerator()
@@ -184,10 +260,6 @@ def same_ranks(steps: int, rounds: int) -> tuple[list[float], list[float]]:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = DataLoader(data, batch_size=BATCH, shuffle=True)
     model, optimizer, loader = acc.prepare(model, optimizer, loader)
-    raw_model = torch.nn.parallel.DistributedDataParallel(model_and_data()[0])
-    raw_optimizer = torch.optim.SGD(raw_model.parameters(), lr=0.01)
-    sampler: DistributedSampler = DistributedSampler(data, shuffle=True)
-    raw_loader = DataLoader(data, batch_size=BATCH, sampler=sampler)
     loss_fn = torch.nn.CrossEntropyLoss()
 
     def nbtrain_step(x: torch.Tensor, y: torch.Tensor) -> None:
@@ -195,18 +267,17 @@ def same_ranks(steps: int, rounds: int) -> tuple[list[float], list[float]]:
         optimizer.step()
         optimizer.zero_grad()
 
-    def ddp_step(x: torch.Tensor, y: torch.Tensor) -> None:
-        loss_fn(raw_model(x), y).backward()
-        raw_optimizer.step()
-        raw_optimizer.zero_grad()
+    runs = {
+        "nbtrain": (nbtrain_step, batches(loader)),
+        "ddp": ddp_setup(data),
+        "ddp, again": ddp_setup(data),
+    }
+    return alternating(runs, steps, rounds)
 
-    ours, theirs = batches(loader), batches(raw_loader, sampler.set_epoch)
-    rates: dict[str, list[float]] = {"nbtrain": [], "ddp": []}
-    runs = {"nbtrain": (nbtrain_step, ours), "ddp": (ddp_step, theirs)}
-    for round_ in range(rounds):
-        for name in rotation(list(runs), round_):
-            rates[name].append(timed(*runs[name], steps))
-    return rates["nbtrain"], rates["ddp"]
+
+def paired(values: list[float], baseline: list[float]) -> float:
+    """The median of the per-round ratios (each round's own conditions cancel out)."""
+    return statistics.median(v / b for v, b in zip(values, baseline, strict=True))
 
 
 def main() -> None:
@@ -231,14 +302,12 @@ def main() -> None:
     print("| case | median steps/s | min | max | vs ddp | vs accelerate | paired vs ddp |")
     print("|---|---|---|---|---|---|---|")
     for name, values in rates.items():
-        # Paired: the median of this case's rate over ddp's in the same round (less noise).
-        paired = statistics.median(v / d for v, d in zip(values, rates["ddp"], strict=True))
         print(
             f"| {name} | {medians[name]:.1f} | {min(values):.1f} | {max(values):.1f} | "
             f"{medians[name] / medians['ddp']:.3f}x | "
-            f"{medians[name] / medians['accelerate']:.3f}x | {paired:.3f}x |"
+            f"{medians[name] / medians['accelerate']:.3f}x | {paired(values, rates['ddp']):.3f}x |"
         )
-    ours, theirs = notebook_launcher(
+    same = notebook_launcher(
         same_ranks,
         (options.steps, options.rounds),
         num_processes=2,
@@ -246,13 +315,21 @@ def main() -> None:
         progress="off",
         output="none",
     )
-    print("\nSame ranks, alternating (Accelerator overhead only):")
-    print("| case | median steps/s | vs ddp |")
-    print("|---|---|---|")
-    ddp_median = statistics.median(theirs)
-    for name, values in (("nbtrain", ours), ("ddp", theirs)):
-        median = statistics.median(values)
-        print(f"| {name} | {median:.1f} | {median / ddp_median:.3f}x |")
+    wall, cpu = same
+    print(f"\nSame ranks, alternating in blocks of {BLOCK} steps (Accelerator overhead only):")
+    print(
+        "| case | median steps/s | min | max | paired vs ddp (per block) | "
+        "CPU µs/step (rank 0's stepping thread) | CPU vs ddp |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for name, seconds in wall.items():
+        values = round_rates(seconds, options.rounds)
+        cpu_us = statistics.median(cpu[name]) / BLOCK * 1e6
+        print(
+            f"| {name} | {statistics.median(values):.1f} | {min(values):.1f} | "
+            f"{max(values):.1f} | {paired_blocks(seconds, wall['ddp']):.3f}x | "
+            f"{cpu_us:.0f} | {paired_blocks(cpu[name], cpu['ddp']):.3f}x |"
+        )
 
 
 if __name__ == "__main__":

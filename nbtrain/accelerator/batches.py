@@ -65,7 +65,9 @@ class ShardedBatchSampler(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         self.seeding.apply(self.epoch)
-        batches = sharding.shard_batches(self.batch_sampler, self.spec)
+        # torch's BatchSampler makes a new list per batch: nothing to copy.
+        fresh = type(self.batch_sampler) is BatchSampler
+        batches = sharding.shard_batches(self.batch_sampler, self.spec, fresh)
         return itertools.islice(batches, self.skip, None) if self.skip else batches
 
     def exact_length(self) -> int | None:

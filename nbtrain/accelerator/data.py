@@ -240,10 +240,12 @@ class PreparedDataLoader(DataLoader):
             self.gradient_state.leave(self)
 
     def _counted(self, batches: Iterator[Any], index: int, total: int) -> Iterator[Any]:
+        position = self.position
         for batch in batches:
             index += 1
-            self.position.yielded = index
-            self.end_of_dataloader = index >= total
+            position.yielded = index
+            if index >= total:  # (False since the pass began; DataLoader's __setattr__ is slow)
+                self.end_of_dataloader = True
             yield self._place(batch)
 
     def _looking_ahead(self, batches: Iterator[Any], index: int) -> Iterator[Any]:

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
+from nbtrain.accelerator.accumulation import GradientState
 from nbtrain.accelerator.front_base import PREPARED_MODELS, AcceleratorBase
 from nbtrain.accelerator.optim import PreparedOptimizer
 
@@ -37,16 +38,10 @@ class TrainingStep(AcceleratorBase):
         else:
             loss.backward(**kwargs)
 
-    @contextlib.contextmanager
-    def accumulate(self, *models: nn.Module) -> Iterator[None]:
+    def accumulate(self, *models: nn.Module) -> contextlib.AbstractContextManager[None]:
         """One micro-step: gradients sync (and optimizers step) only on the last of each
         ``gradient_accumulation_steps``, and on the last batch of the dataloader."""
-        sync = self.gradient_state.begin_micro_step() or self.gradient_state.sync_each_batch
-        with contextlib.ExitStack() as stack:
-            if not sync:
-                for model in models:
-                    stack.enter_context(self._strategy.no_sync(model))
-            yield
+        return MicroStep(self.gradient_state, self._strategy, models)
 
     @contextlib.contextmanager
     def no_sync(self, model: nn.Module) -> Iterator[None]:
@@ -129,6 +124,32 @@ class TrainingStep(AcceleratorBase):
 
     # ---------------------------------------------------------------------------------------
     # Collectives
+
+
+class MicroStep(contextlib.ContextDecorator):
+    """One ``accumulate()`` block. A small class rather than a generator context manager: it
+    runs every step, and a synchronising step (the usual one) only decides the flag."""
+
+    __slots__ = ("_models", "_stack", "_state", "_strategy")
+
+    def __init__(self, state: GradientState, strategy: Any, models: tuple[nn.Module, ...]) -> None:
+        self._state = state
+        self._strategy = strategy
+        self._models = models
+        self._stack: contextlib.ExitStack | None = None
+
+    def __enter__(self) -> None:
+        state = self._state
+        if state.begin_micro_step() or state.sync_each_batch or not self._models:
+            return
+        with contextlib.ExitStack() as stack:  # (a no_sync that fails leaves the others)
+            for model in self._models:
+                stack.enter_context(self._strategy.no_sync(model))
+            self._stack = stack.pop_all()
+
+    def __exit__(self, *exc_info: Any) -> bool:
+        stack, self._stack = self._stack, None
+        return bool(stack.__exit__(*exc_info)) if stack is not None else False
 
 
 def _parameter_list(parameters: Iterable[torch.Tensor] | torch.Tensor) -> list[torch.Tensor]:

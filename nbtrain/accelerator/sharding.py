@@ -70,42 +70,54 @@ class ShardSpec:
         return self.batch_size if self.split_batches else self.batch_size * self.world_size
 
 
-def shard_batches(batches: Iterable[Sequence[T]], spec: ShardSpec) -> Iterator[list[T]]:
+def shard_batches(
+    batches: Iterable[Sequence[T]], spec: ShardSpec, fresh: bool = False
+) -> Iterator[list[T]]:
     """This rank's batches, from the original loader's batches (lists of indices).
 
     Accelerate's BatchSamplerShard semantics, including for batch samplers whose batches vary
     in size: only full batches (``len == batch_size``, or any size when the sampler has no
     ``batch_size``) are guaranteed to be handed out; see ``_whole`` and ``_split``. A single
-    process gets the batches unchanged (Accelerate does not shard it either)."""
+    process gets the batches unchanged (Accelerate does not shard it either).
+
+    ``fresh``: every batch is a new list nobody else holds (torch's BatchSampler), so batches
+    are kept as they are; otherwise each is copied (a custom batch sampler may refill one list).
+    """
     if spec.world_size == 1:
         return (list(batch) for batch in batches)
     if spec.split_batches:
         return _split(batches, spec)
-    return _whole(batches, spec)
+    return _whole(batches, spec, fresh)
 
 
 def _is_full(batch: Sequence[object], size: int | None) -> bool:
     return size is None or len(batch) == size
 
 
-def _whole(batches: Iterable[Sequence[T]], spec: ShardSpec) -> Iterator[list[T]]:
+def _whole(
+    batches: Iterable[Sequence[T]], spec: ShardSpec, fresh: bool = False
+) -> Iterator[list[T]]:
     """Batch i goes to rank i % world. A *step* is each run of ``world`` consecutive batches; it
     is handed out when its last batch is full, and dropped otherwise (a short batch in the middle
     of an epoch, from a custom batch sampler, costs its whole step, as in Accelerate). The epoch's
-    tail is then completed by wrapping around (even_batches), or handed out as it is."""
+    tail is then completed by wrapping around (even_batches), or handed out as it is.
+
+    Runs once per batch of every rank: plain locals, no calls but the copy a reused list needs."""
     world, rank, size = spec.world_size, spec.rank, spec.batch_size
-    first: list[list[T]] = []  # the epoch's first `world` batches, to wrap around to
+    last_slot = world - 1
+    keep_first = not spec.drop_last  # the epoch's first `world` batches, to wrap around to
+    first: list[list[T]] = []
     mine: list[T] | None = None  # this rank's batch of the current step, not handed out yet
     position = -1  # of the last batch seen in its step (0..world-1)
     batch: list[T] = []
     for batch_ in batches:
-        batch = list(batch_)
-        position = (position + 1) % world
-        if not spec.drop_last and len(first) < world:
+        batch = batch_ if fresh else list(batch_)  # type: ignore[assignment]
+        position = position + 1 if position < last_slot else 0
+        if keep_first and len(first) < world:
             first.append(batch)
         if position == rank:
             mine = batch
-        if position == world - 1 and _is_full(batch, size):
+        if position == last_slot and (size is None or len(batch) == size):
             yield mine  # type: ignore[misc]  # set: rank <= world - 1 = position
             mine = None
     if spec.drop_last or not first:

@@ -3,6 +3,7 @@ rules, precision, errors for misuse, checkpoints on disk."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import itertools
 import json
@@ -18,7 +19,9 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from nbtrain import Accelerator, DistributedType, set_seed
 from nbtrain.accelerator import checkpoint, checkpoint_dirs
+from nbtrain.accelerator.accumulation import GradientState
 from nbtrain.accelerator.core import GradientAccumulationPlugin
+from nbtrain.accelerator.front_training import MicroStep
 
 
 @pytest.fixture(autouse=True)
@@ -123,6 +126,51 @@ def sync_pattern(acc: Accelerator, batches: int, epochs: int = 1) -> list[bool]:
             with acc.accumulate(model):
                 pattern.append(acc.sync_gradients)
     return pattern
+
+
+class RecordingStrategy:
+    """Stands in for DDP's no_sync (one process has no DDP): records entries and exits."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, object]] = []
+
+    @contextlib.contextmanager
+    def no_sync(self, model: object):  # type: ignore[no-untyped-def]
+        self.events.append(("enter", model))
+        try:
+            yield
+        finally:
+            self.events.append(("exit", model))
+
+
+def test_accumulate_skips_sync_only_inside_non_final_micro_steps_and_lets_errors_through():
+    strategy = RecordingStrategy()
+    state = GradientState(num_steps=2)
+    with MicroStep(state, strategy, ("a", "b")):
+        assert strategy.events == [("enter", "a"), ("enter", "b")]
+        assert not state.sync_gradients
+    assert strategy.events[2:] == [("exit", "b"), ("exit", "a")]
+    strategy.events.clear()
+    with MicroStep(state, strategy, ("a",)):  # the synchronising step: no no_sync
+        assert state.sync_gradients
+    assert strategy.events == []
+    with pytest.raises(ValueError, match="inside"), MicroStep(state, strategy, ("a",)):
+        raise ValueError("inside")
+    assert strategy.events == [("enter", "a"), ("exit", "a")]
+
+
+def test_accumulate_works_as_a_decorator_too():
+    acc = Accelerator(gradient_accumulation_steps=2)
+    model = acc.prepare(torch.nn.Linear(2, 1))
+    seen = []
+
+    @acc.accumulate(model)
+    def micro_step() -> None:
+        seen.append(acc.sync_gradients)
+
+    for _ in range(4):
+        micro_step()
+    assert seen == [False, True, False, True]
 
 
 def test_accumulation_syncs_every_n_and_at_the_end_of_the_dataloader():

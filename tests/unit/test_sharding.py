@@ -260,3 +260,45 @@ def test_split_between_processes_tensors_tuples_and_dicts():
         share({"a": [1, 2], "b": [1]}, 2, 0)
     with pytest.raises(TypeError, match="set"):
         share({1, 2}, 2, 0)
+
+
+class RefillingBatches:
+    """A hand-written batch sampler that refills one list (it clears it after each yield)."""
+
+    batch_size = 2
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        batch: list[int] = []
+        for index in range(self.length):
+            batch.append(index)
+            if len(batch) == self.batch_size:
+                yield batch
+                batch.clear()
+        if batch:
+            yield batch
+
+
+@pytest.mark.parametrize("length", [4, 5, 7, 8])
+@pytest.mark.parametrize("even_batches", [True, False])
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_batch_sampler_that_refills_its_list_shards_like_fresh_lists(
+    length: int, even_batches: bool, rank: int
+) -> None:
+    spec = ShardSpec(world_size=2, rank=rank, even_batches=even_batches, batch_size=2)
+    expected = list(sharding.shard_batches(list(batches(length, 2, False)), spec))
+    assert list(sharding.shard_batches(RefillingBatches(length), spec)) == expected
+
+
+@pytest.mark.parametrize(("length", "batch", "world", "drop_last"), CASES)
+def test_fresh_batches_shard_as_copied_ones(
+    length: int, batch: int, world: int, drop_last: bool
+) -> None:
+    for rank in range(world):
+        for even in (True, False):
+            spec = ShardSpec(world, rank, even_batches=even, drop_last=drop_last, batch_size=batch)
+            copied = list(sharding.shard_batches(batches(length, batch, drop_last), spec))
+            fresh = list(sharding.shard_batches(batches(length, batch, drop_last), spec, True))
+            assert fresh == copied
