@@ -85,6 +85,10 @@ def notebook_launcher(
         return_all=return_all,
         rdzv_timeout=rdzv_timeout,
     )
+    wanted = on_interrupt != "stop" or any(
+        option not in (None, False) for option in (checkpoint_every, resume, resume_from)
+    )
+    check_launch(wanted, config, elastic=False)
     policy = build_policy(
         getattr(function, "__name__", "run"),
         config.world_size,
@@ -95,7 +99,6 @@ def notebook_launcher(
         project_dir=project_dir,
         total_limit=total_limit,
     )
-    check_launch(policy, config, elastic=False)
     config = dataclasses.replace(config, stopping=policy)
     return dispatch(config, function, args, kwargs)
 

@@ -169,9 +169,10 @@ def _check_world(source: Path, world_size: int) -> None:
         )
 
 
-def check_launch(policy: StopPolicy | None, config: LaunchConfig, elastic: bool) -> None:
-    """Stop and resume run on one machine's ranks started by nbtrain (for now)."""
-    if policy is None:
+def check_launch(wanted: bool, config: LaunchConfig, elastic: bool) -> None:
+    """Stop and resume run on one machine's ranks started by nbtrain (for now). ``wanted``: the
+    launch asked for any of them. Checked first: a refused launch creates no folder."""
+    if not wanted:
         return
     where = None
     if config.xla_device:

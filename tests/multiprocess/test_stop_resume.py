@@ -358,9 +358,13 @@ def test_a_project_dir_that_cannot_be_written_is_refused(tmp_path: Path) -> None
         )
 
 
-def test_stop_and_resume_are_refused_where_they_do_not_run_yet() -> None:
+def test_stop_and_resume_are_refused_where_they_do_not_run_yet(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match="elastic"):
         notebook_launcher(never_called, num_processes=2, max_restarts=1, checkpoint_every=5)
+    assert list(tmp_path.iterdir()) == [], "a refused launch creates no folder"
 
 
 def test_a_failure_during_a_stop_policy_is_still_the_root_cause(tmp_path: Path) -> None:
