@@ -54,6 +54,7 @@ from nbtrain.shared.events import Event
 from nbtrain.shared.options import ProgressMode, StartMethod
 from nbtrain.shared.serialization import PayloadError
 from nbtrain.shared.specs import RankSpec
+from nbtrain.shared.stopping import StopPolicy
 
 STOP_WAIT = 5.0  # seconds ranks get to leave their loop on stop() before they are terminated
 VIEW_AFTER = 0.5  # seconds a command runs before its live view appears (quick cells get none)
@@ -123,12 +124,21 @@ class Ranks:
 
     # -- the public API ----------------------------------------------------------------------
 
-    def run(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def run(
+        self,
+        function: Callable[..., Any],
+        *args: Any,
+        on_interrupt: str | None = None,
+        **kwargs: Any,
+    ) -> Any:
         """``function(*args, **kwargs)`` on every rank: rank 0's value (every rank's with
         ``return_all``), as ``notebook_launcher`` returns it. A notebook-defined function sees
-        the rank's own names (what earlier cells defined) over the kernel's."""
+        the rank's own names (what earlier cells defined) over the kernel's. ``on_interrupt``
+        ("stop" or "checkpoint") overrides start_ranks' for this call (README: Stop and
+        resume); the call's checkpoints go where start_ranks' options say."""
         __tracebackhide__ = True
         args, kwargs = check_function(function, args, kwargs)
+        stopping = self._call_policy(on_interrupt)
         world = self._require()
         # Pickled, never by reference: the ranks were started before these objects existed.
         call = prepare_call(function, args, kwargs, StartMethod.SPAWN)
@@ -137,10 +147,11 @@ class Ranks:
             name = getattr(function, "__qualname__", repr(function))
             return self._execute(
                 world,
-                lambda rank: Call(call.data, self.config.return_all or rank == 0),
+                lambda rank: Call(call.data, self.config.return_all or rank == 0, stopping),
                 self.ranks,
                 title=f"{name} on {len(self.ranks)} warm ranks",
                 return_all=self.config.return_all,
+                stopping=stopping,
             )
         finally:
             call.release()
@@ -254,12 +265,14 @@ class Ranks:
         return_all: bool,
         timeout: float | None = None,
         quiet: bool = False,
+        stopping: StopPolicy | None = None,
     ) -> Any:
         __tracebackhide__ = True
         config = dataclasses.replace(
             self.config,
             return_all=return_all,
             timeout=self.config.timeout if timeout is None else timeout,
+            stopping=stopping or self.config.stopping,
         )
         if quiet:  # pull/push: answers, not runs worth a view of their own
             config = dataclasses.replace(config, progress=ProgressMode.OFF)
@@ -357,6 +370,18 @@ class Ranks:
             world = self._holder.world
             assert world is not None
         return world
+
+    def _call_policy(self, on_interrupt: str | None) -> StopPolicy | None:
+        """run(..., on_interrupt=...): this call's own policy, with the session's folder, period
+        and limit (checked before anything is sent); None: the session's."""
+        if on_interrupt is None:
+            return None
+        options = {**self._stop_options, "on_interrupt": on_interrupt}
+        options.update(resume=False, resume_from=None)  # a resume belongs to start_ranks
+        policy = build_policy("session", self.config.world_size, **options)
+        if policy is None and self.config.stopping is not None:  # "stop" for this call only
+            policy = dataclasses.replace(self.config.stopping, on_interrupt=False, resume_from=None)
+        return policy
 
     def _start_world(self) -> None:
         if self._stop_options:

@@ -80,8 +80,10 @@ def serve(spec: RankSpec, commands: Connection, sink: EventSink, namespace: dict
         if isinstance(command, Stop):
             return
         sink.send(Started(info.rank, os.getpid(), spec.device, host, info.local_rank))
-        active = Runtime(info, sink, spec.mixed_precision, stopping=spec.stopping)
-        graceful = spec.stopping is not None and spec.stopping.on_interrupt
+        # A run(..., on_interrupt=...) brings its own policy; else the session's (start_ranks).
+        policy = (command.stopping if isinstance(command, Call) else None) or spec.stopping
+        active = Runtime(info, sink, spec.mixed_precision, stopping=policy)
+        graceful = policy is not None and policy.on_interrupt
         with runtime.activate(active):
             if graceful:
                 interrupts.begin()

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nbtrain.shared.stopping import StopPolicy
+
 
 @dataclass(frozen=True)
 class Cell:
@@ -28,6 +30,7 @@ class Call:
 
     payload: bytes
     send_result: bool
+    stopping: StopPolicy | None = None  # run(..., on_interrupt=...): this call's own policy
 
 
 @dataclass(frozen=True)

@@ -400,6 +400,27 @@ def test_warm_ranks_stop_gracefully_stay_warm_and_a_new_session_resumes(
         assert same(ranks.run(train), reference)
 
 
+def test_one_warm_run_can_ask_for_the_graceful_stop_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import nbtrain
+
+    monkeypatch.chdir(tmp_path)  # the default project_dir: nbtrain-runs/session here
+    marker = tmp_path / "marker"
+    with nbtrain.start_ranks(2, **QUIET) as ranks:
+        with pytest.raises(ValueError, match="on_interrupt='later'"):
+            ranks.run(train, on_interrupt="later")  # checked before anything is sent
+        thread = interrupt_when(marker, 0.3)
+        try:
+            with pytest.raises(KeyboardInterrupt, match="stopped at step"):
+                ranks.run(train, marker=str(marker), slow=0.03, on_interrupt="checkpoint")
+        finally:
+            thread.join()
+        saved = tmp_path / "nbtrain-runs" / "session" / "checkpoints" / "checkpoint_0"
+        assert (saved / "nbtrain_checkpoint.json").is_file()
+        assert ranks.pull("1 + 1") == [2, 2]
+
+
 def test_warm_ranks_refuse_bad_stop_options_before_starting(tmp_path: Path) -> None:
     import nbtrain
 
