@@ -120,19 +120,8 @@ def run_nbtrain(steps: int) -> float:
 
 def ddp_rank(steps: int) -> float:
     dist.init_process_group("gloo")
-    model, data = model_and_data()
-    model = torch.nn.parallel.DistributedDataParallel(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    sampler: DistributedSampler = DistributedSampler(data, shuffle=True)
-    loader = DataLoader(data, batch_size=BATCH, sampler=sampler)
-    loss_fn = torch.nn.CrossEntropyLoss()
-
-    def step(x: torch.Tensor, y: torch.Tensor) -> None:
-        loss_fn(model(x), y).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-
-    return timed(step, batches(loader, sampler.set_epoch), steps)
+    step, stream = ddp_setup(model_and_data()[1])
+    return timed(step, stream, steps)
 
 
 def accelerate_rank(steps: int) -> float:
