@@ -38,12 +38,13 @@ class Resume:
         """Load once the Accelerator holds what the checkpoint holds."""
         if self.done or self._loaded is not None:
             return
-        counts = accelerator._training_state().counts()
+        state = accelerator._training_state()
+        counts = state.counts()
         if any(counts[name] != self._meta.get(name, 0) for name in _COUNTED):
             return
         self._loaded = checkpoint.load_state(
             self.source,
-            accelerator._training_state(),
+            state,
             accelerator._collectives,
             accelerator._device,
             later=True,

@@ -6,11 +6,12 @@ also used by the elastic agent), starts the processes and lets the run watch the
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from nbtrain.kernel import environment, processes
 from nbtrain.kernel.config import LaunchConfig
-from nbtrain.kernel.payload import PreparedCall, as_prepared
+from nbtrain.kernel.payload import PreparedCall, released
 from nbtrain.kernel.rendezvous import LocalRendezvous, open_local
 from nbtrain.kernel.run import Run
 from nbtrain.rank import rank_entry
@@ -20,11 +21,7 @@ from nbtrain.shared.specs import RankInfo, RankSpec
 
 def run_ranks(config: LaunchConfig, payload: bytes | PreparedCall) -> Any:
     __tracebackhide__ = True  # IPython shows the cell and the rank's traceback, not ours
-    call = as_prepared(payload)
-    try:  # big data shared with the ranks is released on every outcome (payload.py)
-        return _run_ranks(config, call)
-    finally:
-        call.release()
+    return released(payload, functools.partial(_run_ranks, config))
 
 
 def _run_ranks(config: LaunchConfig, call: PreparedCall) -> Any:

@@ -22,11 +22,13 @@ import os
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from nbtrain.shared import sharedmem
 from nbtrain.shared.options import StartMethod
 from nbtrain.shared.serialization import PayloadError, describe_payload_error, find_path
+
+T = TypeVar("T")
 
 ANNOUNCE_BYTES = 64 << 20  # a payload at least this big is named in the live view's status
 
@@ -64,6 +66,17 @@ class PreparedCall:
 
 def as_prepared(payload: bytes | PreparedCall) -> PreparedCall:
     return payload if isinstance(payload, PreparedCall) else PreparedCall(payload)
+
+
+def released(payload: bytes | PreparedCall, launch: Callable[[PreparedCall], T]) -> T:
+    """``launch(call)``; the big data it shares is released on every outcome (every launch
+    path: local ranks, the XLA host, the elastic agent)."""
+    __tracebackhide__ = True  # IPython shows the cell and the rank's traceback, not ours
+    call = as_prepared(payload)
+    try:
+        return launch(call)
+    finally:
+        call.release()
 
 
 def prepare_call(

@@ -51,6 +51,7 @@ from nbtrain.shared.events import Display, Event, Stopped
 
 GRACE = 2.0  # seconds between SIGTERM and SIGKILL when stopping ranks (read at each use)
 REFRESH = 0.1  # seconds between redraws of the view (about 10 per second)
+STOPPING = "stopping at the next optimizer step to save a checkpoint…"  # a graceful stop's note
 
 __all__ = ["EXIT_WAIT", "GRACE", "REFRESH", "Run", "open_view", "sigint_deferred"]
 
@@ -102,10 +103,7 @@ class Run:
         """Publish the ranks' new output lines and redraw, at most every REFRESH seconds."""
         if self._stop_asked:
             self._stop_asked = False
-            self.say(
-                "stopping at the next optimizer step to save a checkpoint… "
-                "(interrupt again to stop at once)"
-            )
+            self.say(f"{STOPPING} (interrupt again to stop at once)")
         now = time.monotonic()
         if now - self._last_draw >= REFRESH:
             self._last_draw = now

@@ -43,7 +43,7 @@ from nbtrain.kernel.local import rank_specs
 from nbtrain.kernel.monitor import Verdict
 from nbtrain.kernel.payload import prepare_call, share
 from nbtrain.kernel.rendezvous import LocalRendezvous, open_local
-from nbtrain.kernel.run import GRACE, Run, sigint_deferred
+from nbtrain.kernel.run import GRACE, STOPPING, Run, sigint_deferred
 from nbtrain.kernel.stopping import build_policy
 from nbtrain.kernel.supervisor import Supervisor
 from nbtrain.rank import session_entry
@@ -460,10 +460,8 @@ def _interrupts_to(
             return
         if graceful and not supervisor.stop_asked:
             supervisor.ask_to_stop()
-            run.say(
-                "stopping at the next optimizer step to save a checkpoint… (interrupt again "
-                "to interrupt the ranks at once; their state is kept)"
-            )
+            again = "(interrupt again to interrupt the ranks at once; their state is kept)"
+            run.say(f"{STOPPING} {again}")
         if len(pending) >= (2 if graceful else 1):  # graceful: the second press interrupts
             supervisor.interrupt()
 

@@ -12,6 +12,7 @@ import datetime
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 from nbtrain.kernel.config import LaunchConfig, choice, whole
 from nbtrain.shared import checkpoints
@@ -54,8 +55,10 @@ def build_policy(
     root = _project_dir(project_dir, function_name)
     if graceful or steps or seconds:
         _check_writable(root)
-    source = _resume_source(root, mode, resume_from, world_size)
+    source = _resume_source(root, mode, resume_from)
     meta = checkpoints.read_meta(source) if source is not None else {}
+    if source is not None:
+        _check_world(source, meta, world_size)
     return StopPolicy(
         project_dir=str(root),
         next_number=checkpoints.next_number(root),
@@ -129,37 +132,32 @@ def _check_writable(root: Path) -> None:
         )
 
 
-def _resume_source(
-    root: Path, mode: str | None, resume_from: object, world_size: int
-) -> Path | None:
+def _resume_source(root: Path, mode: str | None, resume_from: object) -> Path | None:
+    """The complete checkpoint to resume from (resume_from=, else the newest), or None."""
     if resume_from is not None:
         if not isinstance(resume_from, (str, os.PathLike)):
             raise TypeError(f"resume_from={resume_from!r} must be a checkpoint directory path.")
-        source: Path | None = Path(resume_from).expanduser().absolute()
-        assert source is not None
-        if not checkpoints.is_complete(source):
+        named = Path(resume_from).expanduser().absolute()
+        if not checkpoints.is_complete(named):
             raise FileNotFoundError(
-                f"resume_from={str(source)!r} is not a complete checkpoint (no "
+                f"resume_from={str(named)!r} is not a complete checkpoint (no "
                 f"{checkpoints.MARKER}). Pass a directory written by save_state() or by a "
                 "checkpoint of on_interrupt= / checkpoint_every=."
             )
-    elif mode is None:
+        return named
+    if mode is None:
         return None
-    else:
-        source = checkpoints.latest_complete(root)
-        if source is None and mode == "required":
-            raise FileNotFoundError(
-                f"resume=True: there is no complete checkpoint in "
-                f"{str(checkpoints.automatic_parent(root))!r} yet. Pass resume='auto' to start "
-                "fresh when there is none, or resume_from= a checkpoint directory."
-            )
-    if source is not None:
-        _check_world(source, world_size)
-    return source
+    newest = checkpoints.latest_complete(root)
+    if newest is None and mode == "required":
+        raise FileNotFoundError(
+            f"resume=True: there is no complete checkpoint in "
+            f"{str(checkpoints.automatic_parent(root))!r} yet. Pass resume='auto' to start "
+            "fresh when there is none, or resume_from= a checkpoint directory."
+        )
+    return newest
 
 
-def _check_world(source: Path, world_size: int) -> None:
-    meta = checkpoints.read_meta(source)
+def _check_world(source: Path, meta: dict[str, Any], world_size: int) -> None:
     saved = meta.get("world_size")
     if saved != world_size and not meta.get("fsdp"):  # FSDP's sharded states reshard
         raise ValueError(

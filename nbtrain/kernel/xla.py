@@ -15,6 +15,7 @@ ordinal here.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +23,7 @@ from nbtrain.kernel import processes
 from nbtrain.kernel.config import LaunchConfig
 from nbtrain.kernel.local import current_environment
 from nbtrain.kernel.outcome import Outcome
-from nbtrain.kernel.payload import PreparedCall, as_prepared
+from nbtrain.kernel.payload import PreparedCall, released
 from nbtrain.kernel.run import Run
 from nbtrain.rank import host_entry
 from nbtrain.shared.events import Event, Exited
@@ -84,11 +85,7 @@ def fan_out(
 
 def run_xla(config: LaunchConfig, payload: bytes | PreparedCall) -> Any:
     __tracebackhide__ = True  # IPython shows the cell and the ordinal's traceback, not ours
-    call = as_prepared(payload)
-    try:  # big data shared with the host is released on every outcome (payload.py)
-        return _run_xla(config, call)
-    finally:
-        call.release()
+    return released(payload, functools.partial(_run_xla, config))
 
 
 def _run_xla(config: LaunchConfig, call: PreparedCall) -> Any:

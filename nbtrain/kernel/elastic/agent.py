@@ -59,7 +59,7 @@ from nbtrain.kernel.elastic.one_node import LocalCoordinator
 from nbtrain.kernel.local import rank_specs
 from nbtrain.kernel.monitor import Verdict
 from nbtrain.kernel.outcome import Outcome
-from nbtrain.kernel.payload import PreparedCall, as_prepared
+from nbtrain.kernel.payload import PreparedCall, released
 from nbtrain.kernel.rendezvous import LocalRendezvous
 from nbtrain.kernel.run import GRACE, Run, sigint_deferred
 from nbtrain.kernel.supervisor import Supervisor
@@ -75,12 +75,13 @@ SLICE = 0.25  # seconds one monitor call supervises the ranks before torch's loo
 def run_elastic(config: LaunchConfig, payload: bytes | PreparedCall) -> Any:
     """Entry point from ``notebook_launcher`` for ``num_nodes > 1`` or ``max_restarts > 0``."""
     __tracebackhide__ = True  # see launcher.notebook_launcher
-    call = as_prepared(payload)
-    try:  # big data shared with this node's ranks is released on every outcome (payload.py)
-        call.commit(lambda text: None, config.num_processes)
+
+    def launch(call: PreparedCall) -> Any:
+        __tracebackhide__ = True
+        call.commit(lambda text: None, config.num_processes)  # once: restarts reuse it
         return _run_elastic(config, call.data)
-    finally:
-        call.release()
+
+    return released(payload, launch)
 
 
 def _run_elastic(config: LaunchConfig, payload: bytes) -> Any:
