@@ -1,4 +1,4 @@
-"""What nbtrain's Accelerator adds to a training step, per wrapper and at three step sizes.
+"""What nbtrain's Accelerator adds to a training step: per wrapper, at three step sizes, by half.
 
 Part 1, per call (rank 0 of a 2-rank nbtrain launch, gloo, one torch thread): each wrapper the
 training loop goes through against what hand-written DDP code does instead, with the work
@@ -15,7 +15,11 @@ fixed per-step cost; "ddp, again" (a second hand-wrapped model) shows the noise 
 is given in CPU time of rank 0's stepping thread, which waiting and other processes do not
 inflate.
 
-    python benchmarks/step_cost.py [--rounds 7] [--part 1|2]
+Part 3, which half of the step the difference is in: train.py's step, same two ranks,
+alternating four ways: all nbtrain, all hand-written, the prepared loader feeding a hand-wrapped
+DDP model, and a prepared model and optimizer fed by DistributedSampler.
+
+    python benchmarks/step_cost.py [--rounds 7] [--part 1|2|3]
 """
 
 from __future__ import annotations
@@ -30,7 +34,18 @@ import torch
 import torch._dynamo  # (DDP imports it; loading it before forking keeps setup fast)
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
-from train import BATCH, FEATURES, HIDDEN, Blocks, alternating, batches, paired_blocks
+from train import (
+    BATCH,
+    FEATURES,
+    HIDDEN,
+    Blocks,
+    accelerator_step,
+    alternating,
+    batches,
+    ddp_setup,
+    model_and_data,
+    paired_blocks,
+)
 
 from nbtrain import notebook_launcher
 
@@ -104,7 +119,7 @@ def wrappers() -> list[tuple[str, float, float]] | None:
     params = list(model.parameters())
     for param in params:
         param.grad = torch.zeros_like(param)
-    loss = NoOpLoss()
+    loss: Any = NoOpLoss()  # stands in for a tensor: its backward does nothing
     forward_only = torch.nn.Linear(4, 4)
     bf16 = Accelerator(mixed_precision="bf16")
     autocast_model = bf16.prepare_model(torch.nn.Linear(4, 4), evaluation_mode=True)
@@ -137,10 +152,16 @@ def wrappers() -> list[tuple[str, float, float]] | None:
         ("optimizer.zero_grad", prepared_optimizer.zero_grad, optimizer.zero_grad),
         ("accumulate(model) block", accumulate, nothing),
         ("autocast() block (no mixed precision)", autocast, plain_with),
-        ("bf16 forward (prepared vs torch.autocast by hand)", lambda: autocast_model(x),
-         hand_autocast),
-        ("clip_grad_norm_", lambda: acc.clip_grad_norm_(params, 1.0),
-         lambda: torch.nn.utils.clip_grad_norm_(params, 1.0)),
+        (
+            "bf16 forward (prepared vs torch.autocast by hand)",
+            lambda: autocast_model(x),
+            hand_autocast,
+        ),
+        (
+            "clip_grad_norm_",
+            lambda: acc.clip_grad_norm_(params, 1.0),
+            lambda: torch.nn.utils.clip_grad_norm_(params, 1.0),
+        ),
         ("log({'loss': x})", lambda: log({"loss": 0.5}), nothing),
     ]
     results = [(name, *best_per_call(ours, theirs)) for name, ours, theirs in rows]
@@ -232,12 +253,54 @@ def step_sizes(rounds: int) -> list[tuple[str, float, int, Blocks, Blocks]]:
     return results
 
 
+# -- Part 3: which half of the step ----------------------------------------------------------
+
+
+def halves(steps: int, rounds: int) -> tuple[Blocks, Blocks]:
+    """train.py's step in the same two ranks, four ways, alternating in blocks: all nbtrain,
+    all hand-written, and each half of nbtrain's step with the other half hand-written (the
+    prepared loader feeding a hand-wrapped DDP model; a prepared model and optimizer fed by
+    DistributedSampler)."""
+    from nbtrain import Accelerator
+
+    acc = Accelerator()
+    model, data = model_and_data()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(data, batch_size=BATCH, shuffle=True)
+    model, optimizer, loader = acc.prepare(model, optimizer, loader)
+    hand_step, _ = ddp_setup(data)
+    other_loader = acc.prepare(DataLoader(data, batch_size=BATCH, shuffle=True))
+    other_model = model_and_data()[0]
+    other_model, other_optimizer = acc.prepare(
+        other_model, torch.optim.SGD(other_model.parameters(), lr=0.01)
+    )
+    _, hand_stream = ddp_setup(data)
+    runs = {
+        "nbtrain": (accelerator_step(acc, model, optimizer), batches(loader)),
+        "ddp": ddp_setup(data),
+        "prepared loader only": (hand_step, batches(other_loader)),
+        "prepared model + optimizer only": (
+            accelerator_step(acc, other_model, other_optimizer),
+            hand_stream,
+        ),
+    }
+    return alternating(runs, steps, rounds, HALVES_BLOCK)
+
+
+HALVES_BLOCK, HALVES_STEPS = 10, 600
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--part", type=int, choices=(1, 2), default=None)
+    parser.add_argument("--part", type=int, choices=(1, 2, 3), default=None)
     options = parser.parse_args()
-    launch = {"num_processes": 2, "start_method": "fork", "progress": "off", "output": "none"}
+    launch: dict[str, Any] = {
+        "num_processes": 2,
+        "start_method": "fork",
+        "progress": "off",
+        "output": "none",
+    }
     if options.part in (None, 1):
         rows = notebook_launcher(wrappers, **launch)
         print(f"Per call, µs (rank 0 of 2, best of {REPEATS} x {CALLS:,} calls):")
@@ -264,6 +327,20 @@ def main() -> None:
                     f"{added(cpu, case, block):+.1f} | "
                     f"{paired_blocks(cpu[case], cpu['ddp']):.3f}x |"
                 )
+    if options.part in (None, 3):
+        wall, cpu = notebook_launcher(halves, (HALVES_STEPS, options.rounds), **launch)
+        print(
+            f"\nWhich half, train.py's MLP, same 2 ranks, blocks of {HALVES_BLOCK}, "
+            f"{options.rounds} rounds (medians):"
+        )
+        print("| case | vs ddp | added CPU µs/step | CPU vs ddp |")
+        print("|---|---|---|---|")
+        for case in wall:
+            print(
+                f"| {case} | {paired_blocks(wall[case], wall['ddp']):.3f}x | "
+                f"{added(cpu, case, HALVES_BLOCK):+.1f} | "
+                f"{paired_blocks(cpu[case], cpu['ddp']):.3f}x |"
+            )
 
 
 def added(seconds: Blocks, case: str, block: int) -> float:

@@ -8,23 +8,29 @@
                  notebook_launcher discards return values and goes through torch elastic; starting
                  its ranks like the baseline measures the Accelerator's training loop itself.
 
-Each case runs WARMUP steps, then times STEPS steps inside the ranks (launch and setup are not
-timed; rank 0 reports). The cases alternate within each round (each round starting one case
-later), so drift on a shared machine hits all alike; the table shows medians and ratios.
-Every rank uses one torch thread (two cores).
+Paired measure, launches taking turns: each round starts one launch of every case, all at once
+(three pairs of ranks, each its own launch and process group). After WARMUP steps the launches
+train in turns of TURN steps, in a ring (a case's rank 0 waits for its semaphore, runs its turn,
+gives the next case's); a waiting launch sleeps. So every case trains in the same seconds of the
+shared machine, a few hundred ms apart, instead of in whole launches one after another: on this
+2-core VM the speed of one launch drifts by ~6% from second to second, which swamped a 1%
+difference when launches ran alone. Rank 0 times each turn; a round's ratio is the baseline's
+time over the case's over the round's turns; the table gives the median over rounds, and the
+median over neighbouring turns. The ring's order rotates every round. The kernel's own work
+(nbtrain's launcher loop in this process, which runs through every turn) is reported apart, as
+CPU time of this process while the ranks train.
 
-A second table isolates the Accelerator's own cost from launch-to-launch noise: in ONE pair of
-ranks (nbtrain launch), an nbtrain-prepared model and hand-wrapped DDP models train alternately,
-in blocks of BLOCK steps whose order rotates every block, so all see the same moments of the
-shared machine. Its ratio is the median, over all blocks, of the DDP block's time over the
-neighbouring nbtrain block's: a block that another process on the machine preempted is one
-outlier among rounds x blocks ratios. A second hand-wrapped DDP model ("ddp, again") is the
-noise floor: it differs from "ddp" only by chance. The table also gives the CPU time of rank 0's
-stepping thread per step, which waiting for the peer and preemption leave out.
+A second table isolates the Accelerator's own cost: in ONE pair of ranks (nbtrain launch), an
+nbtrain-prepared model and hand-wrapped DDP models train alternately, in blocks of BLOCK steps
+whose order rotates every block, so all see the same moments of the shared machine. Its ratio is
+the median, over all blocks, of the DDP block's time over the neighbouring nbtrain block's. A
+second hand-wrapped DDP model ("ddp, again") is the noise floor: it differs from "ddp" only by
+chance. The table also gives the CPU time of rank 0's stepping thread per step, which waiting for
+the peer and preemption leave out.
 
 benchmarks/step_cost.py breaks the difference down per wrapper and shows it at other step sizes.
 
-    python benchmarks/train.py [--rounds 9] [--steps 300]
+    python benchmarks/train.py [--rounds 9] [--steps 1200]
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import threading
 import time
 from typing import Any
 
@@ -45,7 +52,8 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from nbtrain import notebook_launcher
 
 WARMUP = 30
-BLOCK = 25  # steps per block in the same-ranks alternation
+TURN = 50  # steps per turn in the paired measure
+BLOCK = 10  # steps per block in the same-ranks alternation
 BATCH = 32  # per rank
 FEATURES, HIDDEN, CLASSES, SAMPLES = 64, 256, 10, 8192
 
@@ -72,28 +80,39 @@ def batches(loader: Any, set_epoch: Any = None) -> Any:
         epoch += 1
 
 
-def timed(step: Any, stream: Any, steps: int) -> float:
+# -- the paired measure: launches taking turns ---------------------------------------------------
+
+# Made by the benchmark before a round's launches and inherited by their fork ranks: one
+# semaphore per case (its turn), and one that each case's rank 0 gives when it has warmed up.
+TURNS: list[Any] = []
+READY: list[Any] = []
+
+
+def taking_turns(step: Any, stream: Any, case: int, turns: int) -> list[float]:
+    """Rank side: WARMUP steps, then ``turns`` turns of TURN steps, each when this case's
+    semaphore is given; rank 0's seconds per turn (the barriers keep its peer in step)."""
     for _ in range(WARMUP):
         step(*next(stream))
-    dist.barrier()
-    start = time.perf_counter()
-    for _ in range(steps):
-        step(*next(stream))
-    dist.barrier()
-    return steps / (time.perf_counter() - start)
+    lead = dist.get_rank() == 0
+    mine, following = TURNS[case], TURNS[(case + 1) % len(TURNS)]
+    if lead:
+        READY[0].release()
+    seconds = []
+    for _ in range(turns):
+        if lead:
+            mine.acquire()
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(TURN):
+            step(*next(stream))
+        dist.barrier()
+        seconds.append(time.perf_counter() - start)
+        if lead:
+            following.release()
+    return seconds
 
 
-# -- nbtrain ----------------------------------------------------------------------------------
-
-
-def nbtrain_rank(steps: int) -> float:
-    from nbtrain import Accelerator
-
-    acc = Accelerator()
-    model, data = model_and_data()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    loader = DataLoader(data, batch_size=BATCH, shuffle=True)
-    model, optimizer, loader = acc.prepare(model, optimizer, loader)
+def accelerator_step(acc: Any, model: Any, optimizer: Any) -> Any:
     loss_fn = torch.nn.CrossEntropyLoss()
 
     def step(x: torch.Tensor, y: torch.Tensor) -> None:
@@ -101,30 +120,27 @@ def nbtrain_rank(steps: int) -> float:
         optimizer.step()
         optimizer.zero_grad()
 
-    return timed(step, batches(loader), steps)
+    return step
 
 
-def run_nbtrain(steps: int) -> float:
-    return notebook_launcher(
-        nbtrain_rank,
-        (steps,),
-        num_processes=2,
-        start_method="fork",
-        progress="off",
-        output="none",
-    )
+def nbtrain_rank(case: int, turns: int) -> list[float]:
+    from nbtrain import Accelerator
+
+    acc = Accelerator()
+    model, data = model_and_data()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(data, batch_size=BATCH, shuffle=True)
+    model, optimizer, loader = acc.prepare(model, optimizer, loader)
+    return taking_turns(accelerator_step(acc, model, optimizer), batches(loader), case, turns)
 
 
-# -- hand-written DDP and Accelerate, ranks started by torch.multiprocessing ---------------------
-
-
-def ddp_rank(steps: int) -> float:
+def ddp_rank(case: int, turns: int) -> list[float]:
     dist.init_process_group("gloo")
     step, stream = ddp_setup(model_and_data()[1])
-    return timed(step, stream, steps)
+    return taking_turns(step, stream, case, turns)
 
 
-def accelerate_rank(steps: int) -> float:
+def accelerate_rank(case: int, turns: int) -> list[float]:
     from accelerate import Accelerator
 
     # cpu=True: without it Accelerate treats CPU-only ranks as DistributedType.NO and trains
@@ -136,20 +152,14 @@ def accelerate_rank(steps: int) -> float:
     loader = DataLoader(data, batch_size=BATCH, shuffle=True)
     model, optimizer, loader = acc.prepare(model, optimizer, loader)
     assert isinstance(model, torch.nn.parallel.DistributedDataParallel)
-    loss_fn = torch.nn.CrossEntropyLoss()
-
-    def step(x: torch.Tensor, y: torch.Tensor) -> None:
-        acc.backward(loss_fn(model(x), y))
-        optimizer.step()
-        optimizer.zero_grad()
-
-    return timed(step, batches(loader), steps)
+    step = accelerator_step(acc, model, optimizer)
+    return taking_turns(step, batches(loader), case, turns)
 
 
 RANK_FUNCTIONS = {"ddp": ddp_rank, "accelerate": accelerate_rank}
 
 
-def mp_rank(rank: int, name: str, steps: int, port: int, results: Any) -> None:
+def mp_rank(rank: int, name: str, case: int, turns: int, port: int, results: Any) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -159,19 +169,66 @@ def mp_rank(rank: int, name: str, steps: int, port: int, results: Any) -> None:
         LOCAL_WORLD_SIZE="2",
     )
     torch.set_num_threads(1)  # as nbtrain's launcher does for 2 ranks on 2 cores
-    rate = RANK_FUNCTIONS[name](steps)
+    seconds = RANK_FUNCTIONS[name](case, turns)
     if rank == 0:
-        results.put(rate)
+        results.put((name, seconds))
     dist.destroy_process_group()
 
 
-def run_mp(name: str, steps: int) -> float:
+def paired_round(order: list[str], turns: int) -> tuple[dict[str, list[float]], float]:
+    """One launch of every case, all alive at once, taking turns in ``order``: each case's
+    seconds per turn, and this process's CPU seconds per second from the first turn to the end
+    of nbtrain's launch (the launcher's loop watching its ranks)."""
     ctx = torch_mp.get_context("fork")
+    TURNS[:] = [ctx.Semaphore(0) for _ in order]
+    READY[:] = [ctx.Semaphore(0)]
     results = ctx.SimpleQueue()
-    torch_mp.start_processes(
-        mp_rank, args=(name, steps, free_port(), results), nprocs=2, start_method="fork"
-    )
-    return results.get()
+    others = [
+        torch_mp.start_processes(
+            mp_rank,
+            args=(name, order.index(name), turns, free_port(), results),
+            nprocs=2,
+            join=False,
+            start_method="fork",
+        )
+        for name in order
+        if name != "nbtrain"
+    ]
+    started: list[tuple[float, float]] = []  # this process's CPU and wall clock at the first turn
+    starter = threading.Thread(target=_start_when_ready, args=(len(order), started), daemon=True)
+    starter.start()
+    try:
+        seconds = {
+            "nbtrain": notebook_launcher(
+                nbtrain_rank,
+                (order.index("nbtrain"), turns),
+                num_processes=2,
+                start_method="fork",
+                progress="off",
+                output="none",
+            )
+        }
+    except BaseException:
+        for context in others:  # they would wait for their turn for ever
+            for process in context.processes:
+                process.kill()
+        raise
+    cpu, wall = started[0]
+    kernel_share = (time.process_time() - cpu) / (time.perf_counter() - wall)
+    for context in others:
+        while not context.join():
+            pass
+    for _ in others:
+        name, values = results.get()
+        seconds[name] = values
+    return seconds, kernel_share
+
+
+def _start_when_ready(cases: int, started: list[tuple[float, float]]) -> None:
+    for _ in range(cases):
+        READY[0].acquire()  # every launch has warmed up: the first turn starts
+    started.append((time.process_time(), time.perf_counter()))
+    TURNS[0].release()
 
 
 Blocks = dict[str, list[float]]  # seconds of each block, per case, in the order they ran
@@ -212,8 +269,7 @@ def round_rates(seconds: list[float], rounds: int, block: int = BLOCK) -> list[f
     """Steps/s of each round, from its blocks' seconds."""
     per_round = len(seconds) // rounds
     return [
-        per_round * block / sum(seconds[i * per_round : (i + 1) * per_round])
-        for i in range(rounds)
+        per_round * block / sum(seconds[i * per_round : (i + 1) * per_round]) for i in range(rounds)
     ]
 
 
@@ -249,54 +305,67 @@ def same_ranks(steps: int, rounds: int) -> tuple[Blocks, Blocks]:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = DataLoader(data, batch_size=BATCH, shuffle=True)
     model, optimizer, loader = acc.prepare(model, optimizer, loader)
-    loss_fn = torch.nn.CrossEntropyLoss()
-
-    def nbtrain_step(x: torch.Tensor, y: torch.Tensor) -> None:
-        acc.backward(loss_fn(model(x), y))
-        optimizer.step()
-        optimizer.zero_grad()
-
     runs = {
-        "nbtrain": (nbtrain_step, batches(loader)),
+        "nbtrain": (accelerator_step(acc, model, optimizer), batches(loader)),
         "ddp": ddp_setup(data),
         "ddp, again": ddp_setup(data),
     }
     return alternating(runs, steps, rounds)
 
 
-def paired(values: list[float], baseline: list[float]) -> float:
-    """The median of the per-round ratios (each round's own conditions cancel out)."""
+def print_paired(seconds: dict[str, list[list[float]]]) -> None:
+    """The paired table: per case, steps/s over each round's turns, and its speed against ddp
+    and accelerate per round (median) and per neighbouring turn (median)."""
+    rates = {
+        name: [len(round_) * TURN / sum(round_) for round_ in rounds]
+        for name, rounds in seconds.items()
+    }
+    print(
+        "| case | median steps/s | min | max | paired vs ddp, per round | per turn | "
+        "paired vs accelerate, per round |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for name, values in rates.items():
+        turns = [turn for round_ in seconds[name] for turn in round_]
+        ddp_turns = [turn for round_ in seconds["ddp"] for turn in round_]
+        print(
+            f"| {name} | {statistics.median(values):.1f} | {min(values):.1f} | "
+            f"{max(values):.1f} | {per_round(values, rates['ddp']):.3f}x | "
+            f"{paired_blocks(turns, ddp_turns):.3f}x | "
+            f"{per_round(values, rates['accelerate']):.3f}x |"
+        )
+
+
+def per_round(values: list[float], baseline: list[float]) -> float:
+    """The median of the per-round ratios."""
     return statistics.median(v / b for v, b in zip(values, baseline, strict=True))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--steps", type=int, default=1200, help="timed steps per case and round")
     options = parser.parse_args()
-    cases = {
-        "nbtrain": lambda: run_nbtrain(options.steps),
-        "ddp": lambda: run_mp("ddp", options.steps),
-        "accelerate": lambda: run_mp("accelerate", options.steps),
-    }
-    rates: dict[str, list[float]] = {name: [] for name in cases}
+    names = ["nbtrain", "ddp", "accelerate"]
+    turns = max(options.steps // TURN, 1)
+    seconds: dict[str, list[list[float]]] = {name: [] for name in names}
+    kernel_shares = []
     for round_ in range(options.rounds):
-        for name in rotation(list(cases), round_):  # no case always first
-            rates[name].append(cases[name]())
-    medians = {name: statistics.median(values) for name, values in rates.items()}
+        by_case, kernel_share = paired_round(rotation(names, round_), turns)
+        kernel_shares.append(kernel_share)
+        for name in names:
+            seconds[name].append(by_case[name])
     print(
-        f"N=2 CPU ranks, {options.steps} timed steps x {options.rounds} rounds, "
+        f"N=2 CPU ranks, {turns * TURN} timed steps per case x {options.rounds} rounds, "
         f"batch {BATCH}/rank, MLP {FEATURES}-{HIDDEN}-{HIDDEN}-{CLASSES}"
     )
-    print("| case | median steps/s | min | max | vs ddp | vs accelerate | paired vs ddp |")
-    print("|---|---|---|---|---|---|---|")
-    for name, values in rates.items():
-        print(
-            f"| {name} | {medians[name]:.1f} | {min(values):.1f} | {max(values):.1f} | "
-            f"{medians[name] / medians['ddp']:.3f}x | "
-            f"{medians[name] / medians['accelerate']:.3f}x | {paired(values, rates['ddp']):.3f}x |"
-        )
-    same = notebook_launcher(
+    print(f"\nLaunches taking turns of {TURN} steps:")
+    print_paired(seconds)
+    print(
+        f"\nThe kernel (this process: nbtrain's launcher loop) used a median "
+        f"{100 * statistics.median(kernel_shares):.2f}% of one core while the ranks trained."
+    )
+    wall, cpu = notebook_launcher(
         same_ranks,
         (options.steps, options.rounds),
         num_processes=2,
@@ -304,7 +373,10 @@ def main() -> None:
         progress="off",
         output="none",
     )
-    wall, cpu = same
+    print_same_ranks(wall, cpu, options.rounds)
+
+
+def print_same_ranks(wall: Blocks, cpu: Blocks, rounds: int) -> None:
     print(f"\nSame ranks, alternating in blocks of {BLOCK} steps (Accelerator overhead only):")
     print(
         "| case | median steps/s | min | max | paired vs ddp (per block) | "
@@ -312,7 +384,7 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|")
     for name, seconds in wall.items():
-        values = round_rates(seconds, options.rounds)
+        values = round_rates(seconds, rounds)
         cpu_us = statistics.median(cpu[name]) / BLOCK * 1e6
         print(
             f"| {name} | {statistics.median(values):.1f} | {min(values):.1f} | "
@@ -322,4 +394,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # Run as the module `train`, not as __main__: the ranks' functions are then found by name
+    # (a fork rank inherits the turn semaphores; nbtrain would pickle __main__'s by value).
+    import train
+
+    train.main()
