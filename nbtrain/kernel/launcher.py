@@ -25,7 +25,7 @@ from nbtrain.kernel.config import (
 from nbtrain.kernel.inprocess import run_in_process
 from nbtrain.kernel.local import run_ranks
 from nbtrain.kernel.payload import prepare_call
-from nbtrain.kernel.stopping import build_policy, check_launch
+from nbtrain.kernel.stopping import build_policy
 from nbtrain.shared.options import StartMethod
 
 
@@ -85,10 +85,6 @@ def notebook_launcher(
         return_all=return_all,
         rdzv_timeout=rdzv_timeout,
     )
-    wanted = on_interrupt != "stop" or any(
-        option not in (None, False) for option in (checkpoint_every, resume, resume_from)
-    )
-    check_launch(wanted, config, elastic=False)
     policy = build_policy(
         getattr(function, "__name__", "run"),
         config.world_size,
@@ -98,6 +94,7 @@ def notebook_launcher(
         resume_from=resume_from,
         project_dir=project_dir,
         total_limit=total_limit,
+        launch=config,
     )
     config = dataclasses.replace(config, stopping=policy)
     return dispatch(config, function, args, kwargs)

@@ -576,7 +576,7 @@ def start_ranks(
         config = dataclasses.replace(config, start=_clean_start())
     if not isinstance(replace, bool):
         raise TypeError(f"replace={replace!r} must be True or False.")
-    stop_options = {
+    stop_options: dict[str, Any] = {
         "on_interrupt": on_interrupt,
         "checkpoint_every": checkpoint_every,
         "resume": resume,

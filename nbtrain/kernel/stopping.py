@@ -34,8 +34,11 @@ def build_policy(
     resume_from: object = None,
     project_dir: object = None,
     total_limit: object = 3,
+    launch: LaunchConfig | None = None,
 ) -> StopPolicy | None:
-    """The launch's policy, or None when it asked for none of stop, periodic saves, resume."""
+    """The launch's policy, or None when it asked for none of stop, periodic saves, resume.
+    ``launch``: refused (check_launch) if it asked for any where they do not run yet, before
+    any folder is made."""
     graceful = choice("on_interrupt", on_interrupt, OnInterrupt) is OnInterrupt.CHECKPOINT
     if graceful and STOP_SIGNAL is None:
         raise ValueError(
@@ -52,6 +55,8 @@ def build_policy(
                 "on_interrupt='checkpoint', checkpoint_every= or resume=True."
             )
         return None
+    if launch is not None:
+        check_launch(launch)
     root = _project_dir(project_dir, function_name)
     if graceful or steps or seconds:
         _check_writable(root)
@@ -167,15 +172,12 @@ def _check_world(source: Path, meta: dict[str, Any], world_size: int) -> None:
         )
 
 
-def check_launch(wanted: bool, config: LaunchConfig, elastic: bool) -> None:
-    """Stop and resume run on one machine's ranks started by nbtrain (for now). ``wanted``: the
-    launch asked for any of them. Checked first: a refused launch creates no folder."""
-    if not wanted:
-        return
+def check_launch(config: LaunchConfig) -> None:
+    """Stop and resume run on one machine's ranks started by nbtrain (for now)."""
     where = None
     if config.xla_device:
         where = "on XLA/TPU"
-    elif elastic or config.multi_node or config.max_restarts:
+    elif config.multi_node or config.max_restarts:
         where = "through torch's elastic agent (num_nodes > 1 or max_restarts > 0)"
     if where is not None:
         raise ValueError(

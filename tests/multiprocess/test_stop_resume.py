@@ -367,6 +367,16 @@ def test_stop_and_resume_are_refused_where_they_do_not_run_yet(
     assert list(tmp_path.iterdir()) == [], "a refused launch creates no folder"
 
 
+def test_a_bad_option_is_named_before_the_launch_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The option's own error, not 'not available through the elastic agent'."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="on_interrupt='pause' is not a valid choice"):
+        notebook_launcher(never_called, num_processes=2, max_restarts=1, on_interrupt="pause")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_failure_during_a_stop_policy_is_still_the_root_cause(tmp_path: Path) -> None:
     def broken() -> None:
         raise ValueError("boom")

@@ -3,6 +3,7 @@ is folded into the run's outcome and view."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from nbtrain.display.formatting import format_status
+from nbtrain.kernel.config import build_config
 from nbtrain.kernel.monitor import RankStatus, RunState
 from nbtrain.kernel.outcome import Outcome
 from nbtrain.kernel.stopping import build_policy
@@ -22,6 +24,27 @@ def policy(tmp_path: Path, **options):
 
 def test_no_stop_option_means_no_policy(tmp_path: Path) -> None:
     assert build_policy("train", 2) is None
+
+
+def xla_launch():
+    config = build_config(
+        num_processes=2, start_method="fork", mixed_precision=None, gpu_ids=None, num_nodes=1,
+        node_rank=0, rdzv_endpoint=None, max_restarts=0, timeout=None, output="all",
+        progress="off", return_all=False, allow_xla=False,
+    )
+    return dataclasses.replace(config, xla_device="CPU")  # (no torch_xla in this venv)
+
+
+def test_a_launch_asking_for_stop_where_it_does_not_run_is_refused_before_any_folder(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(ValueError, match="on XLA/TPU"):
+        build_policy(
+            "train", 2, on_interrupt="checkpoint", project_dir=tmp_path / "run",
+            launch=xla_launch(),
+        )
+    assert not (tmp_path / "run").exists()
+    assert build_policy("train", 2, launch=xla_launch()) is None  # asked for nothing: fine
 
 
 @pytest.mark.parametrize(
