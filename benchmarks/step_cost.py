@@ -43,6 +43,7 @@ from train import (
     alternating,
     batches,
     ddp_setup,
+    mlp,
     model_and_data,
     paired_blocks,
 )
@@ -185,17 +186,6 @@ SIZES = (
 )
 
 
-def mlp(width: int) -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Linear(FEATURES, width),
-        torch.nn.ReLU(),
-        torch.nn.Linear(width, width),
-        torch.nn.ReLU(),
-        torch.nn.Linear(width, CLASSES),
-    )
-
-
 def compute_ms(width: int, batch: int, data: TensorDataset) -> float:
     """One rank's forward + backward + step of an unwrapped copy (no all-reduce)."""
     model = mlp(width)
@@ -219,35 +209,17 @@ def step_sizes(rounds: int) -> list[tuple[str, float, int, Blocks, Blocks]]:
     acc = Accelerator()
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(SAMPLES, FEATURES), torch.randint(0, CLASSES, (SAMPLES,)))
-    loss_fn = torch.nn.CrossEntropyLoss()
     results = []
     for label, width, batch, steps, block in SIZES:
         model = mlp(width)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
         loader = DataLoader(data, batch_size=batch, shuffle=True)
         model, optimizer, loader = acc.prepare(model, optimizer, loader)
-
-        def nbtrain_step(
-            x: torch.Tensor, y: torch.Tensor, model: Any = model, optimizer: Any = optimizer
-        ) -> None:
-            acc.backward(loss_fn(model(x), y))
-            optimizer.step()
-            optimizer.zero_grad()
-
-        def ddp(width: int = width, batch: int = batch) -> tuple[Any, Any]:
-            model = torch.nn.parallel.DistributedDataParallel(mlp(width))
-            optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-            sampler: DistributedSampler = DistributedSampler(data, shuffle=True)
-
-            def step(x: torch.Tensor, y: torch.Tensor) -> None:
-                loss_fn(model(x), y).backward()
-                optimizer.step()
-                optimizer.zero_grad()
-
-            raw = DataLoader(data, batch_size=batch, sampler=sampler)
-            return step, batches(raw, sampler.set_epoch)
-
-        runs = {"nbtrain": (nbtrain_step, batches(loader)), "ddp": ddp(), "ddp, again": ddp()}
+        runs = {
+            "nbtrain": (accelerator_step(acc, model, optimizer), batches(loader)),
+            "ddp": ddp_setup(data, width, batch),
+            "ddp, again": ddp_setup(data, width, batch),
+        }
         seconds, cpu = alternating(runs, steps, rounds, block)
         results.append((label, compute_ms(width, batch, data), block, seconds, cpu))
     return results

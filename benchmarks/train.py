@@ -58,15 +58,20 @@ BATCH = 32  # per rank
 FEATURES, HIDDEN, CLASSES, SAMPLES = 64, 256, 10, 8192
 
 
-def model_and_data() -> tuple[torch.nn.Module, TensorDataset]:
+def mlp(width: int = HIDDEN) -> torch.nn.Module:
+    """The benchmarks' MLP, with the same weights every time (seed 0)."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(FEATURES, HIDDEN),
+    return torch.nn.Sequential(
+        torch.nn.Linear(FEATURES, width),
         torch.nn.ReLU(),
-        torch.nn.Linear(HIDDEN, HIDDEN),
+        torch.nn.Linear(width, width),
         torch.nn.ReLU(),
-        torch.nn.Linear(HIDDEN, CLASSES),
+        torch.nn.Linear(width, CLASSES),
     )
+
+
+def model_and_data() -> tuple[torch.nn.Module, TensorDataset]:
+    model = mlp()
     x = torch.randn(SAMPLES, FEATURES)
     return model, TensorDataset(x, torch.randint(0, CLASSES, (SAMPLES,)))
 
@@ -280,12 +285,12 @@ def paired_blocks(seconds: list[float], baseline: list[float]) -> float:
     return statistics.median(b / s for s, b in zip(seconds, baseline, strict=True))
 
 
-def ddp_setup(data: TensorDataset) -> tuple[Any, Any]:
+def ddp_setup(data: TensorDataset, width: int = HIDDEN, batch: int = BATCH) -> tuple[Any, Any]:
     """A hand-wrapped DDP model's step and its endless stream of batches (DistributedSampler)."""
-    model = torch.nn.parallel.DistributedDataParallel(model_and_data()[0])
+    model = torch.nn.parallel.DistributedDataParallel(mlp(width))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     sampler: DistributedSampler = DistributedSampler(data, shuffle=True)
-    loader = DataLoader(data, batch_size=BATCH, sampler=sampler)
+    loader = DataLoader(data, batch_size=batch, sampler=sampler)
     loss_fn = torch.nn.CrossEntropyLoss()
 
     def step(x: torch.Tensor, y: torch.Tensor) -> None:
@@ -325,9 +330,9 @@ def print_paired(seconds: dict[str, list[list[float]]]) -> None:
         "paired vs accelerate, per round |"
     )
     print("|---|---|---|---|---|---|---|")
+    ddp_turns = [turn for round_ in seconds["ddp"] for turn in round_]
     for name, values in rates.items():
         turns = [turn for round_ in seconds[name] for turn in round_]
-        ddp_turns = [turn for round_ in seconds["ddp"] for turn in round_]
         print(
             f"| {name} | {statistics.median(values):.1f} | {min(values):.1f} | "
             f"{max(values):.1f} | {per_round(values, rates['ddp']):.3f}x | "
