@@ -19,10 +19,20 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler
 
 from nbtrain.accelerator import sharding
+from nbtrain.accelerator.permuted import PermutedBatches, batched
 from nbtrain.accelerator.sharding import ShardSpec
 from nbtrain.accelerator.shuffling import Shuffling
 
 WORKER_SEED_SALT = 0x5EED  # keeps the worker-seed stream apart from the shuffle stream
+
+
+TORCH_BATCHES = (BatchSampler, PermutedBatches)  # batches torch makes: full but the last, new lists
+
+
+def uniform_batches(batches: Any) -> bool:
+    """Whether every batch but the last is full (torch's batches, or single indices): only then
+    is a sharded length exact (see ShardedBatchSampler.uniform)."""
+    return type(batches) in (*TORCH_BATCHES, OneIndexBatches)
 
 
 def mix(seed: int, epoch: int) -> int:
@@ -66,7 +76,7 @@ class ShardedBatchSampler(Sampler[list[int]]):
     def __iter__(self) -> Iterator[list[int]]:
         self.seeding.apply(self.epoch)
         # torch's BatchSampler makes a new list per batch: nothing to copy.
-        fresh = type(self.batch_sampler) is BatchSampler
+        fresh = type(self.batch_sampler) in TORCH_BATCHES
         batches = sharding.shard_batches(self.batch_sampler, self.spec, fresh)
         return itertools.islice(batches, self.skip, None) if self.skip else batches
 
@@ -297,7 +307,7 @@ def batches_of(loader: DataLoader, seeding: Shuffling) -> Any:
         return OneIndexBatches(_seeded_copy(loader.sampler, seeding))
     if type(batch_sampler) is BatchSampler:
         sampler = _seeded_copy(batch_sampler.sampler, seeding)
-        return BatchSampler(sampler, batch_sampler.batch_size, batch_sampler.drop_last)
+        return batched(sampler, batch_sampler.batch_size, batch_sampler.drop_last)
     custom: Any = copy.copy(batch_sampler)
     inner = getattr(custom, "sampler", None)
     if inner is not None:

@@ -28,7 +28,6 @@ from nbtrain.accelerator.accumulation import GradientState
 from nbtrain.accelerator.batches import (
     WORKER_SEED_SALT,
     IterableShard,
-    OneIndexBatches,
     ShardedBatchSampler,
     UnbatchedSampler,
     batches_of,
@@ -38,6 +37,7 @@ from nbtrain.accelerator.batches import (
     mix,
     sample_count,
     seeding_for,
+    uniform_batches,
 )
 from nbtrain.accelerator.sharding import ShardSpec
 from nbtrain.accelerator.shuffling import Shuffling
@@ -137,7 +137,7 @@ class PreparedDataLoader(DataLoader):
                 spec,
                 seeding,
                 last_batch_size(loader),
-                uniform=type(batches) in (BatchSampler, OneIndexBatches),
+                uniform=uniform_batches(batches),
             )
             if isinstance(loader.sampler, BatchSampler) and loader.batch_sampler is None:
                 # sampler=BatchSampler(...), batch_size=None: each of its batches is one

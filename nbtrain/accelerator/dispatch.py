@@ -26,11 +26,11 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler
 from nbtrain.accelerator import data, nested, sharding
 from nbtrain.accelerator.accumulation import GradientState
 from nbtrain.accelerator.batches import (
-    OneIndexBatches,
     batches_of,
     last_batch_size,
     loader_options,
     sample_count,
+    uniform_batches,
 )
 from nbtrain.accelerator.collectives import Collectives
 from nbtrain.accelerator.sharding import ShardSpec
@@ -301,7 +301,7 @@ class DispatchingDataLoader(data.PreparedDataLoader):
         uniform = True
         if not self._iterable:
             batches = batches_of(loader, self._seeding)
-            uniform = type(batches) in (BatchSampler, OneIndexBatches)
+            uniform = uniform_batches(batches)
             epoch_batches = EpochBatches(batches, self._seeding)
         options = loader_options(loader, self._worker_generator)
         source = main_loader(loader, epoch_batches, options)
