@@ -19,6 +19,9 @@ Part 3, which half of the step the difference is in: train.py's step, same two r
 alternating four ways: all nbtrain, all hand-written, the prepared loader feeding a hand-wrapped
 DDP model, and a prepared model and optimizer fed by DistributedSampler.
 
+In parts 2 and 3 each round is a launch of its own (train.launch_per_round): one launch gives
+each model a steady bias of a few percent in wall time, which only more launches average out.
+
     python benchmarks/step_cost.py [--rounds 7] [--part 1|2|3]
 """
 
@@ -38,11 +41,14 @@ from train import (
     BATCH,
     FEATURES,
     HIDDEN,
+    LAUNCH,
     Blocks,
     accelerator_step,
     alternating,
     batches,
     ddp_setup,
+    launch_per_round,
+    merged,
     mlp,
     model_and_data,
     paired_blocks,
@@ -178,6 +184,9 @@ def wrappers() -> list[tuple[str, float, float]] | None:
 
 # -- Part 2: per step, three sizes -------------------------------------------------------------
 
+Size = tuple[str, float, int, Blocks, Blocks]  # label, compute ms, block, wall and CPU blocks
+
+
 # (label, hidden width, batch per rank, timed steps per round, steps per block)
 SIZES = (
     ("~1 ms compute", 384, 64, 300, 25),
@@ -203,7 +212,7 @@ def compute_ms(width: int, batch: int, data: TensorDataset) -> float:
     return min(timings)
 
 
-def step_sizes(rounds: int) -> list[tuple[str, float, int, Blocks, Blocks]]:
+def step_sizes(rounds: int) -> list[Size]:
     from nbtrain import Accelerator
 
     acc = Accelerator()
@@ -223,6 +232,16 @@ def step_sizes(rounds: int) -> list[tuple[str, float, int, Blocks, Blocks]]:
         seconds, cpu = alternating(runs, steps, rounds, block)
         results.append((label, compute_ms(width, batch, data), block, seconds, cpu))
     return results
+
+
+def merged_sizes(rounds: list[list[Size]]) -> list[Size]:
+    """Per size, the blocks of every round (each a launch of its own), and the best compute."""
+    sizes = []
+    for index, (label, _, block, _, _) in enumerate(rounds[0]):
+        wall, cpu = merged([(part[index][3], part[index][4]) for part in rounds])
+        compute = min(part[index][1] for part in rounds)
+        sizes.append((label, compute, block, wall, cpu))
+    return sizes
 
 
 # -- Part 3: which half of the step ----------------------------------------------------------
@@ -267,21 +286,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--part", type=int, choices=(1, 2, 3), default=None)
     options = parser.parse_args()
-    launch: dict[str, Any] = {
-        "num_processes": 2,
-        "start_method": "fork",
-        "progress": "off",
-        "output": "none",
-    }
     if options.part in (None, 1):
-        rows = notebook_launcher(wrappers, **launch)
+        rows = notebook_launcher(wrappers, **LAUNCH)
         print(f"Per call, µs (rank 0 of 2, best of {REPEATS} x {CALLS:,} calls):")
         print("| wrapper | nbtrain | hand-written | added |")
         print("|---|---|---|---|")
         for name, ours, theirs in rows:
             print(f"| {name} | {ours:.2f} | {theirs:.2f} | {ours - theirs:+.2f} |")
     if options.part in (None, 2):
-        sizes = notebook_launcher(step_sizes, (options.rounds,), **launch)
+        sizes = merged_sizes(launch_per_round(step_sizes, (), options.rounds))
         print(f"\nPer step, same 2 ranks, alternating, {options.rounds} rounds (medians):")
         print(
             "| model | compute ms | case | ms/step | ddp ms/step | added µs/step | vs ddp | "
@@ -300,7 +313,7 @@ def main() -> None:
                     f"{paired_blocks(cpu[case], cpu['ddp']):.3f}x |"
                 )
     if options.part in (None, 3):
-        wall, cpu = notebook_launcher(halves, (HALVES_STEPS, options.rounds), **launch)
+        wall, cpu = merged(launch_per_round(halves, (HALVES_STEPS,), options.rounds))
         print(
             f"\nWhich half, train.py's MLP, same 2 ranks, blocks of {HALVES_BLOCK}, "
             f"{options.rounds} rounds (medians):"

@@ -20,13 +20,15 @@ median over neighbouring turns. The ring's order rotates every round. The kernel
 (nbtrain's launcher loop in this process, which runs through every turn) is reported apart, as
 CPU time of this process while the ranks train.
 
-A second table isolates the Accelerator's own cost: in ONE pair of ranks (nbtrain launch), an
+A second table isolates the Accelerator's own cost: in one pair of ranks (an nbtrain launch), an
 nbtrain-prepared model and hand-wrapped DDP models train alternately, in blocks of BLOCK steps
-whose order rotates every block, so all see the same moments of the shared machine. Its ratio is
-the median, over all blocks, of the DDP block's time over the neighbouring nbtrain block's. A
-second hand-wrapped DDP model ("ddp, again") is the noise floor: it differs from "ddp" only by
-chance. The table also gives the CPU time of rank 0's stepping thread per step, which waiting for
-the peer and preemption leave out.
+whose order rotates every block, so all see the same moments of the shared machine. Each round
+is a launch of its own (see launch_per_round: a launch gives each model a steady bias of a few
+percent in wall time, which only more launches average out). Its ratio is the median, over all
+blocks of all rounds, of the DDP block's time over the neighbouring nbtrain block's. A second
+hand-wrapped DDP model ("ddp, again") is the noise floor: it differs from "ddp" only by chance.
+The table also gives the CPU time of rank 0's stepping thread per step, which waiting for the
+peer and preemption leave out.
 
 benchmarks/step_cost.py breaks the difference down per wrapper and shows it at other step sizes.
 
@@ -40,7 +42,8 @@ import os
 import statistics
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 import torch._dynamo  # (DDP imports it; loading it before forking keeps setup fast)
@@ -50,6 +53,8 @@ from common import free_port, rotation
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from nbtrain import notebook_launcher
+
+T = TypeVar("T")
 
 WARMUP = 30
 TURN = 50  # steps per turn in the paired measure
@@ -204,14 +209,7 @@ def paired_round(order: list[str], turns: int) -> tuple[dict[str, list[float]], 
     starter.start()
     try:
         seconds = {
-            "nbtrain": notebook_launcher(
-                nbtrain_rank,
-                (order.index("nbtrain"), turns),
-                num_processes=2,
-                start_method="fork",
-                progress="off",
-                output="none",
-            )
+            "nbtrain": notebook_launcher(nbtrain_rank, (order.index("nbtrain"), turns), **LAUNCH)
         }
     except BaseException:
         for context in others:  # they would wait for their turn for ever
@@ -268,6 +266,33 @@ def alternating(
                 cpu[name].append(thread_clock() - start_cpu)
                 wall[name].append(clock() - start)
     return wall, cpu
+
+
+LAUNCH: dict[str, Any] = {
+    "num_processes": 2,
+    "start_method": "fork",
+    "progress": "off",
+    "output": "none",
+}
+
+
+def launch_per_round(function: Callable[..., T], args: tuple[Any, ...], rounds: int) -> list[T]:
+    """``function(*args, 1)`` in a launch of its own, once per round.
+
+    A launch gives each model a steady bias of its own in wall time (where its tensors and
+    buffers happened to land): over ten launches of 2 rounds here, a second hand-wrapped DDP
+    model's ratio to the first spread with a standard deviation of 2.3% (0.965-1.039x) while its
+    CPU time stayed within 0.5%. Rounds inside one launch share that draw and cannot average it
+    out; rounds in launches of their own do."""
+    return [notebook_launcher(function, (*args, 1), **LAUNCH) for _ in range(rounds)]
+
+
+def merged(rounds: list[tuple[Blocks, Blocks]]) -> tuple[Blocks, Blocks]:
+    """The wall-clock and CPU blocks of several rounds, round after round, per case."""
+    return tuple(  # type: ignore[return-value]
+        {name: [block for part in rounds for block in part[kind][name]] for name in rounds[0][kind]}
+        for kind in (0, 1)
+    )
 
 
 def round_rates(seconds: list[float], rounds: int, block: int = BLOCK) -> list[float]:
@@ -370,14 +395,7 @@ def main() -> None:
         f"\nThe kernel (this process: nbtrain's launcher loop) used a median "
         f"{100 * statistics.median(kernel_shares):.2f}% of one core while the ranks trained."
     )
-    wall, cpu = notebook_launcher(
-        same_ranks,
-        (options.steps, options.rounds),
-        num_processes=2,
-        start_method="fork",
-        progress="off",
-        output="none",
-    )
+    wall, cpu = merged(launch_per_round(same_ranks, (options.steps,), options.rounds))
     print_same_ranks(wall, cpu, options.rounds)
 
 
