@@ -26,8 +26,8 @@ from torch.utils.data import BatchSampler, RandomSampler
 
 class PermutedBatches(BatchSampler):
     """A ``BatchSampler`` over a ``RandomSampler`` (same attributes) that slices a whole pass's
-    permutation. A sampler changed since (replacement, num_samples, no generator) is batched the
-    plain way, as is any sampler on a torch that fails ``matches_torch``."""
+    permutation; made by ``batched`` only when the installed torch passes ``matches_torch``. A
+    sampler changed since (replacement, num_samples, no generator) is batched the plain way."""
 
     def __iter__(self) -> Iterator[list[int]]:
         sampler = self.sampler
