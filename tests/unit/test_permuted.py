@@ -84,16 +84,19 @@ def test_a_torch_that_draws_differently_keeps_the_plain_batch_sampler(monkeypatc
     assert matches_torch()
 
 
-def _prepared(world: int, rank: int, drop_last: bool) -> loaders.PreparedDataLoader:
-    loader = DataLoader(
+def _shuffled(drop_last: bool) -> DataLoader:
+    return DataLoader(
         range(50),  # type: ignore[arg-type]
         batch_size=4,
         shuffle=True,
         drop_last=drop_last,
         generator=torch.Generator().manual_seed(11),
     )
+
+
+def _prepared(world: int, rank: int, drop_last: bool) -> loaders.PreparedDataLoader:
     return loaders.prepare_data_loader(
-        loader,
+        _shuffled(drop_last),
         world_size=world,
         rank=rank,
         split_batches=False,
@@ -109,13 +112,7 @@ def test_prepared_ranks_take_the_fast_path_and_split_one_processs_order(drop_las
     """Epoch after epoch, the two ranks' steps are one process's batches, in its order."""
     ranks = [_prepared(2, rank, drop_last) for rank in range(2)]
     assert all(type(r._shard.batch_sampler) is PermutedBatches for r in ranks)
-    single = DataLoader(
-        range(50),  # type: ignore[arg-type]
-        batch_size=4,
-        shuffle=True,
-        drop_last=drop_last,
-        generator=torch.Generator().manual_seed(11),
-    )
+    single = _shuffled(drop_last)
     for epoch in range(3):
         for r in ranks:
             r.set_epoch(epoch)
