@@ -279,11 +279,11 @@ LAUNCH: dict[str, Any] = {
 def launch_per_round(function: Callable[..., T], args: tuple[Any, ...], rounds: int) -> list[T]:
     """``function(*args, 1)`` in a launch of its own, once per round.
 
-    A launch gives each model a steady bias of its own in wall time (where its tensors and
-    buffers happened to land): over ten launches of 2 rounds here, a second hand-wrapped DDP
+    Each model (made once per launch) keeps a wall-time bias of its own, spent waiting rather
+    than in either rank's Python: over ten launches of 2 rounds here, a second hand-wrapped DDP
     model's ratio to the first spread with a standard deviation of 2.3% (0.965-1.039x) while its
     CPU time stayed within 0.5%. Rounds inside one launch share that draw and cannot average it
-    out; rounds in launches of their own do."""
+    out; rounds in launches of their own (fresh models) do."""
     return [notebook_launcher(function, (*args, 1), **LAUNCH) for _ in range(rounds)]
 
 
