@@ -14,17 +14,17 @@ train in turns of TURN steps, in a ring (a case's rank 0 waits for its semaphore
 gives the next case's); a waiting launch sleeps. So every case trains in the same seconds of the
 shared machine, a few hundred ms apart, instead of in whole launches one after another: on this
 2-core VM the speed of one launch drifts by ~6% from second to second, which swamped a 1%
-difference when launches ran alone. Rank 0 times each turn; a round's ratio is the baseline's
-time over the case's over the round's turns; the table gives the median over rounds, and the
-median over neighbouring turns. The ring's order rotates every round. The kernel's own work
-(nbtrain's launcher loop in this process, which runs through every turn) is reported apart, as
-CPU time of this process while the ranks train.
+difference when launches ran alone. No launch ends before every launch has run its last turn:
+a launch's teardown would load the machine during another's turns. Rank 0 times each turn; a
+round's ratio is the baseline's time over the case's over the round's turns; the table gives
+the median over rounds, and the median over neighbouring turns. The ring's order rotates every
+round. The kernel's own work (nbtrain's launcher loop in this process, which runs through every
+turn) is reported apart, as CPU time of this process while the ranks train.
 
 A second table isolates the Accelerator's own cost: in one pair of ranks (an nbtrain launch), an
 nbtrain-prepared model and hand-wrapped DDP models train alternately, in blocks of BLOCK steps
 whose order rotates every block, so all see the same moments of the shared machine. Each round
-is a launch of its own (see launch_per_round: a launch gives each model a steady bias of a few
-percent in wall time, which only more launches average out). Its ratio is the median, over all
+is a launch of its own (see launch_per_round). Its ratio is the median, over all
 blocks of all rounds, of the DDP block's time over the neighbouring nbtrain block's. A second
 hand-wrapped DDP model ("ddp, again") is the noise floor: it differs from "ddp" only by chance.
 The table also gives the CPU time of rank 0's stepping thread per step, which waiting for the
@@ -32,12 +32,13 @@ peer and preemption leave out.
 
 benchmarks/step_cost.py breaks the difference down per wrapper and shows it at other step sizes.
 
-    python benchmarks/train.py [--rounds 9] [--steps 1200]
+    python benchmarks/train.py [--rounds 9] [--steps 1200] [--raw every-turn-and-block.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import threading
@@ -55,6 +56,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from nbtrain import notebook_launcher
 
 T = TypeVar("T")
+Step = tuple[Callable[..., None], Any]  # a training step and its endless stream of batches
 
 WARMUP = 30
 TURN = 50  # steps per turn in the paired measure
@@ -98,11 +100,10 @@ TURNS: list[Any] = []
 READY: list[Any] = []
 
 
-def taking_turns(step: Any, stream: Any, case: int, turns: int) -> list[float]:
+def taking_turns(run: Step, case: int, turns: int) -> list[float]:
     """Rank side: WARMUP steps, then ``turns`` turns of TURN steps, each when this case's
     semaphore is given; rank 0's seconds per turn (the barriers keep its peer in step)."""
-    for _ in range(WARMUP):
-        step(*next(stream))
+    step, stream = warmed(run)
     lead = dist.get_rank() == 0
     mine, following = TURNS[case], TURNS[(case + 1) % len(TURNS)]
     if lead:
@@ -119,7 +120,18 @@ def taking_turns(step: Any, stream: Any, case: int, turns: int) -> list[float]:
         seconds.append(time.perf_counter() - start)
         if lead:
             following.release()
+    if lead:  # one more, empty pass of the ring: no launch ends (and loads the machine with
+        mine.acquire()  # its teardown) while another still has turns to run
+        following.release()
+    dist.barrier()
     return seconds
+
+
+def warmed(run: Step) -> Step:
+    step, stream = run
+    for _ in range(WARMUP):
+        step(*next(stream))
+    return run
 
 
 def accelerator_step(acc: Any, model: Any, optimizer: Any) -> Any:
@@ -137,17 +149,14 @@ def nbtrain_rank(case: int, turns: int) -> list[float]:
     from nbtrain import Accelerator
 
     acc = Accelerator()
-    model, data = model_and_data()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    loader = DataLoader(data, batch_size=BATCH, shuffle=True)
-    model, optimizer, loader = acc.prepare(model, optimizer, loader)
-    return taking_turns(accelerator_step(acc, model, optimizer), batches(loader), case, turns)
+    data = model_and_data()[1]
+    return taking_turns(prepared(acc, data), case, turns)
 
 
 def ddp_rank(case: int, turns: int) -> list[float]:
     dist.init_process_group("gloo")
-    step, stream = ddp_setup(model_and_data()[1])
-    return taking_turns(step, stream, case, turns)
+    data = model_and_data()[1]
+    return taking_turns(ddp_setup(data), case, turns)
 
 
 def accelerate_rank(case: int, turns: int) -> list[float]:
@@ -157,13 +166,18 @@ def accelerate_rank(case: int, turns: int) -> list[float]:
     # each rank alone, with no gradient all-reduce (checked below).
     acc = Accelerator(cpu=True)
     assert acc.num_processes == 2, "Accelerate must run data parallel for a fair comparison"
-    model, data = model_and_data()
+    assert isinstance(acc.prepare(mlp()), torch.nn.parallel.DistributedDataParallel)
+    return taking_turns(prepared(acc, model_and_data()[1]), case, turns)
+
+
+def prepared(acc: Any, data: TensorDataset) -> Step:
+    """A fresh model, its optimizer and a loader over ``data``, prepared by ``acc`` (nbtrain's
+    or Accelerate's): the step and its endless stream of batches."""
+    model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = DataLoader(data, batch_size=BATCH, shuffle=True)
     model, optimizer, loader = acc.prepare(model, optimizer, loader)
-    assert isinstance(model, torch.nn.parallel.DistributedDataParallel)
-    step = accelerator_step(acc, model, optimizer)
-    return taking_turns(step, batches(loader), case, turns)
+    return accelerator_step(acc, model, optimizer), batches(loader)
 
 
 RANK_FUNCTIONS = {"ddp": ddp_rank, "accelerate": accelerate_rank}
@@ -238,7 +252,7 @@ Blocks = dict[str, list[float]]  # seconds of each block, per case, in the order
 
 
 def alternating(
-    runs: dict[str, tuple[Any, Any]], steps: int, rounds: int, block: int = BLOCK
+    runs: dict[str, Step], steps: int, rounds: int, block: int = BLOCK
 ) -> tuple[Blocks, Blocks]:
     """Wall-clock and main-thread CPU seconds of each block of ``block`` steps of each
     (step, stream), the cases alternating block by block (the order rotating every block),
@@ -249,9 +263,8 @@ def alternating(
     all-reduce) and time other processes held the core, so the Python a wrapper adds shows in it
     even when the machine is busy."""
     names = list(runs)
-    for step, stream in runs.values():
-        for _ in range(WARMUP):
-            step(*next(stream))
+    for run in runs.values():
+        warmed(run)
     wall: Blocks = {name: [] for name in names}
     cpu: Blocks = {name: [] for name in names}
     clock, thread_clock = time.perf_counter, time.thread_time
@@ -277,13 +290,13 @@ LAUNCH: dict[str, Any] = {
 
 
 def launch_per_round(function: Callable[..., T], args: tuple[Any, ...], rounds: int) -> list[T]:
-    """``function(*args, 1)`` in a launch of its own, once per round.
+    """``function(*args, 1)`` in a launch of its own, once per round, with fresh models.
 
-    Each model (made once per launch) keeps a wall-time bias of its own, spent waiting rather
-    than in either rank's Python: over ten launches of 2 rounds here, a second hand-wrapped DDP
-    model's ratio to the first spread with a standard deviation of 2.3% (0.965-1.039x) while its
-    CPU time stayed within 0.5%. Rounds inside one launch share that draw and cannot average it
-    out; rounds in launches of their own (fresh models) do."""
+    Blocks of 10 steps here scatter with a standard deviation of ~33% in wall time (a step
+    takes 0.9 ms or, when a thread waits for a core, up to 4-5 ms), so a round of 120 blocks
+    carries ~3% of noise. Rounds in launches of their own keep any bias a launch or a model
+    might have out of every round but one; over 27 launches of 6 fresh model sets each, no such
+    bias showed beyond that block noise."""
     return [notebook_launcher(function, (*args, 1), **LAUNCH) for _ in range(rounds)]
 
 
@@ -310,7 +323,7 @@ def paired_blocks(seconds: list[float], baseline: list[float]) -> float:
     return statistics.median(b / s for s, b in zip(seconds, baseline, strict=True))
 
 
-def ddp_setup(data: TensorDataset, width: int = HIDDEN, batch: int = BATCH) -> tuple[Any, Any]:
+def ddp_setup(data: TensorDataset, width: int = HIDDEN, batch: int = BATCH) -> Step:
     """A hand-wrapped DDP model's step and its endless stream of batches (DistributedSampler)."""
     model = torch.nn.parallel.DistributedDataParallel(mlp(width))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -330,13 +343,9 @@ def same_ranks(steps: int, rounds: int) -> tuple[Blocks, Blocks]:
     """Wall-clock and CPU seconds of every block, per case (see alternating)."""
     from nbtrain import Accelerator
 
-    acc = Accelerator()
-    model, data = model_and_data()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    loader = DataLoader(data, batch_size=BATCH, shuffle=True)
-    model, optimizer, loader = acc.prepare(model, optimizer, loader)
+    data = model_and_data()[1]
     runs = {
-        "nbtrain": (accelerator_step(acc, model, optimizer), batches(loader)),
+        "nbtrain": prepared(Accelerator(), data),
         "ddp": ddp_setup(data),
         "ddp, again": ddp_setup(data),
     }
@@ -375,6 +384,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--steps", type=int, default=1200, help="timed steps per case and round")
+    parser.add_argument("--raw", help="also write every turn's and block's seconds to this file")
     options = parser.parse_args()
     names = ["nbtrain", "ddp", "accelerate"]
     turns = max(options.steps // TURN, 1)
@@ -397,6 +407,9 @@ def main() -> None:
     )
     wall, cpu = merged(launch_per_round(same_ranks, (options.steps,), options.rounds))
     print_same_ranks(wall, cpu, options.rounds)
+    if options.raw:
+        with open(options.raw, "w") as file:
+            json.dump({"paired": seconds, "same ranks": {"wall": wall, "cpu": cpu}}, file)
 
 
 def print_same_ranks(wall: Blocks, cpu: Blocks, rounds: int) -> None:
