@@ -19,8 +19,7 @@ Part 3, which half of the step the difference is in: train.py's step, same two r
 alternating four ways: all nbtrain, all hand-written, the prepared loader feeding a hand-wrapped
 DDP model, and a prepared model and optimizer fed by DistributedSampler.
 
-In parts 2 and 3 each round is a launch of its own (train.launch_per_round): one launch gives
-each model a steady bias of a few percent in wall time, which only more launches average out.
+In parts 2 and 3 each round is a launch of its own, with fresh models (train.launch_per_round).
 
     python benchmarks/step_cost.py [--rounds 7] [--part 1|2|3]
 """
