@@ -60,6 +60,8 @@ Step = tuple[Callable[..., None], Any]  # a training step and its endless stream
 
 WARMUP = 30
 TURN = 50  # steps per turn in the paired measure
+STALL = 300  # seconds a case waits for its turn before it takes the ring for broken
+STALLED = "no turn came"
 BLOCK = 10  # steps per block in the same-ranks alternation
 BATCH = 32  # per rank
 FEATURES, HIDDEN, CLASSES, SAMPLES = 64, 256, 10, 8192
@@ -111,7 +113,7 @@ def taking_turns(run: Step, case: int, turns: int) -> list[float]:
     seconds = []
     for _ in range(turns):
         if lead:
-            mine.acquire()
+            wait_turn(mine)
         dist.barrier()
         start = time.perf_counter()
         for _ in range(TURN):
@@ -121,10 +123,18 @@ def taking_turns(run: Step, case: int, turns: int) -> list[float]:
         if lead:
             following.release()
     if lead:  # one more, empty pass of the ring: no launch ends (and loads the machine with
-        mine.acquire()  # its teardown) while another still has turns to run
+        wait_turn(mine)  # its teardown) while another still has turns to run
         following.release()
     dist.barrier()
     return seconds
+
+
+def wait_turn(semaphore: Any) -> None:
+    if not semaphore.acquire(timeout=STALL):
+        raise RuntimeError(
+            f"{STALLED} in {STALL} s: another case's launch has stopped (its own error, if "
+            "it raised one, is raised from the benchmark's process)"
+        )
 
 
 def warmed(run: Step) -> Step:
@@ -226,9 +236,12 @@ def paired_round(order: list[str], turns: int) -> tuple[dict[str, list[float]], 
             "nbtrain": notebook_launcher(nbtrain_rank, (order.index("nbtrain"), turns), **LAUNCH)
         }
     except BaseException:
-        for context in others:  # they would wait for their turn for ever
+        cause = root_cause(others)
+        for context in others:  # they would wait for their turn until STALL
             for process in context.processes:
                 process.kill()
+        if cause is not None:
+            raise cause from None
         raise
     cpu, wall = started[0]
     kernel_share = (time.process_time() - cpu) / (time.perf_counter() - wall)
@@ -239,6 +252,18 @@ def paired_round(order: list[str], turns: int) -> tuple[dict[str, list[float]], 
         name, values = results.get()
         seconds[name] = values
     return seconds, kernel_share
+
+
+def root_cause(contexts: list[Any]) -> BaseException | None:
+    """The error a rank of another case raised of its own (not for want of a turn), if any."""
+    errors = []
+    for context in contexts:
+        try:
+            context.join(timeout=0)
+        except Exception as error:  # (the rank's own traceback is in its message)
+            errors.append(error)
+    own = [error for error in errors if STALLED not in str(error)]
+    return next(iter(own or errors), None)
 
 
 def _start_when_ready(cases: int, started: list[tuple[float, float]]) -> None:
@@ -295,8 +320,9 @@ def launch_per_round(function: Callable[..., T], args: tuple[Any, ...], rounds: 
     Blocks of 10 steps here scatter with a standard deviation of ~33% in wall time (a step
     takes 0.9 ms or, when a thread waits for a core, up to 4-5 ms), so a round of 120 blocks
     carries ~3% of noise. Rounds in launches of their own keep any bias a launch or a model
-    might have out of every round but one; over 27 launches of 6 fresh model sets each, no such
-    bias showed beyond that block noise."""
+    might have out of every round but one; over 27 launches (in a version of this benchmark
+    that also made 6 fresh model sets per launch) no such bias showed beyond that block
+    noise."""
     return [notebook_launcher(function, (*args, 1), **LAUNCH) for _ in range(rounds)]
 
 
