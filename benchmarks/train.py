@@ -173,10 +173,9 @@ def accelerate_rank(case: int, turns: int) -> list[float]:
     from accelerate import Accelerator
 
     # cpu=True: without it Accelerate treats CPU-only ranks as DistributedType.NO and trains
-    # each rank alone, with no gradient all-reduce (checked below).
+    # each rank alone, with no gradient all-reduce (prepared checks the model is wrapped).
     acc = Accelerator(cpu=True)
     assert acc.num_processes == 2, "Accelerate must run data parallel for a fair comparison"
-    assert isinstance(acc.prepare(mlp()), torch.nn.parallel.DistributedDataParallel)
     return taking_turns(prepared(acc, model_and_data()[1]), case, turns)
 
 
@@ -187,6 +186,7 @@ def prepared(acc: Any, data: TensorDataset) -> Step:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = DataLoader(data, batch_size=BATCH, shuffle=True)
     model, optimizer, loader = acc.prepare(model, optimizer, loader)
+    assert isinstance(model, torch.nn.parallel.DistributedDataParallel), "not data parallel"
     return accelerator_step(acc, model, optimizer), batches(loader)
 
 
