@@ -50,14 +50,18 @@ def run_eta(view: RankView) -> float | None:
 
 
 def format_status(view: RankView) -> str:
-    """'running', 'done', 'failed: ValueError: boom', or a phase note while running."""
+    """'running', 'done', 'failed: ValueError: boom', or a phase note while running; then the
+    rank's GPU and the memory it holds there, when it uses one ('running · NVIDIA H100 · 3.1
+    GiB')."""
     if view.status is RankStatus.FAILED and view.failure:
         return f"failed: {view.failure}"
     if view.status in (RankStatus.STARTING, RankStatus.RUNNING) and view.note:
-        return view.note
-    if view.status is RankStatus.STOPPED and view.stopped_as:
-        return view.stopped_as
-    return view.status.value
+        status = view.note
+    elif view.status is RankStatus.STOPPED and view.stopped_as:
+        status = view.stopped_as
+    else:
+        status = view.status.value
+    return f"{status} · {view.gpu}" if view.gpu else status
 
 
 def has_progress(view: RankView) -> bool:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from nbtrain.kernel import environment
+from nbtrain.kernel import cuda_origin, environment
 from nbtrain.shared import tpu
 from nbtrain.shared.options import MixedPrecision, OutputMode, ProgressMode, StartMethod
 from nbtrain.shared.stopping import StopPolicy
@@ -24,6 +24,7 @@ from nbtrain.shared.stopping import StopPolicy
 class StartChoice:
     method: StartMethod
     reason: str
+    note: str = ""  # what the run's title adds: why auto did not fork, when CUDA forbade it
 
 
 @dataclass(frozen=True)
@@ -229,6 +230,7 @@ def default_num_processes(
 
 def choose_start_method(requested: object, uses_cuda: bool) -> StartChoice:
     """Resolve 'auto' and check an explicit choice against this platform and this kernel."""
+    cuda_origin.watch()  # torch may have been imported after nbtrain: note CUDA's first use
     method = choice("start_method", requested, _StartMethodOrAuto)
     available = environment.available_start_methods()
     if method is not _StartMethodOrAuto.AUTO:
@@ -242,7 +244,7 @@ def choose_start_method(requested: object, uses_cuda: bool) -> StartChoice:
             raise ValueError(
                 "start_method='fork' cannot be used: this kernel has already initialised CUDA, "
                 "and forked ranks could not use the GPU. Pass start_method='forkserver' (clean "
-                "ranks, no kernel restart needed), or 'auto'."
+                "ranks, no kernel restart needed), or 'auto'. " + cuda_origin.explain()
             )
         return StartChoice(chosen, f"{chosen.value}: requested")
     if "fork" in available:
@@ -256,7 +258,9 @@ def choose_start_method(requested: object, uses_cuda: bool) -> StartChoice:
             return StartChoice(
                 StartMethod.FORKSERVER,
                 "forkserver: this process already initialised CUDA, so fork is unsafe; the "
-                "forkserver gives clean ranks at nearly fork speed once warm",
+                "forkserver gives clean ranks at nearly fork speed once warm. "
+                + cuda_origin.explain(),
+                note="not fork: " + cuda_origin.explain(),
             )
     return StartChoice(StartMethod.SPAWN, "spawn: the only start method on this platform")
 

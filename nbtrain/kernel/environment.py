@@ -11,6 +11,8 @@ import contextlib
 import multiprocessing
 import os
 import platform
+import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -60,6 +62,26 @@ def cuda_device_count() -> int:
 
     count = torch.cuda._device_count_nvml()
     return count if count >= 0 else torch.cuda.device_count()
+
+
+def gpu_descriptions() -> list[tuple[str, str]]:
+    """('0', 'NVIDIA H100 80GB HBM3, 81559 MiB, driver 580.159.04') per GPU of the machine, as
+    nvidia-smi reports them (no CUDA context here; it lists every GPU, whatever
+    CUDA_VISIBLE_DEVICES says). Empty without nvidia-smi or when it fails."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    query = "--query-gpu=index,name,memory.total,driver_version"
+    try:
+        done = subprocess.run(
+            [smi, query, "--format=csv,noheader"], capture_output=True, text=True, timeout=20
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if done.returncode != 0:
+        return []
+    rows = [line.split(", ") for line in done.stdout.splitlines() if line.count(", ") == 3]
+    return [(index, f"{name}, {memory}, driver {driver}") for index, name, memory, driver in rows]
 
 
 def cuda_initialized() -> bool:

@@ -59,6 +59,7 @@ def _devices() -> list[tuple[str, str]]:
     rows = [
         ("CUDA GPUs", f"{gpus} visible (CUDA_VISIBLE_DEVICES {mask}; counted without "
                       "initialising CUDA)"),
+        *((f"GPU {index}", text) for index, text in environment.gpu_descriptions()),
         ("TPU", _tpu()),
         ("CPU cores", f"{environment.cpu_count()} usable by this process"),
     ]

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from nbtrain.kernel import environment
+from nbtrain.kernel import cuda_origin, environment
 from nbtrain.kernel.config import (
     LaunchConfig,
     OutputMode,
@@ -150,6 +150,10 @@ def debug_launcher(function: Callable[..., Any], args: tuple = (), num_processes
         if config.num_processes == 1:
             return run_in_process(config, function, args, kwargs)
         return run_ranks(config, prepare_call(function, args, kwargs, config.start.method))
+
+
+# From here on, the line of the notebook that first initialises CUDA is noted (cuda_origin).
+cuda_origin.watch()
 
 
 __all__ = ["OutputMode", "ProgressMode", "debug_launcher", "notebook_launcher"]

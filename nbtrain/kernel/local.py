@@ -29,7 +29,10 @@ def _run_ranks(config: LaunchConfig, call: PreparedCall) -> Any:
     rendezvous = open_local(config.world_size)
     specs = rank_specs(config, rendezvous)
     ranks = list(specs)
-    run = Run(config, ranks, title=f"{len(ranks)} ranks, {config.start.method.value}")
+    title = f"{len(ranks)} ranks, {config.start.method.value}"
+    if config.start.note:  # auto avoided fork: say why (and where CUDA was initialised)
+        title += f" ({config.start.note})"
+    run = Run(config, ranks, title=title)
 
     def make_args(rank: int, pipes: processes.RankPipes, close: tuple[int, ...]) -> tuple:
         spec = specs[rank]

@@ -25,6 +25,7 @@ from nbtrain.shared.events import (
     Exited,
     Failed,
     Finished,
+    GpuUsage,
     Log,
     Output,
     Progress,
@@ -65,6 +66,7 @@ class RankView:
     status: RankStatus = RankStatus.STARTING
     device: str = ""
     strategy: str = ""  # e.g. 'fsdp2' (a Strategy event); '' for plain data parallelism
+    gpu: str = ""  # 'NVIDIA H100 80GB HBM3 · 3.1 GiB' (a GpuUsage event); '' off GPUs
     host: str = ""
     pid: int | None = None
     note: str = ""  # a free-text phase from a Status event; cleared when the rank moves on
@@ -154,6 +156,8 @@ class RunState:
             view.note = event.text
         elif isinstance(event, Strategy):
             view.strategy = event.name
+        elif isinstance(event, GpuUsage):
+            view.gpu = f"{event.name} · {event.reserved / 2**30:.1f} GiB"
         elif isinstance(event, Progress):
             # A note tells what a rank waits for; a step (or a metric) means it moved on.
             view.note = ""

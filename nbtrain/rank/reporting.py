@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Protocol, TypeVar
 
 from nbtrain.rank import runtime
+from nbtrain.rank.gpu_usage import GpuSampler
 from nbtrain.rank.runtime import Runtime
 from nbtrain.shared.events import Event, EventSink, Log, Progress, Strategy
 
@@ -152,6 +153,7 @@ class Reporter:
         # the loop around it moves on. A rank that fails inside nested loops then reports the
         # step it failed at, not the outer loop's count from long before.
         self._left: tuple[Bar, int, Progress] | None = None
+        self._gpu = GpuSampler(self.rank)
 
     def open(self, total: int | None, desc: str | None) -> Bar:
         if self.bars:
@@ -196,6 +198,7 @@ class Reporter:
 
     def _log_outside_a_loop(self, values: dict[str, float], step: int) -> None:
         if self.direct:
+            self._send_gpu_usage(final=True)
             self.sink.send(Log(self.rank, values, step))
             return
         for name, value in values.items():
@@ -217,6 +220,7 @@ class Reporter:
                 if not self._offer(event, final):
                     return  # the kernel is behind: keep everything pending, try next time
                 self._sent = state
+        self._send_gpu_usage(final)
         groups = _by_step(self.pending)
         self.pending = {}
         for index, (step, values) in enumerate(groups):
@@ -227,6 +231,11 @@ class Reporter:
                     for name, value in rest.items()
                 }
                 return
+
+    def _send_gpu_usage(self, final: bool) -> None:
+        usage = self._gpu.sample()
+        if usage is not None and self._offer(usage, final):
+            self._gpu.sent(usage)  # (one the kernel was too busy for goes out next time)
 
     def _progress_event(self) -> Progress | None:
         if not self.bars:

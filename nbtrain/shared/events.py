@@ -65,6 +65,18 @@ class Strategy:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuUsage:
+    """The rank's GPU and the memory its caching allocator holds there (torch's reserved
+    bytes: what this rank takes from the card), sent with progress while it changes."""
+
+    rank: int
+    name: str
+    reserved: int
+    total: int
+    time: float = field(default_factory=now)
+
+
+@dataclass(frozen=True, slots=True)
 class Progress:
     rank: int
     step: int
@@ -160,6 +172,7 @@ Event = (
     Started
     | Status
     | Strategy
+    | GpuUsage
     | Progress
     | Log
     | Output
