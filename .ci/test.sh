@@ -23,7 +23,7 @@ if [ "${NBTRAIN_SKIP_XLA:-0}" != 1 ]; then
     bash .ci/xla-env.sh
 fi
 
-.venv/bin/python -m ruff check nbtrain tests benchmarks
+.venv/bin/python -m ruff check nbtrain tests benchmarks .ci
 .venv/bin/python -m mypy
 
 status=0
