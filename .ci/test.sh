@@ -8,7 +8,7 @@ PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
-# constraints.txt pins torch 2.13.0, whose CPU build lies on disk on machines of this kind.
+# constraints.txt pins torch 2.13.0 (pip prefers a CPU build 2.13.0+cpu where one is offered).
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q --no-cache-dir -c constraints.txt -e '.[dev]'
 
@@ -23,7 +23,7 @@ if [ "${NBTRAIN_SKIP_XLA:-0}" != 1 ]; then
     bash .ci/xla-env.sh
 fi
 
-.venv/bin/python -m ruff check nbtrain tests benchmarks
+.venv/bin/python -m ruff check nbtrain tests benchmarks .ci
 .venv/bin/python -m mypy
 
 status=0

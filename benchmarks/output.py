@@ -3,8 +3,8 @@ number of steps while each prints about 1,000 lines per second (one line per ste
 steps) or prints nothing, alternated within one run; the ratio is printed-vs-silent steps/s.
 
 Run it with this tree's nbtrain and with an older one (PYTHONPATH) to compare output paths
-(the README's table: the new path publishes rank lines as the cell's stream output, coalesced
-per tick, and writes every line to the launch's log folder).
+(benchmarks/README.md's table: the new path publishes rank lines as the cell's stream output,
+coalesced per tick, and writes every line to the launch's log folder).
 
     python benchmarks/output.py [--rounds 7] [--steps 2000]
 """

@@ -49,8 +49,8 @@ def _launch(options: argparse.Namespace) -> int:
         args, kwargs = check_function(
             run_script, (str(script.resolve()), list(options.script_args)), None
         )
-        config = build_config(**_launch_keywords(options), return_all=False)
         with command_line():  # messages name --timeout, not notebook_launcher(timeout=)
+            config = build_config(**_launch_keywords(options), return_all=False)
             dispatch(config, run_script, args, kwargs, elastic=True)
     except WorkerError as err:
         _report_failure(err, str(script.resolve()))
@@ -128,7 +128,9 @@ def _add_launch_parser(commands: Any) -> None:
     parser.add_argument("--num-processes", "--nproc-per-node", type=int, default=None,
                         metavar="P", help="ranks on this node (default: one per visible GPU, "
                         "8 on a TPU host, else 1; always in processes of their own)")
-    parser.add_argument("--num-nodes", "--nnodes", type=int, default=1, metavar="N")
+    parser.add_argument("--num-nodes", "--nnodes", type=int, default=1, metavar="N",
+                        help="machines taking part (default 1); run this command on each, "
+                        "with its own --node-rank and the same --rdzv-endpoint")
     parser.add_argument("--node-rank", type=int, default=0, metavar="R",
                         help="this node's rank, 0..N-1; node 0 hosts the rendezvous")
     parser.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
@@ -137,18 +139,26 @@ def _add_launch_parser(commands: Any) -> None:
                         help="seconds to wait for every node to join (default 900)")
     parser.add_argument("--max-restarts", type=int, default=0, metavar="K",
                         help="restart every rank of every node up to K times after a failure")
-    parser.add_argument("--mixed-precision", choices=["no", "fp16", "bf16"], default=None)
+    parser.add_argument("--mixed-precision", choices=["no", "fp16", "bf16"], default=None,
+                        help="the precision every rank's Accelerator uses unless the script "
+                        "asks otherwise (default: full precision)")
     parser.add_argument("--start-method", choices=["auto", "fork", "forkserver", "spawn"],
-                        default="auto")
+                        default="auto", help="how the ranks' processes start (default auto: "
+                        "fork where safe, else forkserver; `nbtrain env` says which and why)")
     parser.add_argument("--gpu-ids", default=None, metavar="IDS", help="e.g. 0,2")
     parser.add_argument("--timeout", type=float, default=None, metavar="S",
                         help="stop every rank after S seconds (exit code 124)")
     parser.add_argument("--output", choices=["all", "main", "none"], default="all",
                         help="whose output to show (default all, prefixed with the rank)")
-    parser.add_argument("--progress", choices=["text", "off"], default="text")
+    parser.add_argument("--progress", choices=["text", "off"], default="text",
+                        help="the live text view of every rank's progress and metrics "
+                        "(default text), or none (off)")
     parser.add_argument("script", help="the Python script every rank runs")
-    parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS",
-                        help="arguments passed to the script")
+    script_args = parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS",
+                                      help="arguments passed to the script (optional)")
+    # argparse (before 3.13) counts a REMAINDER positional as required, so a missing script was
+    # reported as "required: script, ARGS"; ARGS may be empty.
+    script_args.required = False
     parser.set_defaults(handler=_launch)
 
 
@@ -176,6 +186,19 @@ def _demo(options: argparse.Namespace) -> int:
         restore(previous)
 
 
+def _demo_ranks(text: str) -> int:
+    """``demo --num-processes``: a whole number of ranks, 1 or more (checked before any start)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of ranks: pass 1 or more (default 2)"
+        )
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="nbtrain",
@@ -193,7 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo", help="train a small model on 2 CPU ranks with live progress (a set-up check)",
     )
-    demo.add_argument("--num-processes", type=int, default=2, metavar="P")
+    demo.add_argument("--num-processes", type=_demo_ranks, default=2, metavar="P",
+                      help="CPU ranks to train on (default 2)")
     demo.set_defaults(handler=_demo)
     return parser
 

@@ -15,6 +15,7 @@ from enum import Enum
 from typing import Any
 
 from nbtrain.kernel import cuda_origin, environment
+from nbtrain.kernel.option_names import hint, setting
 from nbtrain.shared import tpu
 from nbtrain.shared.options import MixedPrecision, OutputMode, ProgressMode, StartMethod
 from nbtrain.shared.stopping import StopPolicy
@@ -67,11 +68,11 @@ def choice(name: str, value: object, enum: type[Enum]) -> Any:
         ) from None
 
 
-def whole(name: str, value: object, minimum: int, hint: str = "") -> int:
+def whole(name: str, value: object, minimum: int, fix: str = "") -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name}={value!r} must be a whole number >= {minimum}.{hint}")
+        raise TypeError(f"{setting(name, value)} must be a whole number >= {minimum}.{fix}")
     if value < minimum:
-        raise ValueError(f"{name}={value!r} must be >= {minimum}.{hint}")
+        raise ValueError(f"{setting(name, value)} must be >= {minimum}.{fix}")
     return int(value)
 
 
@@ -319,9 +320,11 @@ def build_config(
     if num_processes is None:
         processes = default_num_processes(ids, xla)
     else:
-        processes = whole(
-            "num_processes", num_processes, 1, " Use None for one rank per visible GPU."
-        )
+        processes = whole("num_processes", num_processes, 1, hint(
+            " Use None for one rank per visible GPU.",
+            " Leave --num-processes out for the default: one rank per visible GPU, 8 on a TPU"
+            " host, else 1.",
+        ))
     if ids is not None and processes > len(ids):
         raise ValueError(
             f"num_processes={processes} but gpu_ids={list(ids)!r} lists {len(ids)} GPU(s): "

@@ -57,14 +57,15 @@ def notebook_launcher(
     """Run ``function(*args, **kwargs)`` on ``num_processes`` ranks and return rank 0's value
     (on a node of a multi-node launch: its first rank's; ``return_all``: its ranks' values).
 
-    Stop and resume (README: Stop and resume): ``on_interrupt="checkpoint"`` makes the first
-    interrupt save a checkpoint at the next optimizer step and stop; ``checkpoint_every`` saves
-    periodically (optimizer steps, or a duration like ``"10min"``); ``resume=True`` has
-    ``prepare()`` load the newest one. Checkpoints go to
+    Stop and resume (notebooks/guides/stop-and-resume.md): ``on_interrupt="checkpoint"`` makes
+    the first interrupt save a checkpoint at the next optimizer step and stop;
+    ``checkpoint_every`` saves periodically (optimizer steps, or a duration like ``"10min"``);
+    ``resume=True`` has ``prepare()`` load the newest one. Checkpoints go to
     ``<project_dir>/checkpoints/checkpoint_<n>`` (default project_dir:
     ``nbtrain-runs/<function name>``), the newest ``total_limit`` kept.
 
-    See the README for the full contract. Every argument is checked before anything starts.
+    The full contract: notebooks/guides/launching.md. Every argument is checked before anything
+    starts.
     """
     # IPython (and pytest) hide frames that set this: a failure shows the cell and the
     # rank's own traceback, not the launcher's internals.

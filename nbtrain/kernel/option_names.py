@@ -32,3 +32,18 @@ def given(name: str, value: object = None) -> str:
 def to_raise(name: str) -> str:
     """'timeout=' or '--timeout': what to raise in 'Raise ... if the run needs longer.'"""
     return "--" + name.replace("_", "-") if _COMMAND_LINE.get() else f"{name}="
+
+
+def setting(name: str, value: object) -> str:
+    """A value as the user gave it, for a message: '--num-processes 0' on the command line
+    (where ``name`` is an option's name), 'num_processes=0' elsewhere."""
+    if _COMMAND_LINE.get() and name.isidentifier():
+        return f"--{name.replace('_', '-')} {value}"
+    return f"{name}={value!r}"
+
+
+def hint(in_python: str, on_command_line: str) -> str:
+    """The fix a message suggests, in the words of where the option was given: e.g. 'Use None
+    for one rank per visible GPU.' in Python, 'Leave --num-processes out ...' on the command
+    line, where None cannot be written."""
+    return on_command_line if _COMMAND_LINE.get() else in_python

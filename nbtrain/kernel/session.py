@@ -134,8 +134,8 @@ class Ranks:
         """``function(*args, **kwargs)`` on every rank: rank 0's value (every rank's with
         ``return_all``), as ``notebook_launcher`` returns it. A notebook-defined function sees
         the rank's own names (what earlier cells defined) over the kernel's. ``on_interrupt``
-        ("stop" or "checkpoint") overrides start_ranks' for this call (README: Stop and
-        resume); the call's checkpoints go where start_ranks' options say."""
+        ("stop" or "checkpoint") overrides start_ranks' for this call (guide:
+        stop-and-resume.md); the call's checkpoints go where start_ranks' options say."""
         __tracebackhide__ = True
         args, kwargs = check_function(function, args, kwargs)
         stopping = self._call_policy(on_interrupt)
@@ -551,7 +551,7 @@ def start_ranks(
     project_dir: str | os.PathLike[str] | None = None,
     total_limit: int | None = 3,
 ) -> Ranks:
-    """Start ``num_processes`` warm ranks (see the README: Warm ranks). ``timeout`` is each
+    """Start ``num_processes`` warm ranks (notebooks/guides/warm-ranks.md). ``timeout`` is each
     command's limit; ``start_method='auto'`` starts clean ranks (forkserver, else spawn), so
     the kernel may use CUDA itself. With ranks already running, ``replace=True`` stops them
     first; otherwise that is an error saying so. The stop and resume options are

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import signal
@@ -207,7 +208,10 @@ def _alive(pid: int) -> bool:
 def test_bad_options_exit_2_with_the_reason():
     zero = run("launch", "--num-processes", "0", str(SCRIPTS / "hello.py"))
     assert zero.returncode == 2
-    assert "num_processes=0 must be >= 1" in zero.stderr
+    # In the command line's words: the flag as typed, and a fix that can be typed (not None).
+    assert "--num-processes 0 must be >= 1" in zero.stderr
+    assert "Leave --num-processes out for the default" in zero.stderr
+    assert "None" not in zero.stderr
     missing = run("launch", "nope.py")
     assert missing.returncode == 2
     assert "script 'nope.py' not found" in missing.stderr
@@ -347,3 +351,36 @@ def test_version_and_help():
     assert run("--version").stdout.strip().startswith("nbtrain ")
     assert "launch" in run("--help").stdout
     assert os.path.exists(CONSOLE)
+
+
+def test_launch_without_a_script_asks_for_the_script_only():
+    done = run("launch", "--num-processes", "2")
+    assert done.returncode == 2
+    error = done.stderr.strip().splitlines()[-1]
+    assert error == "nbtrain launch: error: the following arguments are required: script", error
+
+
+def test_demo_refuses_zero_ranks_before_starting_any():
+    done = run("demo", "--num-processes", "0")
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "--num-processes: '0' is not a number of ranks: pass 1 or more" in done.stderr
+    assert "nbtrain demo:" not in done.stdout  # stopped at the parser: nothing ran
+
+
+def test_every_option_of_every_command_says_what_it_does():
+    from nbtrain.kernel.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    silent = [
+        f"nbtrain {name} {'/'.join(action.option_strings) or action.dest}"
+        for name, command in commands.choices.items()
+        for action in command._actions
+        if not (action.help or "").strip()
+    ]
+    assert not silent, f"options without a help text: {silent}"
+    # And the help screen shows it (argparse prints help texts only where given).
+    shown = run("launch", "--help")
+    assert shown.returncode == 0
+    assert "machines taking part" in shown.stdout and "live text view" in shown.stdout

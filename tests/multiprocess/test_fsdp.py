@@ -305,7 +305,7 @@ def trainer_with_fsdp(output_dir: str) -> tuple[str, str, bool]:
 def test_trainer_fsdp_on_cpu_ranks_trains_unsharded_as_the_readme_says(tmp_path):
     # Accelerate 1.15 turns its FSDP plugin on for accelerator devices only (MULTI_GPU, ...;
     # not MULTI_CPU), so on CPU ranks the Trainer trains with DDP. If this starts failing,
-    # Accelerate changed: update the README's FSDP section.
+    # Accelerate changed: update notebooks/guides/fsdp.md.
     pytest.importorskip("transformers")
     result = launch(trainer_with_fsdp, str(tmp_path / "out"))
     assert result == ("MULTI_CPU", "DistributedDataParallel", False)

@@ -108,6 +108,10 @@ def check_notebook(
         if regen:
             strip_for_storage(path)
         raise
+    # Run from Jupyter, a notebook's working directory is notebooks/ in the user's clone:
+    # whatever it writes belongs in a temporary directory, not beside the notebooks.
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert not left, f"{name} left {left} in its working directory: write under tempfile.mkdtemp()"
 
 
 @pytest.mark.parametrize("name", BINDER_NOTEBOOKS)

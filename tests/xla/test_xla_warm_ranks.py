@@ -2,7 +2,7 @@
 
 A warm rank that imports torch_xla in a cell gets the XLA device from its Accelerator, and keeps
 the prepared model and optimizer on it across cells. Several ordinals per session need torch_xla's
-host process to serve commands (README: Warm ranks, TPU).
+host process to serve commands (notebooks/guides/warm-ranks.md, TPU).
 """
 
 from __future__ import annotations
