@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -73,10 +74,11 @@ def train(
     log_with: Any = LIBRARIES,
     marker: str | None = None,
     slow: float = 0.0,
+    init_kwargs: dict | None = None,
 ) -> list[str]:
     """Every rank logs; the value is the step the batch count says, plus 1000 on rank 1."""
     accelerator = Accelerator(log_with=log_with, project_dir=project_dir)
-    accelerator.init_trackers(project, config={"lr": 0.5, "batch_size": 4})
+    accelerator.init_trackers(project, config={"lr": 0.5, "batch_size": 4}, init_kwargs=init_kwargs)
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     data = TensorDataset(torch.randn(PER_EPOCH * 8, 4), torch.randn(PER_EPOCH * 8, 1))
@@ -96,7 +98,8 @@ def train(
                 Path(marker).write_text("training")
             time.sleep(slow)
     names = [tracker.name for tracker in accelerator.trackers]
-    accelerator.get_tracker("mlflow").log({"direct": 1.0}, step=1)  # blank on rank 1
+    if "mlflow" in log_with:
+        accelerator.get_tracker("mlflow").log({"direct": 1.0}, step=1)  # blank on rank 1
     accelerator.end_training()
     return names
 
@@ -305,19 +308,17 @@ def interrupt_when(path: Path, delay: float) -> threading.Thread:
     return thread
 
 
-def test_stop_and_resume_continue_the_same_run_in_every_library(
-    tmp_path: Path, offline: str
-) -> None:
-    project = f"resume-{os.getpid()}-{time.monotonic_ns()}"
-    project_dir = tmp_path / "project"
-    marker = tmp_path / "marker"
+def stop_then_resume(project: str, project_dir: Path, **options: Any) -> dict[str, Any]:
+    """A launch stopped by an interrupt (checkpoint saved), then resumed; the checkpoint's
+    meta."""
+    marker = project_dir.parent / "marker"
     thread = interrupt_when(marker, 0.5)
     try:
         with pytest.raises(KeyboardInterrupt, match="stopped at step"):
             notebook_launcher(
                 train,
                 args=(project, str(project_dir)),
-                kwargs={"marker": str(marker), "slow": 0.05},
+                kwargs={"marker": str(marker), "slow": 0.05, **options},
                 num_processes=2,
                 on_interrupt="checkpoint",
                 project_dir=project_dir,
@@ -325,29 +326,35 @@ def test_stop_and_resume_continue_the_same_run_in_every_library(
             )
     finally:
         thread.join()
-    meta = json.loads((project_dir / "checkpoints" / "checkpoint_0" / "nbtrain_checkpoint.json")
-                      .read_text())
-    stopped = meta["steps"]
-    total = EPOCHS * PER_EPOCH
-    assert 0 < stopped < total, "stopped mid-run"
-    assert set(meta["trackers"]) == set(LIBRARIES)
-    first = mlflow_runs(offline, project)
-    assert len(first) == 1
-    assert mlflow_history(offline, first[0].info.run_id, "seen") == steps_1_to(stopped)
-
+    meta = json.loads(
+        (project_dir / "checkpoints" / "checkpoint_0" / "nbtrain_checkpoint.json").read_text()
+    )
+    assert 0 < meta["steps"] < EPOCHS * PER_EPOCH, "stopped mid-run"
     notebook_launcher(
         train,
         args=(project, str(project_dir)),
+        kwargs=options,
         num_processes=2,
         resume=True,
         project_dir=project_dir,
         **QUIET,
     )
+    return meta
+
+
+def test_stop_and_resume_continue_the_same_run_in_every_library(
+    tmp_path: Path, offline: str
+) -> None:
+    project = f"resume-{os.getpid()}-{time.monotonic_ns()}"
+    project_dir = tmp_path / "project"
+    meta = stop_then_resume(project, project_dir)
+    total = EPOCHS * PER_EPOCH
+    assert set(meta["trackers"]) == set(LIBRARIES)
     log_dir = project_dir / project
     assert tensorboard_scalars(log_dir, "seen") == steps_1_to(total)
 
     (run,) = mlflow_runs(offline, project)
-    assert run.info.run_id == first[0].info.run_id
+    assert run.info.run_id == meta["trackers"]["mlflow"]["run_id"]
     assert mlflow_history(offline, run.info.run_id, "seen") == steps_1_to(total)
 
     runs = sorted((project_dir / "wandb").glob("offline-run-*"))
@@ -425,3 +432,39 @@ def test_a_missing_library_an_unknown_name_and_a_missing_directory_are_named(
     # "all": the installed ones (W&B now is not) that need no directory (none was given)
     chosen = Accelerator(log_with="all")._tracking.chosen
     assert {"mlflow", "trackio"} <= set(chosen) and not {"wandb", "tensorboard"} & set(chosen)
+
+
+def comet_metrics(archive: Path, key: str) -> list[tuple[int, float]]:
+    """The metric messages of an offline Comet experiment, unpacked by comet_ml's own helper."""
+    from comet_ml.offline import unzip_offline_archive
+
+    folder = Path(unzip_offline_archive(str(archive)))
+    try:
+        lines = (folder / "messages.json").read_text().splitlines()
+        messages = [json.loads(line) for line in lines]
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return [
+        (message["payload"]["metric"]["step"], message["payload"]["metric"]["metricValue"])
+        for message in messages
+        if message["type"] == "metric_msg" and message["payload"]["metric"]["metricName"] == key
+    ]
+
+
+def test_comet_offline_continues_the_same_experiment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("comet_ml")
+    from comet_ml.offline_utils import extract_experiment_key_from_offline_file
+
+    monkeypatch.setenv("COMET_OFFLINE_DIRECTORY", str(tmp_path / "comet"))
+    meta = stop_then_resume(
+        "comet", tmp_path / "project", log_with="comet_ml",
+        init_kwargs={"comet_ml": {"online": False}},
+    )
+    archives = sorted((tmp_path / "comet").glob("*.zip"))
+    assert len(archives) == 2, "one archive per launch"
+    keys = {extract_experiment_key_from_offline_file(str(archive)) for archive in archives}
+    assert keys == {meta["trackers"]["comet_ml"]["experiment_key"]}, "one experiment"
+    logged = sorted(comet_metrics(archives[0], "seen") + comet_metrics(archives[1], "seen"))
+    assert logged == steps_1_to(EPOCHS * PER_EPOCH)
