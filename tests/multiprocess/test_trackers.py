@@ -468,3 +468,100 @@ def test_comet_offline_continues_the_same_experiment(
     assert keys == {meta["trackers"]["comet_ml"]["experiment_key"]}, "one experiment"
     logged = sorted(comet_metrics(archives[0], "seen") + comet_metrics(archives[1], "seen"))
     assert logged == steps_1_to(EPOCHS * PER_EPOCH)
+
+
+WARM_CELL = """
+import torch
+from nbtrain import Accelerator
+accelerator = Accelerator(log_with="tensorboard", project_dir={project_dir!r})
+accelerator.init_trackers("warm")  # the second cell's call goes on with the run
+if "model" not in globals():
+    model = accelerator.prepare(torch.nn.Linear(2, 1))
+    optimizer = accelerator.prepare(torch.optim.SGD(model.parameters(), lr=0.1))
+for _ in range(3):
+    accelerator.backward(model(torch.ones(2, 2)).sum())
+    optimizer.step()
+    optimizer.zero_grad()
+    accelerator.log({{"cell_value": float({cell})}})
+"""
+
+
+def test_on_warm_ranks_one_run_spans_cells_until_the_ranks_stop(tmp_path: Path) -> None:
+    import nbtrain
+
+    project_dir = tmp_path / "project"
+    handle = nbtrain.start_ranks(2, **QUIET)
+    try:
+        handle.run_cell(WARM_CELL.format(project_dir=str(project_dir), cell=1))
+        handle.run_cell(WARM_CELL.format(project_dir=str(project_dir), cell=2))
+        assert handle.pull("[t.name for t in accelerator.trackers]") == [["tensorboard"], []]
+    finally:
+        handle.stop()  # ends the run
+    log_dir = project_dir / "warm"
+    assert len(list(log_dir.glob("events.out.tfevents.*"))) == 1, "one run, one writer"
+    assert tensorboard_scalars(log_dir, "cell_value") == [
+        (1, 1.0), (2, 1.0), (3, 1.0), (4, 2.0), (5, 2.0), (6, 2.0)
+    ]
+    assert tracker_processes() == []
+
+
+def trainer_reporting(output_dir: str) -> int:
+    """A Transformers Trainer in the ranks, reporting to TensorBoard and MLflow itself (its
+    own callbacks, as under torchrun), next to nbtrain's live view."""
+    from transformers import Trainer, TrainingArguments
+
+    from nbtrain import NbtrainCallback
+
+    class Tiny(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 1)
+
+        def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict:
+            return {"loss": torch.nn.functional.mse_loss(self.linear(x).squeeze(-1), labels)}
+
+    generator = torch.Generator().manual_seed(0)
+    data = [
+        {"x": torch.randn(4, generator=generator), "labels": torch.randn((), generator=generator)}
+        for _ in range(32)
+    ]
+    args = TrainingArguments(
+        output_dir=output_dir, per_device_train_batch_size=4, num_train_epochs=2,
+        logging_steps=2, save_strategy="no", report_to=["tensorboard", "mlflow"],
+        disable_tqdm=True, use_cpu=True, run_name="trainer-run",
+    )
+    trainer = Trainer(model=Tiny(), args=args, train_dataset=data, callbacks=[NbtrainCallback()])
+    trainer.train()
+    return trainer.state.max_steps
+
+
+def test_a_trainer_in_the_ranks_reports_to_its_trackers_from_the_main_process(
+    tmp_path: Path, offline: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("transformers")
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "trainer")
+    max_steps = notebook_launcher(
+        trainer_reporting, args=(str(tmp_path / "out"),), num_processes=2, **QUIET
+    )
+    assert max_steps == 8  # 32 samples / (4 per device * 2 ranks) * 2 epochs
+    assert len(list((tmp_path / "tb").glob("events.out.tfevents.*"))) == 1, "rank 0 only"
+    assert [step for step, _ in tensorboard_scalars(tmp_path / "tb", "train/loss")] == [2, 4, 6, 8]
+    (run,) = mlflow_runs(offline, "trainer")
+    assert [step for step, _ in mlflow_history(offline, run.info.run_id, "loss")] == [2, 4, 6, 8]
+
+
+def record_without_ending(folder: str) -> None:
+    accelerator = Accelerator(log_with=Recorder(folder))
+    accelerator.init_trackers("unended")
+    accelerator.log({"a": 1.0}, step=7)  # and no end_training(): the launch's end finishes
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_the_end_of_a_launch_finishes_a_run_left_open(tmp_path: Path, processes: int) -> None:
+    """num_processes=1 runs in this very process (the kernel's), 2 in rank processes."""
+    notebook_launcher(record_without_ending, args=(str(tmp_path),), num_processes=processes,
+                      **QUIET)
+    (calls_file,) = tmp_path.glob("calls-*.jsonl")
+    calls = [json.loads(line) for line in calls_file.read_text().splitlines()]
+    assert calls == [["start"], ["log", {"a": 1.0}, 7, {}], ["finish"]]
