@@ -19,6 +19,7 @@ import os
 from typing import Any, ClassVar
 
 from nbtrain.accelerator.tracking.base import GeneralTracker
+from nbtrain.rank import rankenv
 
 
 class LibraryTracker(GeneralTracker):
@@ -122,7 +123,7 @@ class MLflowTracker(LibraryTracker):
         import mlflow
 
         kwargs = dict(self.init_kwargs)
-        experiment_name = os.environ.get("MLFLOW_EXPERIMENT_NAME", self.run_name)
+        experiment_name = rankenv.variable("MLFLOW_EXPERIMENT_NAME") or self.run_name
         found = mlflow.get_experiment_by_name(experiment_name)
         if found is not None:
             experiment_id = found.experiment_id
