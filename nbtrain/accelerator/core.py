@@ -320,7 +320,7 @@ class Accelerator(StateMethods, ProcessMethods, TrainingStep):
         from nbtrain.rank.reporting import log
 
         main = self.is_main_process
-        self._tracking.log(values, step, log_kwargs, main=main, stops=self._stops)
+        self._tracking.log(values, step, log_kwargs, main=main)
         if self._tracking.chosen:  # text and nested values are for the trackers only
             values = {k: v for k, v in values.items() if not isinstance(v, (str, dict))}
         log(values, step=step)

@@ -81,11 +81,6 @@ class Stops:
         if self.policy is not None and self.policy.on_interrupt:
             interrupts.arm()
 
-    def taken(self) -> int:
-        """Optimizer steps taken so far, the current iteration's included: the count a
-        checkpoint saved at the next stop point holds (trackers log at this step)."""
-        return self.steps + int(self._stepped)
-
     def resumed(self, steps: int) -> None:
         """A checkpoint was loaded: the step count continues from it."""
         self.steps = steps

@@ -565,3 +565,31 @@ def test_the_end_of_a_launch_finishes_a_run_left_open(tmp_path: Path, processes:
     (calls_file,) = tmp_path.glob("calls-*.jsonl")
     calls = [json.loads(line) for line in calls_file.read_text().splitlines()]
     assert calls == [["start"], ["log", {"a": 1.0}, 7, {}], ["finish"]]
+
+
+def count_steps(folder: str) -> None:
+    """Two optimizers (as a GAN's) and gradient accumulation over 2 micro-steps."""
+    accelerator = Accelerator(log_with=Recorder(folder), gradient_accumulation_steps=2)
+    accelerator.init_trackers("count")
+    first, second = torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)
+    first, second = accelerator.prepare(first, second)
+    one = accelerator.prepare(torch.optim.SGD(first.parameters(), lr=0.1))
+    two = accelerator.prepare(torch.optim.SGD(second.parameters(), lr=0.1))
+    for index in range(6):
+        with accelerator.accumulate(first, second):
+            accelerator.backward((first(torch.ones(2, 2)) + second(torch.ones(2, 2))).sum())
+            one.step()
+            two.step()
+            one.zero_grad()
+            two.zero_grad()
+        accelerator.log({"micro_step": float(index)})
+
+
+def test_the_default_step_counts_optimizer_steps_not_micro_steps_nor_optimizers(
+    tmp_path: Path,
+) -> None:
+    notebook_launcher(count_steps, args=(str(tmp_path),), num_processes=2, **QUIET)
+    (calls_file,) = tmp_path.glob("calls-*.jsonl")
+    steps = [call[2] for call in map(json.loads, calls_file.read_text().splitlines())
+             if call[0] == "log"]
+    assert steps == [0, 1, 1, 2, 2, 3]

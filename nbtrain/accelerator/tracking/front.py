@@ -55,13 +55,9 @@ class Tracking:
         log_kwargs: dict[str, Any] | None,
         *,
         main: bool,
-        stops: Stops,
     ) -> None:
-        if not main or runs.active() is None:
-            return
-        if step is None:  # the run's optimizer step: as checkpoints count it, when they do
-            step = stops.taken() if stops.active else runs.optimizer_steps()
-        runs.log(values, step, log_kwargs)
+        if main:
+            runs.log(values, step, log_kwargs)
 
     def get(self, name: str, unwrap: bool, *, main: bool) -> Any:
         return runs.get(name, unwrap, main)

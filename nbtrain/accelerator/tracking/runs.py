@@ -26,9 +26,10 @@ from nbtrain.shared.events import Tracked
 class TrackerRun:
     """The trackers of one run, and what they were started with."""
 
-    def __init__(self, project_name: str, trackers: list[Any]) -> None:
+    def __init__(self, project_name: str, trackers: list[Any], base_steps: int) -> None:
         self.project_name = project_name
         self.trackers = trackers
+        self.base_steps = base_steps  # a resumed launch's checkpoint had taken these steps
         self.announced_to: object = None  # the launch (runtime) last told where the run is
 
     def announce(self) -> None:
@@ -93,16 +94,20 @@ def start(
             # A continued run has its configuration from its first launch already.
             if getattr(tracker, "previous", None) is None:
                 tracker.store_init_configuration(config)
-    _active = TrackerRun(project_name, trackers)
+    _active = TrackerRun(project_name, trackers, steps)
     _active.announce()
     _counter.watch()
     return _active
 
 
-def log(values: dict[str, Any], step: int, log_kwargs: dict[str, Any] | None) -> None:
+def log(values: dict[str, Any], step: int | None, log_kwargs: dict[str, Any] | None) -> None:
+    """To every tracker of the run; ``step`` defaults to the run's optimizer step: the steps
+    its resumed checkpoint had taken plus those taken since (as checkpoints count them)."""
     if _active is None:
         return
     _active.announce()
+    if step is None:
+        step = _active.base_steps + _counter.taken()
     kwargs = log_kwargs or {}
     for tracker in _active.trackers:
         tracker.log(values, step=step, **kwargs.get(tracker.name, {}))
@@ -150,9 +155,10 @@ def end_launch() -> None:
 
 
 class _OptimizerSteps:
-    """Optimizer steps taken since the run started, when no checkpoint policy counts them: the
-    most steps any one optimizer took (two optimizers stepping once per iteration, as a GAN's,
-    count one step per iteration)."""
+    """Optimizer steps taken since the run started in this process (across a warm rank's
+    cells): the most steps any one optimizer took, so two optimizers stepping once per
+    iteration (a GAN's) count one step per iteration, as checkpoints count. Steps an fp16 grad
+    scaler skipped, and accumulation micro-steps, are no optimizer steps."""
 
     def __init__(self) -> None:
         self.counts: dict[int, int] = {}
@@ -178,6 +184,3 @@ class _OptimizerSteps:
 
 _counter = _OptimizerSteps()
 
-
-def optimizer_steps() -> int:
-    return _counter.taken()
