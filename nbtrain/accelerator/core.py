@@ -7,7 +7,8 @@ Each concern lives in its own module and is only delegated to from there:
 ``rankenv`` (where this rank sits), ``devices``, ``parallel`` (process group, DDP, strategy per
 DistributedType), ``collectives``, ``precision``, ``accumulation``, ``optim``, ``data``,
 ``checkpoint``, ``splitting``, ``compat`` (Accelerate's state view, project configuration and
-the arguments nbtrain has no feature for); live progress and metrics go to ``reporting``.
+the arguments nbtrain has no feature for), ``tracking`` (experiment trackers); live progress and
+metrics go to ``reporting``.
 
 Collective calls (every rank must make them, in the same order): prepare() of a model or a
 dataloader, gather, gather_for_metrics, reduce, broadcast, pad_across_processes,
