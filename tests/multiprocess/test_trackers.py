@@ -593,3 +593,18 @@ def test_the_default_step_counts_optimizer_steps_not_micro_steps_nor_optimizers(
     steps = [call[2] for call in map(json.loads, calls_file.read_text().splitlines())
              if call[0] == "log"]
     assert steps == [0, 1, 1, 2, 2, 3]
+
+
+def wandb_in_this_process(project_dir: str) -> None:
+    accelerator = Accelerator(log_with="wandb", project_dir=project_dir)
+    accelerator.init_trackers("kernel")
+    accelerator.log({"a": 1.0})
+
+
+def test_a_launch_in_the_kernels_own_process_leaves_no_tracker_process(tmp_path: Path) -> None:
+    """num_processes=1 runs in this process, which goes on: W&B's service must end with the
+    launch's run."""
+    notebook_launcher(wandb_in_this_process, args=(str(tmp_path),), num_processes=1, **QUIET)
+    (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
+    assert wandb_history(run_dir, "a") == [(0, 1.0)]
+    assert tracker_processes() == []

@@ -196,7 +196,11 @@ class WandBTracker(LibraryTracker):
         self.run.log(values, step=step, **kwargs)
 
     def finish(self) -> None:
+        import wandb
+
         self.run.finish()
+        if wandb.run is None:  # no other run uses it: end W&B's service process, which would
+            wandb.teardown()  # outlive the launch in the kernel (num_processes=1) or a warm rank
 
     def identity(self) -> dict[str, Any]:
         return {"id": self.run.id}
