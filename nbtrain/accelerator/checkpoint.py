@@ -48,6 +48,7 @@ class TrainingState:
     scaler: Any = None
     accumulation_step: int = 0
     steps: int = 0  # optimizer steps taken (stop and resume count on from it)
+    trackers: dict[str, Any] = field(default_factory=dict)  # the tracker runs (to continue)
     # FSDP models and optimizers, saved by every rank (fsdp_checkpoint.ShardedCheckpoint)
     sharded: Any = None
 
@@ -159,6 +160,8 @@ def _meta(state: TrainingState, world: int, safe: bool) -> dict[str, Any]:
         "steps": state.steps,
         **state.counts(),
     }
+    if state.trackers:
+        meta["trackers"] = state.trackers
     if state.sharded is not None:
         meta["fsdp"] = state.sharded.meta(safe)
     return meta

@@ -7,7 +7,7 @@ features nbtrain does not have (checked here, so the Accelerator stays a thin fr
 - ``project_dir`` / ``project_config``: the project directory and Accelerate's automatic
   checkpoint naming (``save_state()`` without a directory), read from Accelerate's own
   ProjectConfiguration or this module's.
-- Arguments for experiment trackers, RNG synchronisation and torch.compile are accepted with a
+- Arguments for RNG synchronisation and torch.compile are accepted with a
   one-time warning saying what nbtrain does instead; DeepSpeed, Megatron-LM and tensor
   parallelism are refused (training silently without them would not be the run that was asked
   for).
@@ -56,14 +56,6 @@ def check_unsupported(arguments: dict[str, Any]) -> None:
                 f"model copy per rank) and does not support {feature}. Drop {name}=, or use "
                 "Hugging Face Accelerate for this run."
             )
-    if arguments.get("log_with") is not None:
-        warn_once(
-            "log_with",
-            f"Accelerator(log_with={arguments['log_with']!r}): nbtrain has no experiment "
-            "trackers; accelerator.log(...) sends the metrics to nbtrain's live view (and "
-            "init_trackers/end_training start and end nothing). Log to a tracker yourself if "
-            "you need one.",
-        )
     if arguments.get("rng_types") is not None:
         warn_once(
             "rng_types",

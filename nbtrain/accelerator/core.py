@@ -7,7 +7,8 @@ Each concern lives in its own module and is only delegated to from there:
 ``rankenv`` (where this rank sits), ``devices``, ``parallel`` (process group, DDP, strategy per
 DistributedType), ``collectives``, ``precision``, ``accumulation``, ``optim``, ``data``,
 ``checkpoint``, ``splitting``, ``compat`` (Accelerate's state view, project configuration and
-the arguments nbtrain has no feature for); live progress and metrics go to ``reporting``.
+the arguments nbtrain has no feature for), ``tracking`` (experiment trackers); live progress and
+metrics go to ``reporting``.
 
 Collective calls (every rank must make them, in the same order): prepare() of a model or a
 dataloader, gather, gather_for_metrics, reduce, broadcast, pad_across_processes,
@@ -39,6 +40,7 @@ from nbtrain.accelerator import (
     parallel,
     precision,
     stopping,
+    tracking,
 )
 from nbtrain.accelerator.accumulation import GradientAccumulationPlugin, GradientState, check_steps
 from nbtrain.accelerator.front_base import PREPARED_MODELS
@@ -59,8 +61,9 @@ class Accelerator(StateMethods, ProcessMethods, TrainingStep):
     Accelerate's constructor arguments are accepted. Implemented: those below up to
     ``kwargs_handlers`` (``dataloader_config``: split_batches, even_batches, data_seed,
     use_seedable_sampler, dispatch_batches), ``project_dir`` / ``project_config`` (automatic
-    checkpoint naming). Accepted with a one-time warning saying what nbtrain does instead:
-    ``log_with`` (no trackers: ``log()`` feeds the live view), ``rng_types``,
+    checkpoint naming), ``log_with`` (experiment trackers, accelerator/tracking/: one run per
+    launch on the main process, continued on resume). Accepted with a one-time warning saying
+    what nbtrain does instead: ``rng_types``,
     ``dynamo_backend`` / ``dynamo_plugin``; ``fsdp_plugin`` (FSDP2, see
     accelerator/fsdp_plugin.py; also turned on by ACCELERATE_USE_FSDP=true, as
     ``accelerate launch --use_fsdp`` sets it). Refused: DeepSpeed, Megatron-LM and
@@ -105,7 +108,6 @@ class Accelerator(StateMethods, ProcessMethods, TrainingStep):
     ) -> None:
         compat.check_unsupported(
             {
-                "log_with": log_with,
                 "rng_types": rng_types,
                 "dynamo_backend": dynamo_backend,
                 "dynamo_plugin": dynamo_plugin,
@@ -132,6 +134,7 @@ class Accelerator(StateMethods, ProcessMethods, TrainingStep):
         self._split_arg, self._even_arg = split_batches, even_batches
         self.dataloader_config = loaderconfig.make(dataloader_config, split_batches, even_batches)
         self.project_configuration = compat.project_configuration(project_dir, project_config)
+        self._tracking = tracking.Tracking(log_with, self.logging_dir)
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self._placement = rankenv.placement()
@@ -312,26 +315,43 @@ class Accelerator(StateMethods, ProcessMethods, TrainingStep):
         return progress(iterable, total=total, desc=desc)
 
     def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: Any = None) -> None:
-        """Metrics of this rank to the live view (``log_kwargs``, options for Accelerate's
-        experiment trackers, has nothing to configure here)."""
+        """Metrics of this rank to the live view, and (main process) to the run's trackers at
+        ``step``, by default the run's optimizer step. ``log_kwargs``: per tracker name, options
+        for its log call, e.g. ``{"wandb": {"commit": False}}``."""
         from nbtrain.rank.reporting import log
 
+        main = self.is_main_process
+        self._tracking.log(values, step, log_kwargs, main=main)
+        if self._tracking.chosen:  # text and nested values are for the trackers only
+            values = {k: v for k, v in values.items() if not isinstance(v, (str, dict))}
         log(values, step=step)
 
-    # Experiment trackers: nbtrain has none (metrics go to the live view through log()), which is
-    # what Accelerate does without log_with=: init_trackers makes none, end_training ends none.
+    # Experiment trackers (accelerator/tracking/): the run belongs to the process, so a warm
+    # rank's later Accelerators log into the run an earlier cell started.
 
     @property
     def trackers(self) -> list[Any]:
-        return []
+        return self._tracking.trackers(self.is_main_process)
 
     def init_trackers(
         self, project_name: str, config: dict[str, Any] | None = None, init_kwargs: Any = None
     ) -> None:
-        """Kept for scripts written for Accelerate: there are no trackers to start."""
+        """Start the run of every tracker of ``log_with`` on the main process (``config``: the
+        run's hyperparameters; ``init_kwargs``: per tracker name, arguments for its library).
+        A launch with ``resume=True`` continues the run its checkpoint belongs to."""
+        self._tracking.init(
+            project_name, config, init_kwargs, main=self.is_main_process, stops=self._stops
+        )
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """The tracker called ``name`` (``unwrap``: the library's own object, e.g. the W&B
+        run); processes other than the main one get a tracker that does nothing."""
+        return self._tracking.get(name, unwrap, main=self.is_main_process)
 
     def end_training(self) -> None:
-        """End of training, as in Accelerate: releases the process group this Accelerator made."""
+        """End of training, as in Accelerate: finishes the tracker run and releases the process
+        group this Accelerator made."""
+        self._tracking.end()
         self._strategy.close()
 
     def __repr__(self) -> str:

@@ -18,6 +18,7 @@ from nbtrain.accelerator import (
     fsdp_setup,
 )
 from nbtrain.accelerator.front_base import AcceleratorBase
+from nbtrain.accelerator.tracking import runs as tracking_runs
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -135,6 +136,7 @@ class StateMethods(AcceleratorBase):
             scaler=self._precision.scaler,
             accumulation_step=self.gradient_state.step,
             steps=self._stops.steps,
+            trackers=tracking_runs.identities(),
         )
         split = getattr(self._strategy, "checkpoint_state", None)  # FSDP: sharded via DCP
         return split(state) if split is not None else state

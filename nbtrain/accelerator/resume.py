@@ -73,6 +73,11 @@ class Resume:
         if self._loaded.rng is not None:  # (None: a resharded FSDP checkpoint)
             rng.restore(self._loaded.rng)
 
+    def tracker_runs(self) -> tuple[dict[str, Any], int]:
+        """The tracker runs the checkpoint belongs to, and its step: a resumed launch goes on
+        logging into them (tracking/runs.py)."""
+        return dict(self._meta.get("trackers") or {}), int(self._meta.get("steps", 0))
+
     def cancel(self) -> None:
         self.done = True
 

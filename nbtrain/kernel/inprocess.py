@@ -57,7 +57,10 @@ def run_in_process(
             runtime.activate(rank_runtime),
             _graceful(config),
         ):
-            value = function(*args, **kwargs)
+            try:
+                value = function(*args, **kwargs)
+            finally:
+                runtime.end_tracker_run()
     except TrainingStopped as stop:
         emit(Stopped(0, stop.step, stop.path))
         emit(Exited(0, 0, None, stopped_by_launcher=False))

@@ -33,6 +33,7 @@ from nbtrain.shared.events import (
     Status,
     Stopped,
     Strategy,
+    Tracked,
 )
 
 
@@ -121,6 +122,7 @@ class RunState:
         self.output: deque[OutputLine] = deque(maxlen=OUTPUT_CAP)
         self.output_count = 0
         self.summary = ""
+        self.tracked: list[str] = []  # where the trackers record the run (events.Tracked)
         self.verdict: Verdict | None = None  # set by finish()
         self.version = 0  # bumped on every change, so views redraw only when needed
         self.metrics_version = 0  # bumped when a metric was logged (charts redraw on it)
@@ -158,6 +160,9 @@ class RunState:
             view.strategy = event.name
         elif isinstance(event, GpuUsage):
             view.gpu = f"{event.name} · {event.reserved / 2**30:.1f} GiB"
+        elif isinstance(event, Tracked):
+            if event.where not in self.tracked:
+                self.tracked.append(event.where)
         elif isinstance(event, Progress):
             # A note tells what a rank waits for; a step (or a metric) means it moved on.
             view.note = ""
@@ -192,7 +197,8 @@ class RunState:
         a timeout (TIMED_OUT), or a failure on another node or of a rank that was then stopped
         (FAILED)."""
         self.ended_at = time.time()
-        self.summary = summary
+        recorded = "; recorded in " + ", ".join(self.tracked) if self.tracked else ""
+        self.summary = summary + recorded
         self.verdict = verdict if verdict is not None else self._verdict_of_ranks()
         if self.verdict is not Verdict.SUCCEEDED:
             # A rank still starting or running when a run ended badly was stopped with it

@@ -6,6 +6,7 @@ several replicas as threads of one process, so a thread-local value takes preced
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -58,3 +59,12 @@ def activate(runtime: Runtime, *, thread_only: bool = False) -> Iterator[Runtime
         yield runtime
     finally:
         _process_runtime = previous_process
+
+
+def end_tracker_run() -> None:
+    """The launch's function is over (or its warm session): finish the experiment tracker run
+    it started, so what it logged is on disk before the rank reports its end. The tracking
+    module is looked up, not imported: a launch without trackers never loads it."""
+    runs = sys.modules.get("nbtrain.accelerator.tracking.runs")
+    if runs is not None:
+        runs.end_launch()

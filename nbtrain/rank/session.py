@@ -57,6 +57,7 @@ def session_main(
     signal.signal(signal.SIGINT, _on_sigint)
     interrupts.install()  # acts only while a command runs under on_interrupt="checkpoint"
     serve(spec, commands, PipeWriter(events.fileno()), new_namespace())
+    runtime.end_tracker_run()  # a tracker run spans cells until end_training() or the end
     teardown.release(finalizing=spec.finalizes)
     process.flush_streams()
     sys.exit(0)

@@ -28,6 +28,7 @@ def call_and_report(rank: int, payload: bytes, sink: EventSink, send_result: boo
             value = function(*args, **kwargs)
         finally:
             reporting.flush()  # metrics progress()/log() still hold go out before the verdict
+            runtime.end_tracker_run()
         data = pack_result(value) if send_result else None
     except TrainingStopped as stop:  # a graceful stop: its checkpoint is saved
         sink.send(Stopped(rank, stop.step, stop.path))

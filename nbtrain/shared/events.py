@@ -77,6 +77,16 @@ class GpuUsage:
 
 
 @dataclass(frozen=True, slots=True)
+class Tracked:
+    """Where the run is recorded by one experiment tracker (a TensorBoard log dir, an MLflow
+    run, a W&B run dir or URL): the dashboard's summary names it."""
+
+    rank: int
+    where: str
+    time: float = field(default_factory=now)
+
+
+@dataclass(frozen=True, slots=True)
 class Progress:
     rank: int
     step: int
@@ -173,6 +183,7 @@ Event = (
     | Status
     | Strategy
     | GpuUsage
+    | Tracked
     | Progress
     | Log
     | Output

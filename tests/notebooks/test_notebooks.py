@@ -1,6 +1,6 @@
 """Every tutorial notebook runs top to bottom and still produces its stored outputs.
 
-pytest-notebook executes each notebook in a real kernel (notebooks 1-5 and 8: the Binder
+pytest-notebook executes each notebook in a real kernel (notebooks 1-5, 7-9: the Binder
 environment, so this also tests binder/; notebook 6: the XLA environment) and diffs the result
 against the outputs stored in the file. What legitimately varies from run to run is neutralised
 below (or, for a cell, in its ``nbreg`` metadata); everything else, including the deterministic
@@ -30,6 +30,7 @@ BINDER_NOTEBOOKS = [
     "05_accumulation_and_precision.ipynb",
     "07_interactive_ranks.ipynb",
     "08_fsdp.ipynb",
+    "09_experiment_tracking.ipynb",
 ]
 XLA_NOTEBOOK = "06_tpu_colab.ipynb"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"

@@ -50,15 +50,11 @@ def test_the_state_answers_like_accelerates(caplog):
     assert "Num processes: 1" in caplog.text
 
 
-def test_tracker_rng_and_compile_arguments_are_accepted_with_one_warning(tmp_path):
-    with pytest.warns(UserWarning, match=r"no experiment trackers.*live view"):
-        acc = Accelerator(log_with="tensorboard", project_dir=str(tmp_path))
-    assert acc.project_dir == acc.logging_dir == str(tmp_path)
-    acc.init_trackers("run", config={"lr": 0.1}, init_kwargs={"wandb": {}})
-    acc.end_training()
+def test_rng_and_compile_arguments_are_accepted_with_one_warning(tmp_path):
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        Accelerator(log_with="all", dynamo_backend="no")  # warned already; "no" compiles nothing
+        warnings.simplefilter("error")  # log_with= is a feature now (test_trackers.py)
+        acc = Accelerator(log_with="tensorboard", project_dir=str(tmp_path), dynamo_backend="no")
+    assert acc.project_dir == acc.logging_dir == str(tmp_path)
     with pytest.warns(UserWarning, match="seeds every prepared dataloader"):
         Accelerator(rng_types=["generator"])
     with pytest.warns(UserWarning, match=r"torch\.compile\(model\)"):
@@ -71,7 +67,7 @@ def test_one_time_warnings_point_at_the_line_that_made_the_accelerator():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         Accelerator(kwargs_handlers=[ProfileKwargs()])  # handlers.py warns
-        Accelerator(log_with="tensorboard")  # compat.py warns
+        Accelerator(rng_types=["generator"])  # compat.py warns
     assert [w.filename for w in caught] == [__file__, __file__], [str(w) for w in caught]
     assert "ProfileKwargs is not used" in str(caught[0].message)
 

@@ -1,0 +1,31 @@
+"""Experiment trackers for the Accelerator (Accelerate's ``log_with`` / ``init_trackers`` /
+``log`` / ``get_tracker`` / ``end_training``), with the real libraries, on the main process.
+
+- ``base``: ``GeneralTracker``, the interface of every tracker (the user's own too);
+- ``library``: TensorBoard, MLflow, W&B, trackio, Aim and Comet, each calling its library;
+- ``choose``: ``log_with`` checked when the Accelerator is built;
+- ``runs``: the process's run (one per launch, spanning warm cells, continued on resume);
+- ``front``: what the Accelerator delegates to.
+"""
+
+from nbtrain.accelerator.tracking.base import GeneralTracker
+from nbtrain.accelerator.tracking.front import Tracking
+from nbtrain.accelerator.tracking.library import (
+    AimTracker,
+    CometMLTracker,
+    MLflowTracker,
+    TensorBoardTracker,
+    TrackioTracker,
+    WandBTracker,
+)
+
+__all__ = [
+    "AimTracker",
+    "CometMLTracker",
+    "GeneralTracker",
+    "MLflowTracker",
+    "TensorBoardTracker",
+    "Tracking",
+    "TrackioTracker",
+    "WandBTracker",
+]
