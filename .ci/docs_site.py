@@ -5,9 +5,10 @@ The pages are the repository's own files, at their own paths: ``README.md`` is t
 ``notebooks/README.md`` and ``notebooks/*.ipynb`` the tutorials (rendered with their stored
 outputs), ``notebooks/guides/*.md`` the guides, ``benchmarks/README.md`` the measurements, and a
 generated page the API reference. So their relative links, written for GitHub, resolve on the site
-as they stand, and a new guide or notebook joins the navigation by itself (guides in file-name
-order, titled by their first heading). MkDocs checks the links of Markdown pages; this hook does
-the same for the links in the notebooks' Markdown cells, which mkdocs-jupyter leaves as written.
+as they stand, and a new guide or notebook joins the navigation by itself (titled by its first
+heading; guides in the order of the README's list, then by file name). MkDocs checks the links
+of Markdown pages; this hook does the same for the links in the notebooks' Markdown cells, which
+mkdocs-jupyter leaves as written.
 """
 
 from __future__ import annotations
@@ -52,7 +53,14 @@ def tutorials() -> list[str]:
 
 
 def guides() -> list[str]:
-    return repo_files("notebooks/guides/*.md")
+    """In the order of the README's Guides section, then any it does not list, by file name."""
+    readme = (REPO / "README.md").read_text().partition("\n## Guides\n")[2]
+
+    def place(guide: str) -> tuple[int, str]:
+        at = readme.find(f"({guide})")
+        return (at if at >= 0 else len(readme), guide)
+
+    return sorted(repo_files("notebooks/guides/*.md"), key=place)
 
 
 def on_config(config: MkDocsConfig) -> MkDocsConfig:
@@ -68,9 +76,11 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
 
 @event_priority(100)  # before mkdocs-jupyter's, which turns the .ipynb files into pages
 def on_files(files: Files, config: MkDocsConfig) -> Files:
+    """The pages replace what MkDocs found in docs_dir; the theme's files stay."""
+    theme = [file for file in files if file.src_dir != config.docs_dir]
     pages = ["README.md", "benchmarks/README.md", "notebooks/README.md", *tutorials(), *guides()]
     urls = config.use_directory_urls
-    site = Files([File(page, str(REPO), config.site_dir, urls) for page in pages])
+    site = Files([*theme, *(File(page, str(REPO), config.site_dir, urls) for page in pages)])
     site.append(File.generated(config, API_PAGE, content=API_TEXT))
     return site
 

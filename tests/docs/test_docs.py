@@ -68,6 +68,9 @@ def test_the_site_has_every_page_and_builds_strictly(tmp_path: Path):
     api = (tmp_path / "api.html").read_text()
     for name in set(nbtrain.__all__) - {"__version__"}:
         assert f'id="nbtrain.{name}"' in api, f"{name} is not in the API reference"
+    # Methods from the Accelerator's mixins, and Accelerate's properties without docstrings.
+    for member in ("backward", "save_state", "unwrap_model", "device", "is_main_process"):
+        assert f'id="nbtrain.Accelerator.{member}"' in api, f"Accelerator.{member} is missing"
     # The docstrings themselves, rendered (double backticks become code).
     assert "Run <code>function(*args, **kwargs)</code> on <code>num_processes</code>" in api
 
