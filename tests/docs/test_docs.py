@@ -1,13 +1,16 @@
-"""The documentation: the API reference builds strictly from the docstrings, and every relative
-link of the README, the guides and the benchmarks' README leads to a file and a heading that
-exist (the docs' equivalent of a strict build)."""
+"""The documentation site (.ci/mkdocs.yml): it builds strictly from the repository's own pages
+(README, tutorials with their stored outputs, guides, measurements, API reference from the
+docstrings), and a broken link, anchor or reference, or an undocumented public name, fails it."""
 
 from __future__ import annotations
 
+import html
+import json
+import os
 import re
+import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -15,96 +18,97 @@ import pytest
 pytestmark = pytest.mark.timeout(300)
 
 REPO = Path(__file__).resolve().parents[2]
-BUILD = REPO / ".ci" / "api_reference.py"
-PAGES = [
-    REPO / "README.md",
-    REPO / "notebooks" / "README.md",
-    REPO / "benchmarks" / "README.md",
-    *sorted((REPO / "notebooks" / "guides").glob("*.md")),
-]
-LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
+CONFIG = Path(".ci") / "mkdocs.yml"
 
 
-def build(output: Path, prelude: str = "") -> subprocess.CompletedProcess:
-    """Run the build script as the docs say, after ``prelude`` (code run in the same process)."""
-    code = (
-        f"import runpy, sys\n{prelude}\n"
-        f"sys.argv = [{str(BUILD)!r}, {str(output)!r}]\n"
-        f"runpy.run_path({str(BUILD)!r}, run_name='__main__')\n"
-    )
+def build(root: Path, site: Path) -> subprocess.CompletedProcess:
+    """The README's command, from ``root`` (a checkout), into ``site``."""
+    env = {**os.environ, "PYTHONPATH": str(root), "NO_MKDOCS_2_WARNING": "1"}
     return subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=240, cwd=REPO
-    )
+        [sys.executable, "-m", "mkdocs", "build", "-f", str(CONFIG), "-d", str(site)],
+        capture_output=True, text=True, timeout=240, cwd=root, env=env,
+    )  # fmt: skip
 
 
-def test_the_api_reference_documents_every_public_name(tmp_path: Path):
+def first_printed_line(notebook: Path) -> str | None:
+    """The first line a notebook's stored outputs printed (None if it printed nothing)."""
+    for cell in json.loads(notebook.read_text())["cells"]:
+        for output in cell.get("outputs", []):
+            lines = "".join(output.get("text", "")).strip().splitlines()
+            if output["output_type"] == "stream" and lines:
+                return lines[0]
+    return None
+
+
+def test_the_site_has_every_page_and_builds_strictly(tmp_path: Path):
+    done = build(REPO, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "WARNING" not in done.stderr, done.stderr[-3000:]
+
+    home = (tmp_path / "index.html").read_text()
+    assert "Notebook-first interactive distributed training for PyTorch" in home
+    # A link written for GitHub leads to the page built from its target.
+    assert 'href="notebooks/guides/launching.html"' in home
+    assert 'href="benchmarks/index.html#on-a-gpu"' in home
+    for guide in (REPO / "notebooks" / "guides").glob("*.md"):
+        assert (tmp_path / "notebooks" / "guides" / f"{guide.stem}.html").is_file(), guide.name
+    measurements = (tmp_path / "benchmarks" / "index.html").read_text()
+    assert "Launch round trip" in measurements
+
+    notebooks = sorted((REPO / "notebooks").glob("*.ipynb"))
+    assert len(notebooks) >= 8
+    for notebook in notebooks:
+        page = (tmp_path / "notebooks" / f"{notebook.stem}.html").read_text()
+        printed = first_printed_line(notebook)
+        if printed is not None:  # the stored outputs, not a fresh run
+            assert html.escape(printed, quote=False) in page, (notebook.name, printed)
+
     import nbtrain
 
-    done = build(tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    page = (tmp_path / "nbtrain.html").read_text()
-    for name in nbtrain.__all__:
-        assert f'id="{name}"' in page, f"{name} is not in the API reference"
+    api = (tmp_path / "api.html").read_text()
+    for name in set(nbtrain.__all__) - {"__version__"}:
+        assert f'id="nbtrain.{name}"' in api, f"{name} is not in the API reference"
+    # Methods from the Accelerator's mixins, and Accelerate's properties without docstrings.
+    for member in ("backward", "save_state", "unwrap_model", "device", "is_main_process"):
+        assert f'id="nbtrain.Accelerator.{member}"' in api, f"Accelerator.{member} is missing"
     # The docstrings themselves, rendered (double backticks become code).
-    assert "Run <code>function(*args, **kwargs)</code> on <code>num_processes</code>" in page
-    assert (tmp_path / "index.html").is_file()
+    assert "Run <code>function(*args, **kwargs)</code> on <code>num_processes</code>" in api
 
 
-def test_the_api_reference_fails_on_a_public_name_without_a_docstring(tmp_path: Path):
-    prelude = textwrap.dedent("""
-        import nbtrain
-        def undocumented(): pass
-        nbtrain.undocumented = undocumented
-        nbtrain.__all__.append("undocumented")
-    """)
-    done = build(tmp_path, prelude)
-    assert done.returncode == 1, done.stdout + done.stderr
-    assert "nbtrain.undocumented has no docstring" in done.stderr, done.stderr[-3000:]
-
-
-def slug(heading: str) -> str:
-    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
-    text = re.sub(r"[`*_]", "", heading.strip().lower())
-    text = re.sub(r"[^\w\- ]", "", text)
-    return text.replace(" ", "-")
-
-
-def anchors(page: Path) -> set[str]:
-    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
-    return {slug(line.lstrip("#")) for line in text.splitlines() if re.match(r"#{1,6} ", line)}
-
-
-def broken_links(page: Path) -> list[str]:
-    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)  # code is not a link
-    broken = []
-    for target in LINK.findall(text):
-        if re.match(r"[a-z]+:", target):  # http(s), mailto: not checked offline
-            continue
-        path, _, anchor = target.partition("#")
-        file = (page.parent / path).resolve() if path else page
-        if not file.exists():
-            broken.append(f"{target} (no such file)")
-        elif anchor and file.suffix == ".md" and anchor not in anchors(file):
-            broken.append(f"{target} (no heading #{anchor} in {file.name})")
-    return broken
-
-
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
-def test_every_relative_link_resolves(page: Path):
-    assert not broken_links(page), f"{page.relative_to(REPO)}: {broken_links(page)}"
-
-
-def test_the_link_check_finds_a_missing_file_and_a_missing_heading(tmp_path: Path):
-    (tmp_path / "other.md").write_text("# Other\n\n## Stop and resume\n")
-    page = tmp_path / "page.md"
-    page.write_text(
-        "# Page\n\n[ok](other.md#stop-and-resume) [ok](#page) [web](https://example.org)\n"
-        "[gone](missing.md) [no heading](other.md#nope)\n```\n[in code](nowhere.md)\n```\n"
+def test_a_broken_link_anchor_reference_or_docstring_fails_the_build(tmp_path: Path):
+    root = tmp_path / "checkout"
+    skip = shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints")
+    for folder in ("nbtrain", "notebooks"):
+        shutil.copytree(REPO / folder, root / folder, ignore=skip)
+    for file in ("README.md", "benchmarks/README.md", ".ci/mkdocs.yml", ".ci/docs_site.py"):
+        (root / file).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / file, root / file)
+    guide = root / "notebooks" / "guides" / "debugging.md"
+    guide.write_text(
+        guide.read_text()
+        + "\n[gone](no-such-guide.md), [no heading](launching.md#no-such-heading),"
+        + " [no such name][nbtrain.no_such_name]\n"
     )
-    assert broken_links(page) == [
-        "missing.md (no such file)",
-        "other.md#nope (no heading #nope in other.md)",
-    ]
+    notebook = root / "notebooks" / "01_quickstart.ipynb"
+    cells = json.loads(notebook.read_text())
+    cells["cells"].append(
+        {"cell_type": "markdown", "id": "broken", "metadata": {},
+         "source": "[gone](no-such-notebook.ipynb), [no heading](guides/fsdp.md#no-such-part)"}
+    )  # fmt: skip
+    notebook.write_text(json.dumps(cells))
+    init = root / "nbtrain" / "__init__.py"
+    init.write_text(init.read_text() + "\ndef bare(): pass\n\n__all__.append('bare')\n")
+
+    done = build(root, tmp_path / "site")
+    assert done.returncode == 1, done.stderr[-3000:]
+    warnings = "\n".join(re.findall(r"WARNING.*", done.stderr))
+    assert "'no-such-guide.md'" in warnings, warnings
+    assert "'#no-such-heading'" in warnings, warnings
+    assert "nbtrain.no_such_name" in warnings, warnings
+    assert "nbtrain.bare has no docstring" in warnings, warnings
+    # The same, in a notebook's Markdown cell:
+    assert "'no-such-notebook.ipynb'" in warnings, warnings
+    assert "guides/fsdp.md#no-such-part" in warnings, warnings
 
 
 def test_every_guide_is_listed_in_the_readme():
