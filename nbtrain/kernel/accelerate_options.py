@@ -2,10 +2,10 @@
 taken with Accelerate's meaning or refused with a clear error (before anything starts).
 
 Accelerate 1.15 also has ``use_port``, ``master_addr``, ``rdzv_backend``, ``rdzv_conf``,
-``rdzv_id``, ``monitor_interval`` and ``log_line_prefix_template``. nbtrain's ranks meet at a
-store on a port the OS picks (never a collision), its rendezvous is held on node 0's endpoint,
-and it notices a rank's end at once: so these reduce to the endpoint and the rendezvous timeout
-(``build_config`` checks the result like any other value).
+``rdzv_id``, ``monitor_interval`` and ``log_line_prefix_template``. nbtrain's ranks on one
+machine meet at a store on a port the OS picks (never a collision), nodes meet at torch's c10d
+rendezvous on node 0's endpoint, and a rank's end is noticed at once: so these reduce to the
+endpoint and the rendezvous timeout (``build_config`` checks both like any other value).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def _check_backend(backend: object) -> None:
     if backend in ACCEPTED_BACKENDS:
         return  # both form the same fixed world of num_nodes nodes, on node 0's endpoint
     raise ValueError(
-        f"rdzv_backend={backend!r} is not supported: nbtrain holds the rendezvous itself, on "
+        f"rdzv_backend={backend!r} is not supported: nbtrain runs torch's c10d rendezvous on "
         "node 0's rdzv_endpoint, with node ranks from node_rank ('static' and 'c10d' are "
         "accepted and behave alike). Pass rdzv_backend='static' or leave it out."
     )
