@@ -92,3 +92,11 @@ def test_training_arguments_device_read_here_first(own_state, tmp_path):
         assert KERNEL_ARGS.world_size == 1  # here, still this process's
     finally:
         KERNEL_ARGS = None
+
+
+def test_warm_fork_ranks_start_without_this_process_state(own_state):
+    import nbtrain
+
+    assert notebook_launcher(accelerate_world, num_processes=1, **QUIET)[0] == 1
+    with nbtrain.start_ranks(2, start_method="fork", return_all=True, **QUIET) as ranks:
+        assert [r[:2] for r in ranks.run(accelerate_world)] == [(2, 0), (2, 1)]
