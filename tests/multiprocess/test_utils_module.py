@@ -115,3 +115,13 @@ def test_a_mismatched_call_raises_distributed_operation_exception():
         mismatched_calls, num_processes=2, start_method="fork", return_all=True, **QUIET
     )
     assert all(e.startswith("CollectiveError: Ranks made different collective") for e in errors)
+
+
+def test_the_ddp_handler_takes_accelerates_comm_fields():
+    from nbtrain.accelerator import handlers
+    from nbtrain.utils import DistributedDataParallelKwargs
+
+    handler = DistributedDataParallelKwargs(find_unused_parameters=True, comm_state_option={"a": 1})
+    assert handlers.collect([handler]).ddp == {"find_unused_parameters": True}  # not DDP's own
+    with pytest.raises(ValueError, match="comm_hook='fp16'"):
+        handlers.collect([DistributedDataParallelKwargs(comm_hook="fp16")])
