@@ -40,6 +40,34 @@ def kernel_args_world() -> tuple[int, int, str]:
     return KERNEL_ARGS.world_size, KERNEL_ARGS.process_index, str(KERNEL_ARGS.parallel_mode)
 
 
+def kernel_args_trainer() -> tuple[int, int, int]:
+    """Transformers' real Trainer, trained on the rank with the launching process's arguments."""
+    import torch
+    from transformers import Trainer
+
+    class Pairs(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 16
+
+        def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+            x = torch.tensor([float(index)])
+            return {"x": x, "labels": 2 * x}
+
+    class Regression(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(1, 1)
+
+        def forward(self, x, labels=None):
+            out = self.linear(x)
+            return {"loss": torch.nn.functional.mse_loss(out, labels), "logits": out}
+
+    trainer = Trainer(model=Regression(), args=KERNEL_ARGS, train_dataset=Pairs())
+    trainer.train()
+    batches = len(trainer.get_train_dataloader())
+    return trainer.accelerator.num_processes, trainer.accelerator.process_index, batches
+
+
 @pytest.fixture
 def own_state() -> Iterator[None]:
     """This process's Accelerate state is formed by the test; emptied again afterwards."""
@@ -82,13 +110,22 @@ def test_training_arguments_device_read_here_first(own_state, tmp_path):
     global KERNEL_ARGS
     from transformers import TrainingArguments
 
-    KERNEL_ARGS = TrainingArguments(output_dir=str(tmp_path), report_to=[])
+    KERNEL_ARGS = TrainingArguments(
+        output_dir=str(tmp_path),
+        report_to=[],
+        per_device_train_batch_size=2,
+        max_steps=2,
+        save_strategy="no",
+        disable_tqdm=True,
+    )
     assert str(KERNEL_ARGS.device) == "cpu" and KERNEL_ARGS.world_size == 1
     try:
         # a TrainingArguments made in the rank, and the one made here, used in the rank
         assert [r[:2] for r in two_ranks(training_args_world, str(tmp_path))] == [(2, 0), (2, 1)]
         assert [r[:2] for r in two_ranks(kernel_args_world)] == [(2, 0), (2, 1)]
         assert {r[2] for r in two_ranks(kernel_args_world)} == {"ParallelMode.DISTRIBUTED"}
+        # 16 samples / (2 per rank x 2 ranks) = 4 batches per rank
+        assert two_ranks(kernel_args_trainer) == [(2, 0, 4), (2, 1, 4)]
         assert KERNEL_ARGS.world_size == 1  # here, still this process's
     finally:
         KERNEL_ARGS = None
