@@ -13,12 +13,16 @@ Forkserver and spawn ranks start clean; the reset costs them nothing.
 from __future__ import annotations
 
 import sys
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
 # Accelerate's singletons: each class keeps its state in the class attribute ``_shared_state``.
 _ACCELERATE_STATES = ("PartialState", "AcceleratorState", "GradientState")
 _TRAINING_ARGS_CACHE = "_setup_devices"  # TrainingArguments' cached_property: device, world
+# Set up here already (a warm rank runs many calls): their device is this process's own.
+# (By id, checked against a weak reference: TrainingArguments, a dataclass, is unhashable.)
+_refreshed: dict[int, weakref.ref[Any]] = {}
 
 
 def forget_accelerate_states() -> None:
@@ -46,8 +50,12 @@ def forget_cached_devices(function: Any, args: tuple, kwargs: dict[str, Any]) ->
     kind = module.TrainingArguments
     found = {id(value): value for value in _reachable(function, args, kwargs)}
     for value in found.values():
-        if isinstance(value, kind) and vars(value).pop(_TRAINING_ARGS_CACHE, None) is not None:
+        known = _refreshed.get(id(value))
+        if not isinstance(value, kind) or (known is not None and known() is value):
+            continue
+        if vars(value).pop(_TRAINING_ARGS_CACHE, None) is not None:
             getattr(value, _TRAINING_ARGS_CACHE)  # (a cached_property: computes and caches)
+        _refreshed[id(value)] = weakref.ref(value)
 
 
 def _reachable(function: Any, args: tuple, kwargs: dict[str, Any]) -> Iterable[Any]:

@@ -132,6 +132,7 @@ def execute(command: Command, namespace: dict, rank: int) -> bytes | None:
         return None if value is None else pack_result(display_bundle(value))
     if isinstance(command, Call):
         function, args, kwargs = unpack_call(command.payload)
+        inherited.forget_cached_devices(function, args, kwargs)
         value = in_namespace(function, namespace)(*args, **kwargs)
         return pack_result(value) if command.send_result else None
     if isinstance(command, Pull):

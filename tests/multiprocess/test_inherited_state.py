@@ -137,3 +137,19 @@ def test_warm_fork_ranks_start_without_this_process_state(own_state):
     assert notebook_launcher(accelerate_world, num_processes=1, **QUIET)[0] == 1
     with nbtrain.start_ranks(2, start_method="fork", return_all=True, **QUIET) as ranks:
         assert [r[:2] for r in ranks.run(accelerate_world)] == [(2, 0), (2, 1)]
+
+
+def test_warm_fork_ranks_set_up_a_kernel_training_arguments_once(own_state, tmp_path):
+    global KERNEL_ARGS
+    from transformers import TrainingArguments
+
+    import nbtrain
+
+    KERNEL_ARGS = TrainingArguments(output_dir=str(tmp_path), report_to=[])
+    assert KERNEL_ARGS.world_size == 1
+    try:
+        with nbtrain.start_ranks(2, start_method="fork", return_all=True, **QUIET) as ranks:
+            for _ in range(2):  # (the second call finds it set up already)
+                assert [r[:2] for r in ranks.run(kernel_args_world)] == [(2, 0), (2, 1)]
+    finally:
+        KERNEL_ARGS = None
