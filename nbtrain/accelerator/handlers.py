@@ -34,6 +34,13 @@ class DistributedDataParallelKwargs(_Handler):
     check_reduction: bool = False
     gradient_as_bucket_view: bool = False
     static_graph: bool = False
+    # Accelerate's communication hook: only "no hook" is accepted (see _check_comm_hook)
+    comm_hook: Any = None
+    comm_wrapper: Any = None
+    comm_state_option: dict = field(default_factory=dict)
+
+
+_COMM_FIELDS = ("comm_hook", "comm_wrapper", "comm_state_option")  # not DDP's own arguments
 
 
 @dataclass
@@ -106,7 +113,8 @@ def collect(handlers: object) -> Options:
         values = _values(handler)
         if kind == "ddp":
             _check_comm_hook(handler)
-            options.ddp.update(values)
+            # (without a hook, Accelerate ignores its wrapper and state too)
+            options.ddp.update({k: v for k, v in values.items() if k not in _COMM_FIELDS})
         elif kind == "scaler":
             options.scaler.update(values)
         elif kind == "autocast":

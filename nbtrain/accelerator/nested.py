@@ -49,7 +49,7 @@ _END = object()
 
 def _rebuild(data: Any, iterator: Any) -> Any:
     if isinstance(data, Mapping):
-        return _same_type(data, {key: _rebuild(value, iterator) for key, value in data.items()})
+        return same_type(data, {key: _rebuild(value, iterator) for key, value in data.items()})
     if is_namedtuple(data):
         return type(data)(*(_rebuild(value, iterator) for value in data))
     if isinstance(data, (list, tuple)):
@@ -57,7 +57,7 @@ def _rebuild(data: Any, iterator: Any) -> Any:
     return next(iterator)
 
 
-def _same_type(original: Mapping, values: dict) -> Any:
+def same_type(original: Mapping, values: dict) -> Any:
     if type(original) is dict:
         return values
     kind: Any = type(original)
@@ -93,7 +93,7 @@ def send_to_device(data: Any, device: torch.device, non_blocking: bool = False) 
         move = getattr(data, "to", None)
         if type(data) is not dict and callable(move):
             return move(device)  # BatchEncoding & co. know how to move themselves
-        return _same_type(
+        return same_type(
             data, {key: send_to_device(value, device, non_blocking) for key, value in data.items()}
         )
     if is_namedtuple(data):

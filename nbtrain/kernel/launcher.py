@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from nbtrain.kernel import cuda_origin, environment
+from nbtrain.kernel import accelerate_options, cuda_origin, environment
 from nbtrain.kernel.config import (
     LaunchConfig,
     OutputMode,
@@ -53,6 +53,13 @@ def notebook_launcher(
     resume_from: str | os.PathLike[str] | None = None,
     project_dir: str | os.PathLike[str] | None = None,
     total_limit: int | None = 3,
+    use_port: str | int | None = None,
+    master_addr: str | None = None,
+    rdzv_backend: str = "static",
+    rdzv_conf: dict[str, Any] | None = None,
+    rdzv_id: str = "none",
+    monitor_interval: float = 0.1,
+    log_line_prefix_template: str | None = None,
 ) -> Any:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` ranks and return rank 0's value
     (on a node of a multi-node launch: its first rank's; ``return_all``: its ranks' values).
@@ -64,6 +71,13 @@ def notebook_launcher(
     ``<project_dir>/checkpoints/checkpoint_<n>`` (default project_dir:
     ``nbtrain-runs/<function name>``), the newest ``total_limit`` kept.
 
+    Accelerate's other parameters (notebooks/guides/launching.md): ``use_port`` and
+    ``master_addr`` name node 0 when ``num_nodes > 1`` and no ``rdzv_endpoint`` is given (one
+    node needs no port: its ranks meet on one the OS picks); ``rdzv_backend`` 'static' or
+    'c10d'; ``rdzv_conf`` its join timeout and rank; ``rdzv_id`` and ``monitor_interval`` are
+    checked and need nothing more (a rendezvous per launch; failures noticed at once);
+    ``log_line_prefix_template`` is refused (nbtrain labels each rank's lines itself).
+
     The full contract: notebooks/guides/launching.md. Every argument is checked before anything
     starts.
     """
@@ -71,6 +85,19 @@ def notebook_launcher(
     # rank's own traceback, not the launcher's internals.
     __tracebackhide__ = True
     args, kwargs = check_function(function, args, kwargs)
+    rendezvous = accelerate_options.resolve(
+        num_nodes=num_nodes,
+        node_rank=node_rank,
+        rdzv_endpoint=rdzv_endpoint,
+        rdzv_timeout=rdzv_timeout,
+        use_port=use_port,
+        master_addr=master_addr,
+        rdzv_backend=rdzv_backend,
+        rdzv_conf=rdzv_conf,
+        rdzv_id=rdzv_id,
+        monitor_interval=monitor_interval,
+        log_line_prefix_template=log_line_prefix_template,
+    )
     config = build_config(
         num_processes=num_processes,
         start_method=start_method,
@@ -78,13 +105,13 @@ def notebook_launcher(
         gpu_ids=gpu_ids,
         num_nodes=num_nodes,
         node_rank=node_rank,
-        rdzv_endpoint=rdzv_endpoint,
+        rdzv_endpoint=rendezvous.endpoint,
         max_restarts=max_restarts,
         timeout=timeout,
         output=output,
         progress=progress,
         return_all=return_all,
-        rdzv_timeout=rdzv_timeout,
+        rdzv_timeout=rendezvous.timeout,
     )
     policy = build_policy(
         getattr(function, "__name__", "run"),

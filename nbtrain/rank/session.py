@@ -27,7 +27,16 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from nbtrain.rank import interrupts, notebook, process, rankenv, reporting, runtime, teardown
+from nbtrain.rank import (
+    inherited,
+    interrupts,
+    notebook,
+    process,
+    rankenv,
+    reporting,
+    runtime,
+    teardown,
+)
 from nbtrain.rank.failures import failure_event
 from nbtrain.rank.payload import pack_result, take_results_as, unpack_call
 from nbtrain.rank.runtime import Runtime
@@ -51,6 +60,7 @@ def session_main(
     process.prepare(spec.close_fds, stdout, stderr)
     process.fork_children_on_linux()
     rankenv.adopt_environment(spec.kernel_env, spec.env)
+    inherited.forget_accelerate_states()  # a fork's copy of the kernel's (see inherited.py)
     process.set_threads(spec.torch_threads)
     notebook.install()
     teardown.install()
@@ -123,6 +133,7 @@ def execute(command: Command, namespace: dict, rank: int) -> bytes | None:
         return None if value is None else pack_result(display_bundle(value))
     if isinstance(command, Call):
         function, args, kwargs = unpack_call(command.payload)
+        inherited.forget_cached_devices(function, args, kwargs)
         value = in_namespace(function, namespace)(*args, **kwargs)
         return pack_result(value) if command.send_result else None
     if isinstance(command, Pull):

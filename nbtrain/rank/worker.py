@@ -11,7 +11,16 @@ import sys
 from multiprocessing.connection import Connection
 from typing import Any
 
-from nbtrain.rank import interrupts, notebook, process, rankenv, reporting, runtime, teardown
+from nbtrain.rank import (
+    inherited,
+    interrupts,
+    notebook,
+    process,
+    rankenv,
+    reporting,
+    runtime,
+    teardown,
+)
 from nbtrain.rank.failures import exit_code_of, failure_event
 from nbtrain.rank.payload import pack_result, unpack_call
 from nbtrain.rank.runtime import Runtime
@@ -24,6 +33,7 @@ def call_and_report(rank: int, payload: bytes, sink: EventSink, send_result: boo
     """Run the function; send Finished or Failed. Returns the exit code for the process."""
     try:
         function, args, kwargs = unpack_call(payload)
+        inherited.forget_cached_devices(function, args, kwargs)
         try:
             value = function(*args, **kwargs)
         finally:
@@ -76,6 +86,7 @@ def rank_main(
     process.prepare(spec.close_fds, stdout, stderr)
     process.fork_children_on_linux()
     rankenv.adopt_environment(spec.kernel_env, spec.env)
+    inherited.forget_accelerate_states()  # a fork's copy of the kernel's (see inherited.py)
     process.set_threads(spec.torch_threads)
     notebook.install()  # no message from this fork over the kernel's sockets, ever
     teardown.install()

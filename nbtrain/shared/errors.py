@@ -5,6 +5,9 @@ from __future__ import annotations
 import signal as _signal
 from typing import Any
 
+# torch elastic's failure types (torch is loaded on both sides already; this adds ~10 ms)
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
 
 class RemoteTraceback(Exception):
     """Carries a rank's traceback text so the cell shows it as the direct cause."""
@@ -17,12 +20,18 @@ class RemoteTraceback(Exception):
         return "\n\n" + self.text.rstrip()
 
 
-class WorkerError(RuntimeError):
+class WorkerError(RuntimeError, ChildFailedError):
     """A rank failed; every other rank was stopped.
 
     ``rank`` is the root cause: the first rank that failed on its own account, never a rank that
     merely lost its connection to a peer that had already died.
+
+    Also a torch elastic ``ChildFailedError`` (what Accelerate's ``notebook_launcher`` raises), so
+    code written for Accelerate (``except ChildFailedError``) catches it: ``failures`` and
+    ``get_first_failure()`` describe the root-cause rank as a ``ProcessFailure``.
     """
+
+    name = "notebook_launcher"  # ChildFailedError's entrypoint name
 
     def __init__(
         self,
@@ -46,7 +55,8 @@ class WorkerError(RuntimeError):
         self.remote_traceback = remote_traceback
         self.node = node
         self.other_failures = dict(other_failures or {})
-        super().__init__(self._summary())
+        # (not ChildFailedError.__init__: ``name`` and ``failures`` are derived, not stored)
+        RuntimeError.__init__(self, self._summary())
 
     def _summary(self) -> str:
         where = f"rank {self.rank}" + (f" (node {self.node})" if self.node else "")
@@ -74,9 +84,23 @@ class WorkerError(RuntimeError):
     def __str__(self) -> str:
         return self._summary()
 
+    @property  # (computed, so pickling never carries a ProcessFailure)
+    def failures(self) -> dict[int, ProcessFailure]:  # type: ignore[override]
+        """ChildFailedError's view: the root-cause rank, its exit code (minus the signal number
+        for a signal) and, as ``message``, this error's summary."""
+        exitcode = self.exitcode
+        if exitcode is None:
+            exitcode = -_signal.Signals[self.signal].value if self.signal in _SIGNALS else 1
+        failure = ProcessFailure(local_rank=self.rank, pid=-1, exitcode=exitcode, error_file="")
+        failure.message = self.remote_traceback or self._summary()
+        return {self.rank: failure}
+
     def __reduce__(self) -> tuple[Any, ...]:
         state = dict(self.__dict__)
         return (_rebuild_worker_error, (state,))
+
+
+_SIGNALS = set(_signal.Signals.__members__)
 
 
 def _same(line: str, own: str) -> bool:

@@ -1,7 +1,8 @@
 """What a user changes to run Accelerate code on nbtrain: the ``Accelerator`` import, and the
-``accelerate.utils`` functions the code calls, which become methods of an nbtrain Accelerator
-(``gather(t)`` -> ``accelerator.gather(t)``). Everything else in Accelerate's scripts (their
-datasets, models, DataLoaderConfiguration, GradientAccumulationPlugin, ...) stays Accelerate's.
+``accelerate.utils`` functions the code calls, which come from ``nbtrain.utils`` instead
+(``from accelerate.utils import gather`` -> ``from nbtrain.utils import gather``). Everything
+else in Accelerate's scripts (their datasets, models, DataLoaderConfiguration,
+GradientAccumulationPlugin, ...) stays Accelerate's.
 
 ``bind(module)`` rebinds those names in one of Accelerate's test script modules, inside a rank.
 One test helper is rebound too: ``are_the_same_tensors`` (accelerate.test_utils) gathers through
@@ -15,7 +16,7 @@ from types import ModuleType
 from typing import Any
 
 import nbtrain
-from nbtrain.accelerator.collectives import CollectiveError
+import nbtrain.utils
 
 
 @functools.cache
@@ -71,14 +72,6 @@ def _are_the_same_tensors(tensor: Any) -> bool:
     return all(torch.equal(row, tensor) for row in gathered)
 
 
-def _method(name: str) -> Any:
-    def call(*args: Any, **kwargs: Any) -> Any:
-        return getattr(_accelerator(), name)(*args, **kwargs)
-
-    call.__name__ = name
-    return call
-
-
 BINDINGS: dict[str, Any] = {
     "Accelerator": nbtrain.Accelerator,
     "DistributedType": nbtrain.DistributedType,
@@ -86,12 +79,17 @@ BINDINGS: dict[str, Any] = {
     "AcceleratorState": _State,
     "PartialState": _State,
     "prepare_data_loader": _prepare_data_loader,
-    "DistributedOperationException": CollectiveError,
-    "gather": _method("gather"),
-    "gather_object": lambda obj: _accelerator().gather_for_metrics(obj, use_gather_object=True),
-    "broadcast": _method("broadcast"),
-    "pad_across_processes": _method("pad_across_processes"),
-    "reduce": _method("reduce"),
+    **{
+        name: getattr(nbtrain.utils, name)
+        for name in (
+            "DistributedOperationException",
+            "gather",
+            "gather_object",
+            "broadcast",
+            "pad_across_processes",
+            "reduce",
+        )
+    },
     "are_the_same_tensors": _are_the_same_tensors,
 }
 

@@ -1,0 +1,127 @@
+"""``from accelerate.utils import X`` becomes ``from nbtrain.utils import X``: the names of
+Accelerate's ``accelerate.utils`` that nbtrain supports, with Accelerate's signatures.
+
+Each is the one implementation nbtrain already has, re-exported (nothing is defined here):
+
+- across ranks (rank side; every rank makes the same calls): ``gather``, ``gather_object``,
+  ``broadcast``, ``broadcast_object_list``, ``reduce`` (default "mean", as Accelerate's),
+  ``pad_across_processes``, ``wait_for_everyone``; a rank calling one alone, or with tensors
+  that do not match, gets ``DistributedOperationException`` instead of a hang;
+- ``send_to_device``, ``set_seed``;
+- configuration: ``ProjectConfiguration``, ``DataLoaderConfiguration``,
+  ``GradientAccumulationPlugin``, ``FullyShardedDataParallelPlugin``, ``DistributedType``;
+- kwargs handlers: ``DistributedDataParallelKwargs``, ``GradScalerKwargs``,
+  ``InitProcessGroupKwargs``, ``AutocastKwargs``.
+
+Names load on first use, as in ``nbtrain`` itself.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+_OPERATIONS = "nbtrain.accelerator.operations"
+_HANDLERS = "nbtrain.accelerator.handlers"
+
+# name -> (module, its name there)
+_LAZY: dict[str, tuple[str, str]] = {
+    **{
+        name: (_OPERATIONS, name)
+        for name in (
+            "broadcast",
+            "broadcast_object_list",
+            "gather",
+            "gather_object",
+            "pad_across_processes",
+            "reduce",
+            "send_to_device",
+            "wait_for_everyone",
+        )
+    },
+    **{
+        name: (_HANDLERS, name)
+        for name in (
+            "AutocastKwargs",
+            "DistributedDataParallelKwargs",
+            "GradScalerKwargs",
+            "InitProcessGroupKwargs",
+        )
+    },
+    "DistributedOperationException": ("nbtrain.accelerator.handshake", "CollectiveError"),
+    "set_seed": ("nbtrain.accelerator.seed", "set_seed"),
+    "ProjectConfiguration": ("nbtrain.accelerator.compat", "ProjectConfiguration"),
+    "DataLoaderConfiguration": ("nbtrain.accelerator.loaderconfig", "DataLoaderConfiguration"),
+    "GradientAccumulationPlugin": (
+        "nbtrain.accelerator.accumulation",
+        "GradientAccumulationPlugin",
+    ),
+    "FullyShardedDataParallelPlugin": (
+        "nbtrain.accelerator.fsdp_plugin",
+        "FullyShardedDataParallelPlugin",
+    ),
+    "DistributedType": ("nbtrain.accelerator.parallel", "DistributedType"),
+}
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
+    from nbtrain.accelerator.accumulation import GradientAccumulationPlugin
+    from nbtrain.accelerator.compat import ProjectConfiguration
+    from nbtrain.accelerator.fsdp_plugin import FullyShardedDataParallelPlugin
+    from nbtrain.accelerator.handlers import (
+        AutocastKwargs,
+        DistributedDataParallelKwargs,
+        GradScalerKwargs,
+        InitProcessGroupKwargs,
+    )
+    from nbtrain.accelerator.handshake import CollectiveError as DistributedOperationException
+    from nbtrain.accelerator.loaderconfig import DataLoaderConfiguration
+    from nbtrain.accelerator.operations import (
+        broadcast,
+        broadcast_object_list,
+        gather,
+        gather_object,
+        pad_across_processes,
+        reduce,
+        send_to_device,
+        wait_for_everyone,
+    )
+    from nbtrain.accelerator.parallel import DistributedType
+    from nbtrain.accelerator.seed import set_seed
+
+
+def __getattr__(name: str) -> Any:
+    found = _LAZY.get(name)
+    if found is None:
+        raise AttributeError(
+            f"module 'nbtrain.utils' has no attribute {name!r} (nbtrain supports these of "
+            f"accelerate.utils: {', '.join(sorted(_LAZY))})"
+        )
+    module, attribute = found
+    return getattr(import_module(module), attribute)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
+
+
+__all__ = [
+    "AutocastKwargs",
+    "DataLoaderConfiguration",
+    "DistributedDataParallelKwargs",
+    "DistributedOperationException",
+    "DistributedType",
+    "FullyShardedDataParallelPlugin",
+    "GradScalerKwargs",
+    "GradientAccumulationPlugin",
+    "InitProcessGroupKwargs",
+    "ProjectConfiguration",
+    "broadcast",
+    "broadcast_object_list",
+    "gather",
+    "gather_object",
+    "pad_across_processes",
+    "reduce",
+    "send_to_device",
+    "set_seed",
+    "wait_for_everyone",
+]
