@@ -21,7 +21,7 @@ from nbtrain.kernel.monitor import RankStatus, RankView
 # text columns' sizes come from the row's width only (min-width 0: never from their text); when
 # the row is too narrow for them all they shrink together, so nothing leaves the row.
 COLUMNS = {
-    "label": "0 1 110px",
+    "label": "0 1 150px",  # 'rank 10 · cuda:10 · fsdp2' at 13 px; longer ends in "…"
     "bar": "1 1 0px",
     "steps": "0 1 27%",
     "metrics": "0 1 25%",
@@ -71,11 +71,9 @@ class RowCells:
 
 
 def row_cells(view: RankView) -> RowCells:
-    # ' · cpu · fsdp2': the device and, when not plain data parallelism, the strategy
-    device = "".join(f" · {escape(text)}" for text in (view.device, view.strategy) if text)
     value, maximum = bar_position(view)
     return RowCells(
-        label=f"<b>rank {view.rank}</b>{device}",
+        label=label_html(view),
         value=value,
         maximum=maximum,
         bar_style=BAR_STYLES[view.status],
@@ -84,6 +82,16 @@ def row_cells(view: RankView) -> RowCells:
         status=format_status(view),
         status_color=STATUS_COLORS.get(view.status),
     )
+
+
+def label_html(view: RankView) -> str:
+    """'<b>rank 0</b> · cpu · fsdp2' (the device and, when not plain data parallelism, the
+    strategy) on one line: a long device or rank number ends in "…" instead of wrapping onto
+    the next row; the whole label is its tooltip."""
+    extra = [text for text in (view.device, view.strategy) if text]
+    whole = escape(" · ".join([f"rank {view.rank}", *extra]))
+    device = "".join(f" · {escape(text)}" for text in extra)
+    return f'<span title="{whole}" style="{_ONE_LINE}"><b>rank {view.rank}</b>{device}</span>'
 
 
 def bar_position(view: RankView) -> tuple[int, int]:

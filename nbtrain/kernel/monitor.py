@@ -309,14 +309,16 @@ def _update_rate(view: RankView, at: float) -> None:
 
 
 def _apply_log(view: RankView, event: Log) -> None:
-    view.metrics.update(event.values)
     step = event.step if event.step is not None else view.iterations
-    for name, value in event.values.items():
-        series = view.history.setdefault(name, [])
-        series.append((step, value))
-        if len(series) > HISTORY_CAP:
-            # Keep the chart light: drop every other point of the older half (never the first).
-            del series[1 : len(series) // 2 : 2]
+    for at, values in (*event.earlier, (step, event.values)):
+        view.metrics.update(values)
+        for name, value in values.items():
+            series = view.history.setdefault(name, [])
+            series.append((at, value))
+            if len(series) > HISTORY_CAP:
+                # Keep the chart light: drop every other point of the older half (never the
+                # first).
+                del series[1 : len(series) // 2 : 2]
 
 
 def _apply_exit(view: RankView, event: Exited) -> None:

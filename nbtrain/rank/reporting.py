@@ -2,7 +2,10 @@
 
 Usable from any rank (raw DDP code, an Accelerator, a Trainer callback). Each step of a progress
 loop costs a counter increment and a clock read; events go out at most every INTERVAL seconds
-(the latest state, coalesced), plus always the final step of a loop. Updates that may be
+(the latest state, coalesced), plus always the final step of a loop. Coalescing merges the
+updates, never the data: every metric value logged at a step is kept (HELD_CAP at most, thinned
+as the kernel's history is) and sent with the next update, up to POINTS_PER_LOG steps in one
+Log. Updates that may be
 coalesced go through the sink's ``try_send`` when it has one (a write that would block is
 declined and retried at the next update), so a slow kernel never stalls training; the final step
 of a loop and the metrics logged up to then are sent for sure with ``send``. Outside a launch
@@ -31,6 +34,11 @@ from nbtrain.shared.events import Event, EventSink, Log, Progress, Strategy
 T = TypeVar("T")
 
 INTERVAL = 0.1  # seconds between updates a rank sends while a loop runs (about 10 per second)
+# Logged steps held for the next update (the kernel keeps as many per metric, monitor.HISTORY_CAP):
+# past that, older ones are thinned as the kernel's history is (every other one of the older
+# half, never the first) rather than memory grow while the kernel is behind.
+HELD_CAP = 2000
+POINTS_PER_LOG = 50  # logged steps per Log event: a few metrics' worth fits one pipe packet
 LOOP_SEPARATOR = " · "  # joins nested loops' descriptions: 'epoch 2/3 · train'
 
 
@@ -137,7 +145,7 @@ class Reporter:
         self.rank = current.info.rank
         self.sink = current.sink
         self.bars: list[Bar] = []  # open loops, innermost last
-        self.pending: dict[str, tuple[int, float]] = {}  # metric -> (step, value) not yet sent
+        self.pending: list[tuple[int, dict[str, float]]] = []  # (step, values) not yet sent
         self.next_due = 0.0  # monotonic time of the next coalesced update
         self.global_step = 0
         self.used_progress = False
@@ -185,8 +193,7 @@ class Reporter:
         if not self.bars:
             self._log_outside_a_loop(values, step)
             return
-        for name, value in values.items():
-            self.pending[name] = (step, value)
+        self._hold(step, values)
         # A metric's first value goes out at once: a chart then starts at its first point.
         first = not self._seen.issuperset(values)
         if first:
@@ -198,14 +205,24 @@ class Reporter:
         if self.direct:
             self.sink.send(Log(self.rank, values, step))
             return
-        for name, value in values.items():
-            self.pending[name] = (step, value)
+        self._hold(step, values)
         if time.monotonic() >= self.next_due:
             self._window.clear()  # a new interval: every name may go out once more
         elif self._window.issuperset(values):
             return  # repeats within the interval: held for the next update or flush()
-        self._window.update(self.pending)
+        for _, held in self.pending:
+            self._window.update(held)
         self.flush()
+
+    def _hold(self, step: int, values: dict[str, float]) -> None:
+        """Keep the values for the next update: a point per step, in the order logged."""
+        pending = self.pending
+        if pending and pending[-1][0] == step:
+            pending[-1][1].update(values)  # more metrics (or a newer value) of the same step
+            return
+        pending.append((step, dict(values)))
+        if len(pending) > HELD_CAP:
+            del pending[1 : len(pending) // 2 : 2]
 
     def flush(self, *, final: bool = False) -> None:
         """Send what changed since the last update; ``final`` sends even to a slow kernel."""
@@ -217,15 +234,11 @@ class Reporter:
                 if not self._offer(event, final):
                     return  # the kernel is behind: keep everything pending, try next time
                 self._sent = state
-        groups = _by_step(self.pending)
-        self.pending = {}
-        for index, (step, values) in enumerate(groups):
-            if not self._offer(Log(self.rank, values, step), final):
-                # Keep what did not go out for the next update.
-                self.pending = {
-                    name: (later, value) for later, rest in groups[index:]
-                    for name, value in rest.items()
-                }
+        groups, self.pending = self.pending, []
+        for start in range(0, len(groups), POINTS_PER_LOG):
+            *earlier, (step, values) = groups[start : start + POINTS_PER_LOG]
+            if not self._offer(Log(self.rank, values, step, earlier=tuple(earlier)), final):
+                self.pending = groups[start:] + self.pending  # the rest goes with the next update
                 return
 
     def _progress_event(self) -> Progress | None:
@@ -330,14 +343,6 @@ def _compose_desc(bars: list[Bar]) -> str | None:
         for bar in bars[:-1]
     ]
     return LOOP_SEPARATOR.join([*outer, inner or "loop"])
-
-
-def _by_step(pending: dict[str, tuple[int, float]]) -> list[tuple[int, dict[str, float]]]:
-    """Pending metrics grouped into one Log per step they were logged at."""
-    groups: dict[int, dict[str, float]] = {}
-    for name, (step, value) in pending.items():
-        groups.setdefault(step, {})[name] = value
-    return list(groups.items())
 
 
 def _resolve_total(iterable: Iterable[Any], total: int | None) -> int | None:

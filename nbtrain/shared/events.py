@@ -83,6 +83,9 @@ class Log:
     values: dict[str, float]
     step: int | None = None
     time: float = field(default_factory=now)
+    # Points logged before (values, step) since the rank's last update, oldest first: one
+    # event carries an interval's points, and every point reaches the chart.
+    earlier: tuple[tuple[int, dict[str, float]], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
