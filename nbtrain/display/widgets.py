@@ -26,8 +26,7 @@ from typing import Any, Protocol
 
 import ipywidgets as widgets
 
-from nbtrain.display.chart import WIDTH as CHART_WIDTH
-from nbtrain.display.chart import rank_color, svg_chart
+from nbtrain.display.chart import chart_image, rank_color
 from nbtrain.display.formatting import format_duration
 from nbtrain.display.rows import (
     BAR_MIN,
@@ -45,7 +44,6 @@ from nbtrain.shared.options import OutputMode
 
 MAX_LINE_CHARS = 400
 MAX_CHARTS = 3  # metrics charted side by side (the first ones logged)
-CHART_MIN = 200  # pixels: narrower, the axis labels would be too small to read
 # Seconds between redraws of the chart and of the output area. Each redraw rebuilds and resends
 # the whole markup: up to 3 charts of ~15 KB at full history, 200 output lines of ~40 KB. Twice
 # a second keeps the kernel's share and the traffic to the browser small (see chart.py) while
@@ -257,15 +255,13 @@ class WidgetView:
             f'<span style="color:{rank_color(rank)}">■</span> rank {rank}'
             for rank in sorted(state.ranks)
         )
-        # Each chart scales down with the width (its SVG has a viewBox), two or three a line.
+        # Each chart keeps its size (readable text, all alike); they wrap when the width is short.
         charts = "".join(
-            f'<div style="flex:1 1 {CHART_MIN}px;max-width:{CHART_WIDTH}px">'
-            + svg_chart(name, {r: v.history.get(name, []) for r, v in state.ranks.items()})
-            + "</div>"
+            chart_image(name, {r: v.history.get(name, []) for r, v in state.ranks.items()})
             for name in names
         )
         self.charts.value = (
-            f'<div style="font-size:11px">{legend}</div>'
+            f'<div style="font-size:11px">{legend}{_more_metrics(state, names)}</div>'
             f'<div style="display:flex;flex-wrap:wrap;gap:8px">{charts}</div>'
         )
         self.charts.layout.display = ""
@@ -306,6 +302,15 @@ def final_text(state: RunState) -> str:
     if state.summary:
         lines.append(state.summary)
     return "\n".join(lines)
+
+
+def _more_metrics(state: RunState, charted: list[str]) -> str:
+    """' · also logged, not charted: lr, grad_norm': more metrics than MAX_CHARTS exist."""
+    names = {name: None for view in state.ranks.values() for name in view.history}
+    rest = [name for name in names if name not in charted]
+    if not rest:
+        return ""
+    return f" · also logged, not charted: {escape(', '.join(rest))}"
 
 
 def _charted_names(state: RunState) -> list[str]:
