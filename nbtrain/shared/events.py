@@ -110,6 +110,9 @@ class Display:
     display_id: str | None = None
     update: bool = False
     time: float = field(default_factory=now)
+    # The number of the mark the rank wrote to its stdout and stderr just before (0: none):
+    # the kernel shows the display between the lines written before and after it.
+    mark: int = 0
 
 
 @dataclass(frozen=True, slots=True)
