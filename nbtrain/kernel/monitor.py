@@ -52,6 +52,7 @@ class Verdict(Enum):
     STOPPED = "stopped"  # interrupted or stopped from outside: nothing failed
 
 
+INTERRUPTED = "KeyboardInterrupt:"  # how a Failed rank's one-line reason starts after Ctrl-C
 OUTPUT_CAP = 5000  # lines kept for display; a chatty rank cannot grow the kernel without bound
 HISTORY_CAP = 2000  # points kept per metric and rank; older points are thinned, not dropped
 RATE_SMOOTHING = 0.3  # weight of the newest interval in the it/s estimate
@@ -196,6 +197,14 @@ class RunState:
             for view in self.ranks.values():
                 if not view.finished:
                     view.status, view.ended_at = RankStatus.STOPPED, self.ended_at
+                    view.version += 1
+        if self.verdict is Verdict.STOPPED:
+            # The KeyboardInterrupt of an interrupted run (warm ranks raise it in the cell's
+            # code) is how the rank was stopped, not a failure of its own.
+            for view in self.ranks.values():
+                if view.status is RankStatus.FAILED and view.failure.startswith(INTERRUPTED):
+                    view.status, view.stopped_as = RankStatus.STOPPED, "interrupted"
+                    view.failure = ""
                     view.version += 1
         self.version += 1
 

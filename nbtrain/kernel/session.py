@@ -302,7 +302,12 @@ class Ranks:
         if supervisor.timed_out:
             self._time_out(run, supervisor, restarted=False)
         if supervisor.interrupted:
-            run.abandon(KeyboardInterrupt())
+            # Not a failure, and nothing was stopped: the dashboard says what the error says.
+            run.end(
+                f"Interrupted after {run.state.elapsed:.1f}s: every rank is idle again, "
+                "its state kept",
+                Verdict.STOPPED,
+            )
             raise KeyboardInterrupt(
                 "every rank was interrupted and is idle again; their state is kept"
             ) from None

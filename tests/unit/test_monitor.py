@@ -339,3 +339,21 @@ def test_an_output_listener_gets_every_line_even_beyond_the_cap(
         state.apply(Output(0, "stdout", f"line {i}"))
     assert heard == [f"line {i}" for i in range(25)]
     assert len(state.lines_since(0)) == 10  # the deque (for the widget) stays capped
+
+
+def test_an_interrupted_run_shows_its_keyboardinterrupts_as_interrupted_not_failed() -> None:
+    # Warm ranks: Ctrl-C raises KeyboardInterrupt in the cell's code on every rank; the ranks
+    # stay idle with their state, so nothing failed.
+    state = RunState([0, 1, 2])
+    for rank in (0, 1, 2):
+        state.apply(Started(rank, 1, "cpu", "h", rank))
+    state.apply(Failed(0, "KeyboardInterrupt", "", "tb", None, 1, False))
+    state.apply(Failed(1, "KeyboardInterrupt", "", "tb", None, 1, False))
+    state.apply(Failed(2, "ValueError", "bad", "tb", None, 1, False))
+    state.finish("Interrupted after 1.0s: every rank is idle again, its state kept",
+                 Verdict.STOPPED)
+    assert [(v.status, v.stopped_as) for v in state.ranks.values()] == [
+        (RankStatus.STOPPED, "interrupted"), (RankStatus.STOPPED, "interrupted"),
+        (RankStatus.FAILED, ""),  # a real failure stays one
+    ]
+    assert format_status(state.ranks[0]) == "interrupted"
