@@ -21,7 +21,7 @@ from nbtrain.kernel.monitor import RankStatus, RankView
 # text columns' sizes come from the row's width only (min-width 0: never from their text); when
 # the row is too narrow for them all they shrink together, so nothing leaves the row.
 COLUMNS = {
-    "label": "0 1 150px",  # 'rank 10 · cuda:10 · fsdp2' at 13 px; longer ends in "…"
+    "label": "0 1 180px",  # 'rank 10 · cuda:10 · fsdp2' at 13 px; longer ends in "…"
     "bar": "1 1 0px",
     "steps": "0 1 27%",
     "metrics": "0 1 25%",
