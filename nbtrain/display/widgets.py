@@ -227,11 +227,15 @@ class WidgetView:
         self.title.value = LIVE_CSS + self._title_html(state)
 
     def _title_html(self, state: RunState) -> str:
-        title = escape(state.title) if state.title else f"{len(self.rows)} ranks"
+        name = state.title or f"{len(self.rows)} ranks"
         note = self._current_note(state)
         note_html = f' · <span class="nbtrain-note">{escape(note)}</span>' if note else ""
+        elapsed = format_duration(state.elapsed)
+        # A narrow notebook cuts the note ("... (interrupt again to stop at once)"): whole on
+        # hover.
         return one_line_html_markup(
-            f"<b>nbtrain</b> · {title} · {format_duration(state.elapsed)}{note_html}"
+            f"<b>nbtrain</b> · {escape(name)} · {elapsed}{note_html}",
+            tooltip=" · ".join(part for part in (f"nbtrain · {name} · {elapsed}", note) if part),
         )
 
     def _current_note(self, state: RunState) -> str:
@@ -328,8 +332,11 @@ def _drawable(series: Sequence[tuple[int, float]]) -> bool:
     return sum(1 for _, value in series if math.isfinite(value)) >= 2
 
 
-def one_line_html_markup(markup: str) -> str:
-    """Markup kept on one line (the title): it ends in "…" when the dashboard is narrow."""
-    return f'<div style="white-space:nowrap;overflow:hidden;text-overflow:ellipsis">{markup}</div>'
-
-
+def one_line_html_markup(markup: str, tooltip: str = "") -> str:
+    """Markup kept on one line (the title): it ends in "…" when the dashboard is narrow, with
+    ``tooltip`` (plain text) shown whole on hover."""
+    title = f' title="{escape(tooltip)}"' if tooltip else ""
+    return (
+        f'<div{title} style="white-space:nowrap;overflow:hidden;text-overflow:ellipsis">'
+        f"{markup}</div>"
+    )

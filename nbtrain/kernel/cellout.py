@@ -261,6 +261,9 @@ def with_label(
             f'<div class="{css_class}"><div style="font-size:smaller;opacity:0.7">'
             f"{html.escape(label)}</div>{body}</div>"
         )
+    elif isinstance(bundle.get("text/markdown"), str):
+        # Markdown without HTML (frontends render it as is): the label as its first line.
+        bundle["text/markdown"] = f"<sub>{html.escape(label)}</sub>\n\n{bundle['text/markdown']}"
     return bundle
 
 

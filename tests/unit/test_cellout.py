@@ -149,3 +149,13 @@ def test_interleaved_stack_dumps_are_written_rank_by_rank() -> None:
     assert shown[0] == "[rank 0] before the timeout"
     assert [line.split("]")[0] + "]" for line in shown[1:]] == ["[rank 0]"] * 2 + ["[rank 1]"] * 3
     assert shown[1:3] == [f"[rank 0] {arrivals[2][1]}", f"[rank 0] {arrivals[4][1]}"]
+
+
+def test_every_rich_form_of_a_rank_display_carries_the_rank() -> None:
+    markdown = cellout.labelled(3, {"text/markdown": "**loss** fell", "text/plain": "<Markdown>"})
+    assert markdown["text/markdown"].startswith("<sub>rank 3</sub>\n\n**loss** fell")
+    assert markdown["text/plain"] == "[rank 3] <Markdown>"
+    figure = cellout.labelled(1, {"image/png": "iVBOR", "text/plain": "<Figure>"})
+    assert "rank 1" in figure["text/html"] and 'src="data:image/png;base64,iVBOR"' in (
+        figure["text/html"]
+    )

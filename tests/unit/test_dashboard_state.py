@@ -94,3 +94,27 @@ def test_a_long_failure_is_ellipsized_with_the_full_text_as_tooltip() -> None:
     row = static_row(state.ranks[0])
     assert f'title="failed: {failure}"' in html.unescape(row)
     assert "text-overflow:ellipsis" in row
+
+
+def test_without_metrics_a_failure_gets_the_metrics_share_of_the_row() -> None:
+    recorder = Recorder()
+    view = WidgetView(output=OutputMode.NONE, world_size=1, display=recorder)
+    state = RunState([0])
+    state.apply(Started(0, 1, "cpu", "h", 0))
+    state.apply(Failed(0, "RuntimeError", "killed by SIGKILL " + "x" * 40, "tb", None, 1, False))
+    state.finish("Failed")
+    view.close(state)
+    markup = recorder.updates[-1]["text/html"]
+    assert 'class="nbtrain-status" style="min-width:0;overflow:hidden;flex:0 1 41%' in markup
+
+
+def test_the_header_shows_its_whole_text_on_hover() -> None:
+    recorder = Recorder()
+    view = WidgetView(output=OutputMode.NONE, world_size=1, display=recorder)
+    state = RunState([0], title="a <title>")
+    state.apply(Started(0, 1, "cpu", "h", 0))
+    view.draw(state)
+    view.note("stopping at the next step (interrupt again to stop at once)")
+    header = view.title.value
+    assert 'title="nbtrain · a &lt;title&gt; · ' in header
+    assert "(interrupt again to stop at once)\"" in header
