@@ -147,6 +147,7 @@ def training_function():
         for step in range(6):
             time.sleep(0.01)
             progress_bar.update(1)
+            progress_bar.set_postfix(loss=1.0 / (epoch + 1), note="text is not a metric")
 notebook_launcher(training_function, num_processes=2)
 """
 
@@ -162,6 +163,8 @@ def test_tqdm_auto_in_ranks_drives_their_rows_and_sends_nothing_from_the_fork(ex
     )
     for rank in (0, 1):
         assert re.search(rf"\[rank {rank}\] 18/18", final), final
+        assert re.search(rf"\[rank {rank}\] 18/18 .*it/s loss 0.3333 done", final), final
+    assert "text is not a metric" not in final  # set_postfix's numbers are metrics, text not
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
