@@ -23,7 +23,9 @@ def format_steps(view: RankView) -> str:
     parts = [view.desc] if view.desc else []
     parts.append(f"{view.step}/{view.total}" if view.total is not None else str(view.step))
     eta = run_eta(view)
-    if eta is not None and not view.finished:
+    # A note (saving a checkpoint, waiting for a peer) means the loop is not moving: an ETA
+    # from the last rate would be stale.
+    if eta is not None and not view.finished and not view.note:
         parts.append(f"ETA {format_duration(eta)}")
     if view.rate:
         parts.append(f"{view.rate:.1f} it/s")

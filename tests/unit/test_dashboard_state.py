@@ -12,7 +12,7 @@ from nbtrain.display.formatting import format_steps, run_eta
 from nbtrain.display.rows import static_row
 from nbtrain.display.widgets import WidgetView
 from nbtrain.kernel.monitor import RankStatus, RunState, Verdict
-from nbtrain.shared.events import Failed, Log, Progress, Started
+from nbtrain.shared.events import Failed, Log, Progress, Started, Status
 from nbtrain.shared.options import OutputMode
 
 
@@ -118,3 +118,15 @@ def test_the_header_shows_its_whole_text_on_hover() -> None:
     header = view.title.value
     assert 'title="nbtrain · a &lt;title&gt; · ' in header
     assert "(interrupt again to stop at once)\"" in header
+
+
+def test_no_eta_while_a_rank_says_it_is_busy_elsewhere() -> None:
+    state = RunState([0])
+    state.apply(Started(0, 1, "cpu", "h", 0))
+    for step, at in ((5, 1.0), (10, 1.5)):
+        state.apply(Progress(0, step, 100, "train", time=at))
+    assert "ETA" in format_steps(state.ranks[0])
+    state.apply(Status(0, "saving checkpoint_3"))
+    assert "ETA" not in format_steps(state.ranks[0])
+    state.apply(Progress(0, 11, 100, "train", time=2.0))
+    assert "ETA" in format_steps(state.ranks[0])
