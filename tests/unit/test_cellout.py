@@ -4,13 +4,14 @@ lost: flood control in the cell, every line in the launch's log folder."""
 from __future__ import annotations
 
 import io
+import time
 from pathlib import Path
 
 import pytest
 
 from nbtrain.kernel import cellout
 from nbtrain.kernel.cellout import CellOutput
-from nbtrain.kernel.monitor import RunState
+from nbtrain.kernel.monitor import OutputLine, RunState
 from nbtrain.shared.events import Output
 from nbtrain.shared.options import OutputMode
 
@@ -159,3 +160,43 @@ def test_every_rich_form_of_a_rank_display_carries_the_rank() -> None:
     assert "rank 1" in figure["text/html"] and 'src="data:image/png;base64,iVBOR"' in (
         figure["text/html"]
     )
+
+
+def test_a_warm_cells_first_lines_come_below_its_view_not_above() -> None:
+    from nbtrain.display.deferred import DeferredView
+
+    cell = io.StringIO()
+
+    class Shown:
+        def draw(self, state: RunState) -> None:
+            if "VIEW" not in cell.getvalue():
+                cell.write("VIEW\n")
+
+        def close(self, state: RunState) -> None:
+            pass
+
+        def note(self, text: str) -> None:
+            pass
+
+    view = DeferredView(Shown, after=0.05)
+    output = CellOutput(OutputMode.ALL, stdout=cell, stderr=cell, hold=view.pending)
+    state = RunState([0])
+    output.take(OutputLine(0, 0, "stdout", "early"))
+    output.flush()
+    view.draw(state)
+    assert cell.getvalue() == ""  # held: the view may still appear
+    time.sleep(0.06)
+    output.flush()
+    view.draw(state)
+    output.flush()
+    assert cell.getvalue() == "VIEW\n[rank 0] early\n"
+
+
+def test_a_quick_warm_cell_gets_its_lines_at_the_end() -> None:
+    cell = io.StringIO()
+    output = CellOutput(OutputMode.ALL, stdout=cell, stderr=cell, hold=lambda: True)
+    output.take(OutputLine(0, 0, "stdout", "quick"))
+    output.flush()
+    assert cell.getvalue() == ""
+    output.close()
+    assert cell.getvalue() == "[rank 0] quick\n"
