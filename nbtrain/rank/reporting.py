@@ -73,9 +73,10 @@ def log(values: Mapping[str, Any], step: int | None = None) -> None:
     """Report metrics of this rank, e.g. ``log({"loss": loss.item()})``.
 
     Values may be Python numbers, NumPy scalars or one-element tensors. ``step`` defaults to the
-    number of progress() iterations this rank completed (or of earlier log() calls when it uses
-    no progress()). Inside a progress() loop logs are coalesced with the loop's updates; the
-    last value of every metric always reaches the kernel.
+    number of progress() iterations this rank completed, counting the one running (the first
+    step's loss is at step 1, the N-th's at N, as "Stopped at step N" counts), or of earlier
+    log() calls when it uses no progress(). Inside a progress() loop logs go out with the
+    loop's updates (coalesced messages; every value logged reaches the kernel).
     """
     numbers_only = _check_values(values)
     if step is not None and (isinstance(step, bool) or not isinstance(step, numbers.Integral)):
@@ -112,7 +113,7 @@ def open_bar(total: int | None = None, desc: str | None = None) -> ProgressHandl
 class Bar:
     """One open progress loop of a rank. ``progress()`` drives it; integrations may too."""
 
-    __slots__ = ("desc", "leaf", "n", "reporter", "total")
+    __slots__ = ("desc", "in_body", "leaf", "n", "reporter", "total")
 
     def __init__(self, reporter: Reporter, total: int | None, desc: str | None) -> None:
         self.reporter = reporter
@@ -120,6 +121,9 @@ class Bar:
         self.desc = desc
         self.n = 0
         self.leaf = True  # no loop was ever opened inside this one: its steps are real steps
+        # progress() runs the loop's body while n still counts the steps before it; a bar
+        # driven by update_to() is told a step once it is done.
+        self.in_body = False
 
     def update_to(self, step: int) -> None:
         """Set the completed step count (for callers that know it, e.g. a Trainer)."""
@@ -189,6 +193,8 @@ class Reporter:
     def log(self, values: dict[str, float], step: int | None) -> None:
         if step is None:
             step = self.global_step if self.used_progress else self.log_calls
+            if self.bars and self.bars[-1].leaf and self.bars[-1].in_body:
+                step += 1  # the step running now: its loss is the N-th step's, as summaries say
         self.log_calls += 1
         if not self.bars:
             self._log_outside_a_loop(values, step)
@@ -286,6 +292,7 @@ def _rank_progress(
     reporter: Reporter, iterable: Iterable[T], total: int | None, desc: str | None
 ) -> Iterator[T]:
     bar = reporter.open(total, desc)
+    bar.in_body = True
     complete = False
     monotonic = time.monotonic
     try:

@@ -172,7 +172,7 @@ def test_logs_in_a_loop_are_coalesced_and_the_last_values_arrive(sink) -> None:
     for event in logs:
         last.update(event.values)
     assert last == {"loss": 1999.0, "lr": 0.1}
-    assert logs[-1].step == 1999  # at the step count when it was logged
+    assert logs[-1].step == 2000  # the step running when it was logged (the 2000th)
     assert logs[0].values == {"loss": 0.0, "lr": 0.1}  # first values at once: charts start there
 
 
@@ -181,7 +181,7 @@ def test_every_logged_point_arrives_however_updates_are_coalesced(sink) -> None:
     for i in progress(range(400)):
         if i % 50 == 0:
             log({"loss": 1.0 / (i + 1)})
-    assert _points(sink.of(Log), "loss") == [(i, 1.0 / (i + 1)) for i in range(0, 400, 50)]
+    assert _points(sink.of(Log), "loss") == [(i + 1, 1.0 / (i + 1)) for i in range(0, 400, 50)]
 
 
 def test_points_held_for_a_slow_kernel_arrive_in_order() -> None:
@@ -193,8 +193,8 @@ def test_points_held_for_a_slow_kernel_arrive_in_order() -> None:
             if i % 3 == 0:
                 log({"acc": float(i)})  # another metric at the same step: one point of both
     logs = slow.of(Log)
-    assert _points(logs, "loss") == [(i, float(i)) for i in range(300)]
-    assert _points(logs, "acc") == [(i, float(i)) for i in range(0, 300, 3)]
+    assert _points(logs, "loss") == [(i + 1, float(i)) for i in range(300)]
+    assert _points(logs, "acc") == [(i + 1, float(i)) for i in range(0, 300, 3)]
 
 
 @pytest.fixture
@@ -377,3 +377,14 @@ def test_text_bar_redraws_in_place_on_a_terminal(monkeypatch: pytest.MonkeyPatch
     bar.close(complete=True)
     text = stream.getvalue()
     assert text.startswith("\rt: 0/3") and text.endswith("\n") and text.count("\n") == 1
+
+
+def test_a_loss_logged_in_step_n_is_charted_at_step_n_like_the_summary_counts(sink) -> None:
+    for _epoch in progress(range(2)):
+        for _batch in progress(range(127)):
+            log({"loss": 1.0})  # inside the step that is running: steps 1..254
+        log({"val": 0.5})  # after the epoch's batches: the steps done so far
+    losses = _points(sink.of(Log), "loss")
+    assert losses[0][0] == 1 and losses[-1][0] == 254
+    assert [step for step, _ in _points(sink.of(Log), "val")] == [127, 254]
+    assert sink.of(Progress)[-1].step == 2  # the outer loop's end; the inner one ended at 127
