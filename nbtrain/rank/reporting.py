@@ -29,7 +29,7 @@ from typing import Any, Protocol, TypeVar
 
 from nbtrain.rank import runtime
 from nbtrain.rank.runtime import Runtime
-from nbtrain.shared.events import Event, EventSink, Log, Progress, Strategy
+from nbtrain.shared.events import Event, EventSink, Log, Progress, Status, Strategy
 
 T = TypeVar("T")
 
@@ -67,6 +67,15 @@ def announce_strategy(name: str) -> None:
     current = runtime.current()
     if current is not None:
         current.sink.send(Strategy(current.info.rank, name))
+
+
+def say(text: str) -> None:
+    """What this rank is busy with while it shows no progress ('forming the process group'),
+    in its row until it moves on; '' clears it. Nothing outside a launch."""
+    current = runtime.current()
+    if current is not None:
+        with contextlib.suppress(OSError):  # the kernel's end is gone: being stopped anyway
+            current.sink.send(Status(current.info.rank, text))
 
 
 def log(values: Mapping[str, Any], step: int | None = None) -> None:
