@@ -78,6 +78,15 @@ def say(text: str) -> None:
             current.sink.send(Status(current.info.rank, text))
 
 
+def resumed_at(step: int) -> None:
+    """A run resumed from a checkpoint taken after ``step`` loop steps: default log() steps go on
+    from there, so the chart's step axis continues the first run's instead of restarting."""
+    current = runtime.current()
+    if current is not None:
+        reporter = reporter_for(current)
+        reporter.global_step = reporter.log_calls = step
+
+
 def log(values: Mapping[str, Any], step: int | None = None) -> None:
     """Report metrics of this rank, e.g. ``log({"loss": loss.item()})``.
 
