@@ -59,7 +59,7 @@ class Resume:
         # (its counter runs on through an epoch).
         reporting.resumed_at(steps * per_step + self._loaded.accumulation_step % per_step)
         if accelerator.is_main_process:
-            print(f"[nbtrain] resumed from {self.source} (step {steps})", file=sys.stderr,
+            print(f"[nbtrain] resumed from {self.source.name} (step {steps})", file=sys.stderr,
                   flush=True)
 
     def registered(self, objects: list[Any], first: int) -> None:
