@@ -255,8 +255,9 @@ class WidgetView:
         names = _charted_names(state)[:MAX_CHARTS]
         if not names:
             return
-        legend = " ".join(
-            f'<span style="color:{rank_color(rank)}">■</span> rank {rank}'
+        legend = " ".join(  # an entry never breaks between its square and its number
+            f'<span style="white-space:nowrap"><span style="color:{rank_color(rank)}">■</span> '
+            f"rank {rank}</span>"
             for rank in sorted(state.ranks)
         )
         # Each chart keeps its size (readable text, all alike); they wrap when the width is short.
