@@ -24,6 +24,7 @@ entry (nbtrain's, and under fork the kernel's own stack before the fork) are cut
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import html
 import os
@@ -260,8 +261,11 @@ def with_label(
     body = bundle.get("text/html")
     if body is None:
         for mime in ("image/png", "image/jpeg"):
-            if isinstance(bundle.get(mime), str):
-                body = f'<img src="data:{mime};base64,{bundle[mime]}">'
+            image = bundle.get(mime)
+            if isinstance(image, bytes):  # a spawn rank's formatter gives raw bytes
+                image = bundle[mime] = base64.b64encode(image).decode("ascii")
+            if isinstance(image, str):
+                body = f'<img src="data:{mime};base64,{image}">'
                 break
     if body is not None:
         bundle["text/html"] = (

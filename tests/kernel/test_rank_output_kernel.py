@@ -192,6 +192,9 @@ notebook_launcher(show, num_processes=2, start_method="{method}")
     images = [out for out in shown if "image/png" in out["data"]]
     assert len(images) == 2
     assert all(out["data"]["text/plain"].startswith("[rank ") for out in images)
+    # What a frontend draws (the HTML form) carries the label too, under every start method.
+    assert sorted(re.search(r">rank (\d)</div><img ", out["data"].get("text/html", "")).group(1)
+                  for out in images) == ["0", "1"], [out["data"].keys() for out in images]
     assert FORK_WARNING not in log
 
 

@@ -200,3 +200,9 @@ def test_a_quick_warm_cell_gets_its_lines_at_the_end() -> None:
     assert cell.getvalue() == ""
     output.close()
     assert cell.getvalue() == "[rank 0] quick\n"
+
+
+def test_a_figure_sent_as_raw_png_bytes_is_labelled_too() -> None:
+    figure = cellout.labelled(0, {"image/png": b"\x89PNG", "text/plain": "<Figure>"})
+    assert figure["image/png"] == "iVBORw=="  # base64, as a notebook stores it
+    assert ">rank 0</div><img src=\"data:image/png;base64,iVBORw==\">" in figure["text/html"]
