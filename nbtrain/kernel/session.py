@@ -562,6 +562,12 @@ def start_ranks(
     first; otherwise that is an error saying so. The stop and resume options are
     notebook_launcher's, for every command (default project_dir: ``nbtrain-runs/session``)."""
     global _current
+    # Starting takes seconds (torch imported here, then a fresh Python per rank importing it
+    # too): say so at once rather than leave the cell empty.
+    began = time.monotonic()
+    if progress != "off":
+        print("nbtrain: starting warm ranks (importing torch, then a fresh Python per rank)...",
+              flush=True)
     config = build_config(
         num_processes=num_processes,
         start_method=start_method,
@@ -600,6 +606,9 @@ def start_ranks(
             )
         running.stop()
     ranks = Ranks(config, stop_options)
+    if config.progress is not ProgressMode.OFF:
+        print(f"nbtrain: {config.world_size} warm ranks ready in "
+              f"{time.monotonic() - began:.1f}s ({config.start.method.value})", flush=True)
     _current = ranks
     return ranks
 
