@@ -16,6 +16,7 @@ nothing forever: what waited longer than PATIENCE seconds is let through (``expi
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -96,10 +97,13 @@ class OutputOrder:
         if stream.waiting is not None:
             stream.held.append(line)
             return
-        mark = parse_mark(line.line)
+        text, mark = parse_mark(line.line)
         if mark is None:
             self._emit(line)
-        elif mark not in state.shown:  # a late mark of a display already let through: dropped
+            return
+        if text:  # a partial line the rank had printed before the display
+            self._emit(dataclasses.replace(line, line=text))
+        if mark not in state.shown:  # a late mark of a display already let through: dropped
             stream.waiting, stream.since = mark, time.monotonic()
 
     def _advance(self, state: _Process) -> None:

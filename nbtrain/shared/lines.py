@@ -39,11 +39,13 @@ def mark_line(mark: int) -> str:
     return f"{_MARK}{mark}\x00\n"
 
 
-def parse_mark(line: str) -> int | None:
-    """The number of a mark line, None for any other line."""
-    if not line.startswith(_MARK):
-        return None
+def parse_mark(line: str) -> tuple[str, int | None]:
+    """(text, number) of a line that ends in a mark: the text before it is what the rank had
+    printed without a newline (``print(..., end="")``); (line, None) for any other line."""
+    at = line.find(_MARK)
+    if at < 0:
+        return line, None
     try:
-        return int(line[len(_MARK) :].rstrip("\x00"))
+        return line[:at], int(line[at + len(_MARK) :].rstrip("\x00"))
     except ValueError:
-        return None
+        return line, None

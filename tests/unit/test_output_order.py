@@ -86,5 +86,15 @@ def test_release_lets_everything_through_in_order() -> None:
 
 
 def test_mark_lines_are_recognised_and_nothing_else_is() -> None:
-    assert parse_mark(mark_line(12).rstrip("\n")) == 12
-    assert parse_mark("nbtrain-display-mark 12") is None
+    assert parse_mark(mark_line(12).rstrip("\n")) == ("", 12)
+    assert parse_mark("nbtrain-display-mark 12") == ("nbtrain-display-mark 12", None)
+
+
+def test_a_partial_line_before_a_display_is_shown_before_it() -> None:
+    emitted: list = []
+    order = OutputOrder(emitted.append)
+    # print("loading...", end=""); display(...): the mark ends the rank's unfinished line.
+    order.line(0, Output(0, "stdout", "loading..." + mark_line(1).rstrip("\n")))
+    order.line(0, mark(1, "stderr"))
+    order.display(0, display(1))
+    assert names(emitted) == ["loading...", "display 1"]
