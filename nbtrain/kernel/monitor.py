@@ -83,6 +83,8 @@ class RankView:
     failure: str = ""  # one line: why this rank failed or was stopped
     stopped_as: str = ""  # a graceful stop: 'stopped (saved)' (the summary names the step)
     collateral: bool = False  # it failed only because a peer vanished
+    # It died without a word (killed, exited): it may have run past the last step it reported.
+    step_unsure: bool = False
     started_at: float | None = None  # of this attempt
     ended_at: float | None = None
     version: int = 0  # bumped whenever anything a row shows changed
@@ -266,7 +268,7 @@ def _busy_time(view: RankView, state: RunState) -> float:
 def _reset_attempt(view: RankView) -> None:
     """Forget what belonged to the rank's last attempt; keep its metrics and their history."""
     view.status, view.note, view.failure, view.collateral = RankStatus.STARTING, "", "", False
-    view.stopped_as = ""
+    view.stopped_as, view.step_unsure = "", False
     view.step, view.total, view.desc, view.loop, view.outer = 0, None, None, (None, None), ()
     view.rate, view._last_progress, view.iterations = None, None, 0
     view.started_at = view.ended_at = None
@@ -347,7 +349,7 @@ def _apply_exit(view: RankView, event: Exited) -> None:
     if event.stopped_by_launcher:
         view.status = RankStatus.STOPPED
     else:
-        view.status = RankStatus.FAILED
+        view.status, view.step_unsure = RankStatus.FAILED, True
         view.failure = (
             f"killed by {event.signal}" if event.signal else f"exited with code {event.exitcode}"
         )

@@ -357,3 +357,17 @@ def test_an_interrupted_run_shows_its_keyboardinterrupts_as_interrupted_not_fail
         (RankStatus.FAILED, ""),  # a real failure stays one
     ]
     assert format_status(state.ranks[0]) == "interrupted"
+
+
+def test_a_rank_killed_without_a_word_shows_its_step_as_a_lower_bound() -> None:
+    from nbtrain.display.formatting import format_steps
+
+    state = RunState([0, 1])
+    for rank in (0, 1):
+        state.apply(Started(rank, 1, "cpu", "h", rank))
+        state.apply(Progress(rank, 18, 100, "train"))
+    state.apply(Exited(0, -9, "SIGKILL", stopped_by_launcher=False))
+    assert format_steps(state.ranks[0]) == "train ≥18/100"  # it may have reached step 20
+    assert format_status(state.ranks[0]) == "failed: killed by SIGKILL"
+    state.apply(Failed(1, "ValueError", "bad", "tb", None, 1, False))
+    assert format_steps(state.ranks[1]) == "train 18/100"  # it said where it was
