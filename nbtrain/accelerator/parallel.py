@@ -180,5 +180,9 @@ def ensure_process_group(backend: str, timeout: float) -> bool:
         )
     if dist.is_initialized():
         return False
+    from nbtrain.rank.reporting import say
+
+    say(f"forming the process group ({backend}): waiting for every rank")
     dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout))
+    say("")
     return True

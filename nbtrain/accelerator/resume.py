@@ -15,10 +15,12 @@ working as before.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbtrain.accelerator import checkpoint, rng
+from nbtrain.rank import reporting
 from nbtrain.shared.checkpoints import read_meta
 
 if TYPE_CHECKING:
@@ -51,6 +53,14 @@ class Resume:
         )
         accelerator.gradient_state.step = self._loaded.accumulation_step
         accelerator._stops.resumed(self._loaded.steps)
+        # Say so (the cell keeps it), and chart on from the loop steps the checkpoint holds.
+        steps, per_step = self._loaded.steps, accelerator.gradient_state.num_steps
+        # Batches so far: those of the optimizer steps, and any of an unfinished accumulation
+        # (its counter runs on through an epoch).
+        reporting.resumed_at(steps * per_step + self._loaded.accumulation_step % per_step)
+        if accelerator.is_main_process:
+            print(f"[nbtrain] resumed from {self.source.name} (step {steps})", file=sys.stderr,
+                  flush=True)
 
     def registered(self, objects: list[Any], first: int) -> None:
         """Objects registered for checkpointing at indexes ``first``...: give them their state."""

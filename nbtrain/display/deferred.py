@@ -26,6 +26,11 @@ class DeferredView:
     def opened(self) -> bool:
         return self._view is not None
 
+    def pending(self) -> bool:
+        """The view is not shown yet (it may appear at the next draw): output written now
+        would land above it. A cell that ends first gets its output at the end."""
+        return self._view is None
+
     def draw(self, state: RunState) -> None:
         if self._view is None:
             if time.monotonic() < self._due:

@@ -21,9 +21,14 @@ def format_steps(view: RankView) -> str:
     """'train 40/100 ETA 0:05 12.3 it/s' (the parts that are known). The ETA comes before the
     rate: in a narrow column the text is cut at its end, and the ETA says more."""
     parts = [view.desc] if view.desc else []
-    parts.append(f"{view.step}/{view.total}" if view.total is not None else str(view.step))
+    # A rank that died without a word may have gone past the last step it reported (updates
+    # are coalesced): '≥18/100', not a count that looks exact.
+    at_least = "≥" if view.step_unsure and view.step != view.total else ""
+    parts.append(f"{at_least}{view.step}" + (f"/{view.total}" if view.total is not None else ""))
     eta = run_eta(view)
-    if eta is not None and not view.finished:
+    # A note (saving a checkpoint, waiting for a peer) means the loop is not moving: an ETA
+    # from the last rate would be stale.
+    if eta is not None and not view.finished and not view.note:
         parts.append(f"ETA {format_duration(eta)}")
     if view.rate:
         parts.append(f"{view.rate:.1f} it/s")

@@ -10,7 +10,7 @@ full text as its tooltip.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from html import escape
 
@@ -21,7 +21,7 @@ from nbtrain.kernel.monitor import RankStatus, RankView
 # text columns' sizes come from the row's width only (min-width 0: never from their text); when
 # the row is too narrow for them all they shrink together, so nothing leaves the row.
 COLUMNS = {
-    "label": "0 1 110px",
+    "label": "0 1 180px",  # 'rank 10 · cuda:10 · fsdp2' at 13 px; longer ends in "…"
     "bar": "1 1 0px",
     "steps": "0 1 27%",
     "metrics": "0 1 25%",
@@ -71,11 +71,9 @@ class RowCells:
 
 
 def row_cells(view: RankView) -> RowCells:
-    # ' · cpu · fsdp2': the device and, when not plain data parallelism, the strategy
-    device = "".join(f" · {escape(text)}" for text in (view.device, view.strategy) if text)
     value, maximum = bar_position(view)
     return RowCells(
-        label=f"<b>rank {view.rank}</b>{device}",
+        label=label_html(view),
         value=value,
         maximum=maximum,
         bar_style=BAR_STYLES[view.status],
@@ -84,6 +82,16 @@ def row_cells(view: RankView) -> RowCells:
         status=format_status(view),
         status_color=STATUS_COLORS.get(view.status),
     )
+
+
+def label_html(view: RankView) -> str:
+    """'<b>rank 0</b> · cpu · fsdp2' (the device and, when not plain data parallelism, the
+    strategy) on one line: a long device or rank number ends in "…" instead of wrapping onto
+    the next row; the whole label is its tooltip."""
+    extra = [text for text in (view.device, view.strategy) if text]
+    whole = escape(" · ".join([f"rank {view.rank}", *extra]))
+    device = "".join(f" · {escape(text)}" for text in extra)
+    return f'<span title="{whole}" style="{_ONE_LINE}"><b>rank {view.rank}</b>{device}</span>'
 
 
 def bar_position(view: RankView) -> tuple[int, int]:
@@ -107,23 +115,23 @@ def status_html(cells: RowCells) -> str:
     return one_line_html(cells.status, f";color:{color};font-weight:bold" if color else "")
 
 
-def static_row(view: RankView) -> str:
+def static_row(view: RankView, columns: Mapping[str, str] = COLUMNS) -> str:
     """The row as plain HTML (a CSS bar), laid out like the live row."""
     cells = row_cells(view)
     percent = 100 * cells.value / cells.maximum if cells.maximum else 0
     color = BAR_COLORS.get(cells.bar_style, BAR_COLORS[""])
     column = "min-width:0;overflow:hidden;flex:"
     parts = [
-        f'<div class="nbtrain-label" style="{column}{COLUMNS["label"]}">{cells.label}</div>',
+        f'<div class="nbtrain-label" style="{column}{columns["label"]}">{cells.label}</div>',
         f'<div class="nbtrain-bar" data-value="{cells.value}" data-max="{cells.maximum}" '
-        f'data-style="{cells.bar_style}" style="flex:{COLUMNS["bar"]};min-width:{BAR_MIN};'
+        f'data-style="{cells.bar_style}" style="flex:{columns["bar"]};min-width:{BAR_MIN};'
         'height:14px;background:#eee">'
         f'<div style="width:{percent:.1f}%;height:100%;background:{color}"></div></div>',
-        f'<div class="nbtrain-steps" style="{column}{COLUMNS["steps"]};padding-left:6px">'
+        f'<div class="nbtrain-steps" style="{column}{columns["steps"]};padding-left:6px">'
         f"{one_line_html(cells.steps)}</div>",
-        f'<div class="nbtrain-metrics" style="{column}{COLUMNS["metrics"]}">'
+        f'<div class="nbtrain-metrics" style="{column}{columns["metrics"]}">'
         f"{one_line_html(cells.metrics)}</div>",
-        f'<div class="nbtrain-status" style="{column}{COLUMNS["status"]}">'
+        f'<div class="nbtrain-status" style="{column}{columns["status"]}">'
         f"{status_html(cells)}</div>",
     ]
     return (
@@ -136,7 +144,12 @@ def static_row(view: RankView) -> str:
 def static_dashboard(title: str, ranks: Iterable[RankView], extras: Iterable[str]) -> str:
     """The whole dashboard as static HTML: title, a row per rank, then ``extras`` (markup of
     the charts, output and summary, as the live dashboard last showed them)."""
-    rows = "".join(static_row(view) for view in ranks)
+    views = list(ranks)
+    columns = COLUMNS
+    if not any(view.metrics for view in views):
+        # Nothing logged: the status (a failure's reason) gets the metrics' share of the row.
+        columns = {**COLUMNS, "metrics": "0 0 0px", "status": "0 1 41%"}
+    rows = "".join(static_row(view, columns) for view in views)
     tail = "".join(f"<div>{part}</div>" for part in extras if part)
     return (
         '<div class="nbtrain-static" style="width:100%;font-size:13px;line-height:1.4">'

@@ -26,8 +26,7 @@ from typing import Any, Protocol
 
 import ipywidgets as widgets
 
-from nbtrain.display.chart import WIDTH as CHART_WIDTH
-from nbtrain.display.chart import rank_color, svg_chart
+from nbtrain.display.chart import chart_image, rank_color
 from nbtrain.display.formatting import format_duration
 from nbtrain.display.rows import (
     BAR_MIN,
@@ -45,7 +44,6 @@ from nbtrain.shared.options import OutputMode
 
 MAX_LINE_CHARS = 400
 MAX_CHARTS = 3  # metrics charted side by side (the first ones logged)
-CHART_MIN = 200  # pixels: narrower, the axis labels would be too small to read
 # Seconds between redraws of the chart and of the output area. Each redraw rebuilds and resends
 # the whole markup: up to 3 charts of ~15 KB at full history, 200 output lines of ~40 KB. Twice
 # a second keeps the kernel's share and the traffic to the browser small (see chart.py) while
@@ -229,11 +227,15 @@ class WidgetView:
         self.title.value = LIVE_CSS + self._title_html(state)
 
     def _title_html(self, state: RunState) -> str:
-        title = escape(state.title) if state.title else f"{len(self.rows)} ranks"
+        name = state.title or f"{len(self.rows)} ranks"
         note = self._current_note(state)
         note_html = f' · <span class="nbtrain-note">{escape(note)}</span>' if note else ""
+        elapsed = format_duration(state.elapsed)
+        # A narrow notebook cuts the note ("... (interrupt again to stop at once)"): whole on
+        # hover.
         return one_line_html_markup(
-            f"<b>nbtrain</b> · {title} · {format_duration(state.elapsed)}{note_html}"
+            f"<b>nbtrain</b> · {escape(name)} · {elapsed}{note_html}",
+            tooltip=" · ".join(part for part in (f"nbtrain · {name} · {elapsed}", note) if part),
         )
 
     def _current_note(self, state: RunState) -> str:
@@ -253,19 +255,18 @@ class WidgetView:
         names = _charted_names(state)[:MAX_CHARTS]
         if not names:
             return
-        legend = " ".join(
-            f'<span style="color:{rank_color(rank)}">■</span> rank {rank}'
+        legend = " ".join(  # an entry never breaks between its square and its number
+            f'<span style="white-space:nowrap"><span style="color:{rank_color(rank)}">■</span> '
+            f"rank {rank}</span>"
             for rank in sorted(state.ranks)
         )
-        # Each chart scales down with the width (its SVG has a viewBox), two or three a line.
+        # Each chart keeps its size (readable text, all alike); they wrap when the width is short.
         charts = "".join(
-            f'<div style="flex:1 1 {CHART_MIN}px;max-width:{CHART_WIDTH}px">'
-            + svg_chart(name, {r: v.history.get(name, []) for r, v in state.ranks.items()})
-            + "</div>"
+            chart_image(name, {r: v.history.get(name, []) for r, v in state.ranks.items()})
             for name in names
         )
         self.charts.value = (
-            f'<div style="font-size:11px">{legend}</div>'
+            f'<div style="font-size:11px">{legend}{_more_metrics(state, names)}</div>'
             f'<div style="display:flex;flex-wrap:wrap;gap:8px">{charts}</div>'
         )
         self.charts.layout.display = ""
@@ -308,6 +309,15 @@ def final_text(state: RunState) -> str:
     return "\n".join(lines)
 
 
+def _more_metrics(state: RunState, charted: list[str]) -> str:
+    """' · also logged, not charted: lr, grad_norm': more metrics than MAX_CHARTS exist."""
+    names = {name: None for view in state.ranks.values() for name in view.history}
+    rest = [name for name in names if name not in charted]
+    if not rest:
+        return ""
+    return f" · also logged, not charted: {escape(', '.join(rest))}"
+
+
 def _charted_names(state: RunState) -> list[str]:
     """Metrics with a line to draw: two points on some rank. A metric logged once (or not yet
     twice) is shown by its value in the rows, not as an empty box with made-up axes."""
@@ -323,8 +333,11 @@ def _drawable(series: Sequence[tuple[int, float]]) -> bool:
     return sum(1 for _, value in series if math.isfinite(value)) >= 2
 
 
-def one_line_html_markup(markup: str) -> str:
-    """Markup kept on one line (the title): it ends in "…" when the dashboard is narrow."""
-    return f'<div style="white-space:nowrap;overflow:hidden;text-overflow:ellipsis">{markup}</div>'
-
-
+def one_line_html_markup(markup: str, tooltip: str = "") -> str:
+    """Markup kept on one line (the title): it ends in "…" when the dashboard is narrow, with
+    ``tooltip`` (plain text) shown whole on hover."""
+    title = f' title="{escape(tooltip)}"' if tooltip else ""
+    return (
+        f'<div{title} style="white-space:nowrap;overflow:hidden;text-overflow:ellipsis">'
+        f"{markup}</div>"
+    )

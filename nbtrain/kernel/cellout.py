@@ -24,6 +24,7 @@ entry (nbtrain's, and under fork the kernel's own stack before the fork) are cut
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import html
 import os
@@ -63,11 +64,15 @@ class CellOutput:
         mode: OutputMode,
         *,
         before_write: Callable[[], None] = lambda: None,
+        hold: Callable[[], bool] = lambda: False,
         stdout: TextIO | None = None,
         stderr: TextIO | None = None,
     ) -> None:
         self.mode = mode
         self._before_write = before_write  # a terminal view erases its live status line
+        # True while the view is still to appear (a warm cell's first 0.5 s, DeferredView):
+        # lines wait, so they come below the dashboard, as the later ones do.
+        self._hold = hold
         self._stdout, self._stderr = stdout, stderr
         self._pending: list[tuple[str, str]] = []  # (stream, text) in arrival order
         self._tokens = float(BURST)
@@ -129,8 +134,11 @@ class CellOutput:
 
     # -- lines out -------------------------------------------------------------------------
 
-    def flush(self, *, final: bool = False) -> None:
-        """Write what arrived since the last flush to the cell, one write per stream run."""
+    def flush(self, *, final: bool = False, now: bool = False) -> None:
+        """Write what arrived since the last flush to the cell, one write per stream run
+        (``now``: even while the view is still to appear)."""
+        if not (final or now) and self._hold():
+            return
         notice = self._notice(final)
         if final:
             for rank in sorted(self._dumped):
@@ -188,7 +196,7 @@ class CellOutput:
         """A rank's display: after the lines that came before it, in the cell."""
         if not self._shows(event.rank):
             return
-        self.flush()
+        self.flush(now=True)
         text = str(event.data.get("text/plain", "")).rstrip("\n")
         self._log(event.rank, "stdout", f"[display] {text}")
         if frontend() is not Frontend.JUPYTER:
@@ -253,14 +261,20 @@ def with_label(
     body = bundle.get("text/html")
     if body is None:
         for mime in ("image/png", "image/jpeg"):
-            if isinstance(bundle.get(mime), str):
-                body = f'<img src="data:{mime};base64,{bundle[mime]}">'
+            image = bundle.get(mime)
+            if isinstance(image, bytes):  # a spawn rank's formatter gives raw bytes
+                image = bundle[mime] = base64.b64encode(image).decode("ascii")
+            if isinstance(image, str):
+                body = f'<img src="data:{mime};base64,{image}">'
                 break
     if body is not None:
         bundle["text/html"] = (
             f'<div class="{css_class}"><div style="font-size:smaller;opacity:0.7">'
             f"{html.escape(label)}</div>{body}</div>"
         )
+    elif isinstance(bundle.get("text/markdown"), str):
+        # Markdown without HTML (frontends render it as is): the label as its first line.
+        bundle["text/markdown"] = f"<sub>{html.escape(label)}</sub>\n\n{bundle['text/markdown']}"
     return bundle
 
 

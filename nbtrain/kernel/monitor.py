@@ -54,6 +54,7 @@ class Verdict(Enum):
     STOPPED = "stopped"  # interrupted or stopped from outside: nothing failed
 
 
+INTERRUPTED = "KeyboardInterrupt:"  # how a Failed rank's one-line reason starts after Ctrl-C
 OUTPUT_CAP = 5000  # lines kept for display; a chatty rank cannot grow the kernel without bound
 HISTORY_CAP = 2000  # points kept per metric and rank; older points are thinned, not dropped
 RATE_SMOOTHING = 0.3  # weight of the newest interval in the it/s estimate
@@ -85,6 +86,8 @@ class RankView:
     failure: str = ""  # one line: why this rank failed or was stopped
     stopped_as: str = ""  # a graceful stop: 'stopped (saved)' (the summary names the step)
     collateral: bool = False  # it failed only because a peer vanished
+    # It died without a word (killed, exited): it may have run past the last step it reported.
+    step_unsure: bool = False
     started_at: float | None = None  # of this attempt
     ended_at: float | None = None
     version: int = 0  # bumped whenever anything a row shows changed
@@ -207,6 +210,14 @@ class RunState:
                 if not view.finished:
                     view.status, view.ended_at = RankStatus.STOPPED, self.ended_at
                     view.version += 1
+        if self.verdict is Verdict.STOPPED:
+            # The KeyboardInterrupt of an interrupted run (warm ranks raise it in the cell's
+            # code) is how the rank was stopped, not a failure of its own.
+            for view in self.ranks.values():
+                if view.status is RankStatus.FAILED and view.failure.startswith(INTERRUPTED):
+                    view.status, view.stopped_as = RankStatus.STOPPED, "interrupted"
+                    view.failure = ""
+                    view.version += 1
         self.version += 1
 
     @property
@@ -267,7 +278,7 @@ def _busy_time(view: RankView, state: RunState) -> float:
 def _reset_attempt(view: RankView) -> None:
     """Forget what belonged to the rank's last attempt; keep its metrics and their history."""
     view.status, view.note, view.failure, view.collateral = RankStatus.STARTING, "", "", False
-    view.stopped_as = ""
+    view.stopped_as, view.step_unsure = "", False
     view.step, view.total, view.desc, view.loop, view.outer = 0, None, None, (None, None), ()
     view.rate, view._last_progress, view.iterations = None, None, 0
     view.started_at = view.ended_at = None
@@ -319,14 +330,16 @@ def _update_rate(view: RankView, at: float) -> None:
 
 
 def _apply_log(view: RankView, event: Log) -> None:
-    view.metrics.update(event.values)
     step = event.step if event.step is not None else view.iterations
-    for name, value in event.values.items():
-        series = view.history.setdefault(name, [])
-        series.append((step, value))
-        if len(series) > HISTORY_CAP:
-            # Keep the chart light: drop every other point of the older half (never the first).
-            del series[1 : len(series) // 2 : 2]
+    for at, values in (*event.earlier, (step, event.values)):
+        view.metrics.update(values)
+        for name, value in values.items():
+            series = view.history.setdefault(name, [])
+            series.append((at, value))
+            if len(series) > HISTORY_CAP:
+                # Keep the chart light: drop every other point of the older half (never the
+                # first).
+                del series[1 : len(series) // 2 : 2]
 
 
 def _apply_exit(view: RankView, event: Exited) -> None:
@@ -346,7 +359,7 @@ def _apply_exit(view: RankView, event: Exited) -> None:
     if event.stopped_by_launcher:
         view.status = RankStatus.STOPPED
     else:
-        view.status = RankStatus.FAILED
+        view.status, view.step_unsure = RankStatus.FAILED, True
         view.failure = (
             f"killed by {event.signal}" if event.signal else f"exited with code {event.exitcode}"
         )

@@ -80,7 +80,9 @@ class Run:
             else open_view(config)
         )
         self.output = CellOutput(
-            config.output, before_write=getattr(self.view, "erase_status", _nothing)
+            config.output,
+            before_write=getattr(self.view, "erase_status", _nothing),
+            hold=getattr(self.view, "pending", _never),
         )
         self.state.add_output_listener(self.output.take)
         self.deadline: float | None = None
@@ -321,6 +323,10 @@ class Run:
 
 def _nothing() -> None:
     pass
+
+
+def _never() -> bool:
+    return False
 
 
 def _interrupted_summary(exc: BaseException, state: RunState) -> str:

@@ -302,7 +302,12 @@ class Ranks:
         if supervisor.timed_out:
             self._time_out(run, supervisor, restarted=False)
         if supervisor.interrupted:
-            run.abandon(KeyboardInterrupt())
+            # Not a failure, and nothing was stopped: the dashboard says what the error says.
+            run.end(
+                f"Interrupted after {run.state.elapsed:.1f}s: every rank is idle again, "
+                "its state kept",
+                Verdict.STOPPED,
+            )
             raise KeyboardInterrupt(
                 "every rank was interrupted and is idle again; their state is kept"
             ) from None
@@ -557,6 +562,12 @@ def start_ranks(
     first; otherwise that is an error saying so. The stop and resume options are
     notebook_launcher's, for every command (default project_dir: ``nbtrain-runs/session``)."""
     global _current
+    # Starting takes seconds (torch imported here, then a fresh Python per rank importing it
+    # too): say so at once rather than leave the cell empty.
+    began = time.monotonic()
+    if progress != "off":
+        print("nbtrain: starting warm ranks (importing torch, then a fresh Python per rank)...",
+              flush=True)
     config = build_config(
         num_processes=num_processes,
         start_method=start_method,
@@ -595,6 +606,9 @@ def start_ranks(
             )
         running.stop()
     ranks = Ranks(config, stop_options)
+    if config.progress is not ProgressMode.OFF:
+        print(f"nbtrain: {config.world_size} warm ranks ready in "
+              f"{time.monotonic() - began:.1f}s ({config.start.method.value})", flush=True)
     _current = ranks
     return ranks
 

@@ -17,10 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
+from nbtrain.kernel.outorder import OutputOrder
 from nbtrain.kernel.processes import RankProcess, has_exited, kill_overdue, reap, request_stop
 from nbtrain.shared import stacks
 from nbtrain.shared.errors import signal_name
 from nbtrain.shared.events import (
+    Display,
     Event,
     Exited,
     Failed,
@@ -72,6 +74,8 @@ class Supervisor:
         self._grace = grace
         self._exit_wait = exit_wait
         self._streams: dict[int, _Stream] = {}
+        # A rank's lines and displays come through separate pipes: put back in its order.
+        self._order = OutputOrder(lambda event: self._emit(event))
         self._processes = {rank_process.rank: rank_process for rank_process in ranks}
         for rank_process in ranks:
             out, err, evt = rank_process.pipes.reader_fds()
@@ -206,6 +210,7 @@ class Supervisor:
             assert isinstance(ready, int)
             if ready in self._streams:
                 self._pump(self._streams[ready], budget=READ_BUDGET)
+        self._order.expire()
         # A failure that arrived as an event stops the others before exits are collected, so a
         # rank that reported it and already exited still counts as asked to stop (the view shows
         # a peer-loss rank as stopped, not failed).
@@ -285,6 +290,13 @@ class Supervisor:
             request_stop(rank_process, terminate=rank_process.rank not in self._reported)
 
     def _emit_event(self, event: Event, process_rank: int) -> None:
+        if isinstance(event, Display):
+            # Its marks are in the stdout and stderr pipes already (written before it).
+            for stream in self._streams.values():
+                if stream.rank == process_rank and stream.kind != "events":
+                    self._pump(stream, budget=READ_BUDGET)
+            self._order.display(process_rank, event)
+            return
         rank_process = self._processes[process_rank]
         if isinstance(event, Failed) and _after_stop(event, rank_process):
             # Its SIGTERM handler raised (some libraries turn SIGTERM into an exception): a
@@ -320,6 +332,7 @@ class Supervisor:
         for stream in self._streams.values():
             if stream.rank == rank_process.rank:
                 self._pump(stream)
+        self._order.release(rank_process.rank)
         exitcode = reap(rank_process)
         signal = signal_name(-exitcode) if exitcode is not None and exitcode < 0 else None
         self._emit(
@@ -339,7 +352,8 @@ class Supervisor:
             self._pump(stream)
             if stream.kind != "events":
                 for line in stream.splitter.flush():
-                    self._emit(Output(stream.rank, stream.kind, line))
+                    self._order.line(stream.rank, Output(stream.rank, stream.kind, line))
+        self._order.release()
 
     def _pump(self, stream: _Stream, budget: int | None = None) -> None:
         """Read what the pipe holds (at most ``budget`` bytes; all of it when None)."""
@@ -355,7 +369,7 @@ class Supervisor:
                 stream.open = False
                 if stream.kind != "events":
                     for line in stream.splitter.flush():
-                        self._emit(Output(stream.rank, stream.kind, line))
+                        self._order.line(stream.rank, Output(stream.rank, stream.kind, line))
                 return
             taken += len(chunk)
             if stream.kind == "events":
@@ -363,7 +377,9 @@ class Supervisor:
             else:
                 dumping = self._dumps is not None and stream.kind == "stderr"
                 for line in stream.splitter.feed(chunk):
-                    self._emit(Output(stream.rank, stream.kind, line, dump=dumping))
+                    self._order.line(
+                        stream.rank, Output(stream.rank, stream.kind, line, dump=dumping)
+                    )
                     if self._dumps is not None and dumping:
                         self._dumps.get(stream.rank, []).append(line)
 

@@ -46,7 +46,19 @@ def is_collateral(exc: BaseException) -> bool:
     )
 
 
+# torch.distributed used before any process group exists (a first %%ranks cell, a function
+# that never made an Accelerator): what to do, said where the error is.
+_NO_GROUP = "Default process group has not been initialized"
+NO_GROUP_HINT = (
+    "nbtrain: no process group exists in this rank yet. Make one first: nbtrain.Accelerator() "
+    "(it forms the group), or torch.distributed.init_process_group('gloo') (or 'nccl'); in "
+    "warm ranks, once in a %%ranks cell."
+)
+
+
 def failure_event(rank: int, exc: BaseException, exitcode: int) -> Failed:
+    if _NO_GROUP in str(exc) and hasattr(exc, "add_note"):
+        exc.add_note(NO_GROUP_HINT)
     tb = _from_the_users_code(exc.__traceback__)
     text = "".join(traceback.format_exception(type(exc), exc, tb))
     return Failed(

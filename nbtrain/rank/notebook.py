@@ -25,7 +25,7 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from nbtrain.rank import imports, runtime, tqdm_bridge
+from nbtrain.rank import imports, process, runtime, tqdm_bridge
 from nbtrain.shared.events import Display
 
 MAX_BUNDLE = 8 << 20  # bytes of one display's mime bundle sent to the kernel
@@ -56,8 +56,9 @@ def send(data: dict[str, Any], metadata: dict[str, Any] | None = None,
         data = {"text/plain": f"(a display of {size / 2**20:.1f} MiB ({kinds}) was not sent: "
                 f"the limit is {MAX_BUNDLE >> 20} MiB; save it to a file instead)"}
         metadata = None
+    mark = process.mark_output()  # after what the rank printed so far, before what follows
     current.sink.send(
-        Display(current.info.rank, data, dict(metadata or {}), display_id, update)
+        Display(current.info.rank, data, dict(metadata or {}), display_id, update, mark=mark)
     )
 
 

@@ -16,6 +16,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from nbtrain.shared import stacks
+from nbtrain.shared.lines import mark_line
 
 
 def prepare(close_fds: tuple[int, ...], stdout: Connection, stderr: Connection) -> None:
@@ -75,6 +76,24 @@ def fork_children_on_linux() -> None:
         multiprocessing.set_start_method("fork", force=True)
 
 
+_MARKS = {"pid": 0, "count": 0}  # the process whose fds 1 and 2 are the kernel's pipes
+
+
+def mark_output() -> int:
+    """Before a display: flush, and write the next mark to the kernel's stdout and stderr pipes
+    (kernel/outorder.py puts the display between the lines around it). 0 where fds 1 and 2
+    are not this rank's pipes (a rank in the kernel's process, a forked DataLoader worker)."""
+    if _MARKS["pid"] != os.getpid():
+        return 0
+    flush_streams()
+    _MARKS["count"] += 1
+    line = mark_line(_MARKS["count"]).encode()
+    with contextlib.suppress(OSError):
+        os.write(1, line)
+        os.write(2, line)
+    return _MARKS["count"]
+
+
 def redirect_output(stdout_fd: int, stderr_fd: int) -> None:
     """Point fds 1 and 2 (C code too) at the kernel's pipes; Python streams flush per line."""
     # No flush of the inherited streams: under fork they are the kernel's, and whatever they
@@ -87,6 +106,7 @@ def redirect_output(stdout_fd: int, stderr_fd: int) -> None:
     # Code that bypasses sys.stdout (faulthandler, print(file=sys.__stderr__)) must land here too.
     setattr(sys, "__stdout__", sys.stdout)  # noqa: B010 - typeshed marks these Final
     setattr(sys, "__stderr__", sys.stderr)  # noqa: B010
+    _MARKS["pid"] = os.getpid()
 
 
 def _line_buffer_c_stdout() -> None:

@@ -2,7 +2,10 @@
 
 Usable from any rank (raw DDP code, an Accelerator, a Trainer callback). Each step of a progress
 loop costs a counter increment and a clock read; events go out at most every INTERVAL seconds
-(the latest state, coalesced), plus always the final step of a loop. Updates that may be
+(the latest state, coalesced), plus always the final step of a loop. Coalescing merges the
+updates, never the data: every metric value logged at a step is kept (HELD_CAP at most, thinned
+as the kernel's history is) and sent with the next update, up to POINTS_PER_LOG steps in one
+Log. Updates that may be
 coalesced go through the sink's ``try_send`` when it has one (a write that would block is
 declined and retried at the next update), so a slow kernel never stalls training; the final step
 of a loop and the metrics logged up to then are sent for sure with ``send``. Outside a launch
@@ -27,11 +30,16 @@ from typing import Any, Protocol, TypeVar
 from nbtrain.rank import runtime
 from nbtrain.rank.gpu_usage import GpuSampler
 from nbtrain.rank.runtime import Runtime
-from nbtrain.shared.events import Event, EventSink, Log, Progress, Strategy
+from nbtrain.shared.events import Event, EventSink, Log, Progress, Status, Strategy
 
 T = TypeVar("T")
 
 INTERVAL = 0.1  # seconds between updates a rank sends while a loop runs (about 10 per second)
+# Logged steps held for the next update (the kernel keeps as many per metric, monitor.HISTORY_CAP):
+# past that, older ones are thinned as the kernel's history is (every other one of the older
+# half, never the first) rather than memory grow while the kernel is behind.
+HELD_CAP = 2000
+POINTS_PER_LOG = 50  # logged steps per Log event: a few metrics' worth fits one pipe packet
 LOOP_SEPARATOR = " · "  # joins nested loops' descriptions: 'epoch 2/3 · train'
 
 
@@ -62,13 +70,32 @@ def announce_strategy(name: str) -> None:
         current.sink.send(Strategy(current.info.rank, name))
 
 
+def say(text: str) -> None:
+    """What this rank is busy with while it shows no progress ('forming the process group'),
+    in its row until it moves on; '' clears it. Nothing outside a launch."""
+    current = runtime.current()
+    if current is not None:
+        with contextlib.suppress(OSError):  # the kernel's end is gone: being stopped anyway
+            current.sink.send(Status(current.info.rank, text))
+
+
+def resumed_at(step: int) -> None:
+    """A run resumed from a checkpoint taken after ``step`` loop steps: default log() steps go on
+    from there, so the chart's step axis continues the first run's instead of restarting."""
+    current = runtime.current()
+    if current is not None:
+        reporter = reporter_for(current)
+        reporter.global_step = reporter.log_calls = step
+
+
 def log(values: Mapping[str, Any], step: int | None = None) -> None:
     """Report metrics of this rank, e.g. ``log({"loss": loss.item()})``.
 
     Values may be Python numbers, NumPy scalars or one-element tensors. ``step`` defaults to the
-    number of progress() iterations this rank completed (or of earlier log() calls when it uses
-    no progress()). Inside a progress() loop logs are coalesced with the loop's updates; the
-    last value of every metric always reaches the kernel.
+    number of progress() iterations this rank completed, counting the one running (the first
+    step's loss is at step 1, the N-th's at N, as "Stopped at step N" counts), or of earlier
+    log() calls when it uses no progress(). Inside a progress() loop logs go out with the
+    loop's updates (coalesced messages; every value logged reaches the kernel).
     """
     numbers_only = _check_values(values)
     if step is not None and (isinstance(step, bool) or not isinstance(step, numbers.Integral)):
@@ -105,7 +132,7 @@ def open_bar(total: int | None = None, desc: str | None = None) -> ProgressHandl
 class Bar:
     """One open progress loop of a rank. ``progress()`` drives it; integrations may too."""
 
-    __slots__ = ("desc", "leaf", "n", "reporter", "total")
+    __slots__ = ("desc", "in_body", "leaf", "n", "reporter", "total")
 
     def __init__(self, reporter: Reporter, total: int | None, desc: str | None) -> None:
         self.reporter = reporter
@@ -113,6 +140,9 @@ class Bar:
         self.desc = desc
         self.n = 0
         self.leaf = True  # no loop was ever opened inside this one: its steps are real steps
+        # progress() runs the loop's body while n still counts the steps before it; a bar
+        # driven by update_to() is told a step once it is done.
+        self.in_body = False
 
     def update_to(self, step: int) -> None:
         """Set the completed step count (for callers that know it, e.g. a Trainer)."""
@@ -138,7 +168,7 @@ class Reporter:
         self.rank = current.info.rank
         self.sink = current.sink
         self.bars: list[Bar] = []  # open loops, innermost last
-        self.pending: dict[str, tuple[int, float]] = {}  # metric -> (step, value) not yet sent
+        self.pending: list[tuple[int, dict[str, float]]] = []  # (step, values) not yet sent
         self.next_due = 0.0  # monotonic time of the next coalesced update
         self.global_step = 0
         self.used_progress = False
@@ -183,12 +213,13 @@ class Reporter:
     def log(self, values: dict[str, float], step: int | None) -> None:
         if step is None:
             step = self.global_step if self.used_progress else self.log_calls
+            if self.bars and self.bars[-1].leaf and self.bars[-1].in_body:
+                step += 1  # the step running now: its loss is the N-th step's, as summaries say
         self.log_calls += 1
         if not self.bars:
             self._log_outside_a_loop(values, step)
             return
-        for name, value in values.items():
-            self.pending[name] = (step, value)
+        self._hold(step, values)
         # A metric's first value goes out at once: a chart then starts at its first point.
         first = not self._seen.issuperset(values)
         if first:
@@ -201,14 +232,24 @@ class Reporter:
             self._send_gpu_usage(final=True)
             self.sink.send(Log(self.rank, values, step))
             return
-        for name, value in values.items():
-            self.pending[name] = (step, value)
+        self._hold(step, values)
         if time.monotonic() >= self.next_due:
             self._window.clear()  # a new interval: every name may go out once more
         elif self._window.issuperset(values):
             return  # repeats within the interval: held for the next update or flush()
-        self._window.update(self.pending)
+        for _, held in self.pending:
+            self._window.update(held)
         self.flush()
+
+    def _hold(self, step: int, values: dict[str, float]) -> None:
+        """Keep the values for the next update: a point per step, in the order logged."""
+        pending = self.pending
+        if pending and pending[-1][0] == step:
+            pending[-1][1].update(values)  # more metrics (or a newer value) of the same step
+            return
+        pending.append((step, dict(values)))
+        if len(pending) > HELD_CAP:
+            del pending[1 : len(pending) // 2 : 2]
 
     def flush(self, *, final: bool = False) -> None:
         """Send what changed since the last update; ``final`` sends even to a slow kernel."""
@@ -221,15 +262,11 @@ class Reporter:
                     return  # the kernel is behind: keep everything pending, try next time
                 self._sent = state
         self._send_gpu_usage(final)
-        groups = _by_step(self.pending)
-        self.pending = {}
-        for index, (step, values) in enumerate(groups):
-            if not self._offer(Log(self.rank, values, step), final):
-                # Keep what did not go out for the next update.
-                self.pending = {
-                    name: (later, value) for later, rest in groups[index:]
-                    for name, value in rest.items()
-                }
+        groups, self.pending = self.pending, []
+        for start in range(0, len(groups), POINTS_PER_LOG):
+            *earlier, (step, values) = groups[start : start + POINTS_PER_LOG]
+            if not self._offer(Log(self.rank, values, step, earlier=tuple(earlier)), final):
+                self.pending = groups[start:] + self.pending  # the rest goes with the next update
                 return
 
     def _send_gpu_usage(self, final: bool) -> None:
@@ -282,6 +319,7 @@ def _rank_progress(
     reporter: Reporter, iterable: Iterable[T], total: int | None, desc: str | None
 ) -> Iterator[T]:
     bar = reporter.open(total, desc)
+    bar.in_body = True
     complete = False
     monotonic = time.monotonic
     try:
@@ -339,14 +377,6 @@ def _compose_desc(bars: list[Bar]) -> str | None:
         for bar in bars[:-1]
     ]
     return LOOP_SEPARATOR.join([*outer, inner or "loop"])
-
-
-def _by_step(pending: dict[str, tuple[int, float]]) -> list[tuple[int, dict[str, float]]]:
-    """Pending metrics grouped into one Log per step they were logged at."""
-    groups: dict[int, dict[str, float]] = {}
-    for name, (step, value) in pending.items():
-        groups.setdefault(step, {})[name] = value
-    return list(groups.items())
 
 
 def _resolve_total(iterable: Iterable[Any], total: int | None) -> int | None:

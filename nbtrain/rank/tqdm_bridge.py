@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import importlib
 import io
+import numbers
 import sys
 from types import ModuleType
 from typing import Any
 
 from nbtrain.rank import imports
-from nbtrain.rank.reporting import ProgressHandle, open_bar
+from nbtrain.rank.reporting import ProgressHandle, log, open_bar
 
 # tqdm's front ends: a bar made from one of these classes becomes a RankTqdm in a rank.
 FRONTENDS = {"tqdm.std", "tqdm.notebook", "tqdm.rich", "tqdm.asyncio", "tqdm.auto",
@@ -80,6 +81,17 @@ def _rank_class(base: type) -> type:
             bar.update_to(int(self.n))
             return True
 
+        def set_postfix(self, ordered_dict: Any = None, refresh: bool = True,
+                        **kwargs: Any) -> None:
+            """tqdm's postfix (``set_postfix(loss=...)``): its numbers are logged too, at the
+            bar's step, so they show in the rank's row and chart like ``nbtrain.log``'s."""
+            super().set_postfix(ordered_dict, refresh=refresh, **kwargs)
+            values = {**dict(ordered_dict or {}), **kwargs}
+            found = {str(name): number for name, value in values.items()
+                     if (number := _number(value)) is not None}
+            if found and not self.disable:
+                log(found, step=int(self.n))
+
         def close(self) -> None:
             if self.disable:
                 return
@@ -94,6 +106,19 @@ def _rank_class(base: type) -> type:
     RankTqdm.__module__ = __name__
     RankTqdm.__qualname__ = "RankTqdm"
     return RankTqdm
+
+
+def _number(value: Any) -> float | None:
+    """A postfix value as a float when it is one number (int, float, NumPy or one-element
+    tensor); None for text and anything else."""
+    if isinstance(value, (bool, str, bytes)):
+        return None
+    if isinstance(value, numbers.Real) or getattr(value, "numel", lambda: 0)() == 1:
+        try:
+            return float(value)
+        except (TypeError, ValueError, RuntimeError):
+            return None
+    return None
 
 
 def _plain_trainer_progress() -> None:

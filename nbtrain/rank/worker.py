@@ -24,7 +24,7 @@ from nbtrain.rank import (
 from nbtrain.rank.failures import exit_code_of, failure_event
 from nbtrain.rank.payload import pack_result, unpack_call
 from nbtrain.rank.runtime import Runtime
-from nbtrain.shared.events import EventSink, Finished, PipeWriter, Started, Stopped
+from nbtrain.shared.events import EventSink, Finished, PipeWriter, Started, Status, Stopped
 from nbtrain.shared.specs import RankSpec
 from nbtrain.shared.stopping import TrainingStopped
 
@@ -32,8 +32,11 @@ from nbtrain.shared.stopping import TrainingStopped
 def call_and_report(rank: int, payload: bytes, sink: EventSink, send_result: bool) -> int:
     """Run the function; send Finished or Failed. Returns the exit code for the process."""
     try:
+        # Unpickling imports what the function needs (torch first, in a fresh spawn rank).
+        sink.send(Status(rank, "loading the function and importing its modules"))
         function, args, kwargs = unpack_call(payload)
         inherited.forget_cached_devices(function, args, kwargs)
+        sink.send(Status(rank, ""))
         try:
             value = function(*args, **kwargs)
         finally:

@@ -105,6 +105,9 @@ class Log:
     values: dict[str, float]
     step: int | None = None
     time: float = field(default_factory=now)
+    # Points logged before (values, step) since the rank's last update, oldest first: one
+    # event carries an interval's points, and every point reaches the chart.
+    earlier: tuple[tuple[int, dict[str, float]], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +132,9 @@ class Display:
     display_id: str | None = None
     update: bool = False
     time: float = field(default_factory=now)
+    # The number of the mark the rank wrote to its stdout and stderr just before (0: none):
+    # the kernel shows the display between the lines written before and after it.
+    mark: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import codecs
 
 MAX_LINE = 1 << 16  # a "line" longer than this is emitted in pieces rather than held forever
+_MARK = "\x00nbtrain-display-mark "  # NULs: a line no program prints by itself
 
 
 class LineSplitter:
@@ -30,3 +31,21 @@ class LineSplitter:
         rest = self._partial + self._decoder.decode(b"", final=True)
         self._partial = ""
         return [rest.rsplit("\r", 1)[-1]] if rest else []
+
+
+def mark_line(mark: int) -> str:
+    """The line a rank writes to its stdout and stderr before its display numbered ``mark``
+    (kernel/outorder.py), never shown."""
+    return f"{_MARK}{mark}\x00\n"
+
+
+def parse_mark(line: str) -> tuple[str, int | None]:
+    """(text, number) of a line that ends in a mark: the text before it is what the rank had
+    printed without a newline (``print(..., end="")``); (line, None) for any other line."""
+    at = line.find(_MARK)
+    if at < 0:
+        return line, None
+    try:
+        return line[:at], int(line[at + len(_MARK) :].rstrip("\x00"))
+    except ValueError:
+        return line, None

@@ -265,7 +265,7 @@ def test_rows_fit_their_columns_stop_cleanly_and_survive_save_and_reopen(server)
             time.sleep(1.0)
             reopened = fresh.evaluate(
                 "() => ({static: document.querySelectorAll('.nbtrain-static').length,"
-                " svg: document.querySelectorAll('.nbtrain-static svg').length,"
+                " charts: document.querySelectorAll('.nbtrain-static img.nbtrain-chart').length,"
                 " text: document.body.innerText})"
             )
             reopened_rows = fresh.evaluate(ROWS_JS, STATIC_ROWS)
@@ -293,7 +293,7 @@ def test_rows_fit_their_columns_stop_cleanly_and_survive_save_and_reopen(server)
             steps = cols[2]["title"]  # where it was: the interrupt came in epoch 2 or later
             assert "ETA" not in steps and "/400" in steps and "epoch 1/3" not in steps, steps
     assert reopened["static"] == 2, reopened
-    assert reopened["svg"] >= 2  # the charts of both launches
+    assert reopened["charts"] >= 2  # the charts of both launches
     assert "Error displaying widget" not in reopened["text"]
     assert "model not found" not in reopened["text"]
     assert [cols[0]["status"] for cols in reopened_rows] == ["stopped", "failed",

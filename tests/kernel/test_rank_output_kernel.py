@@ -4,6 +4,7 @@ outputs, and no rank ever sends over the kernel's sockets."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -146,6 +147,7 @@ def training_function():
         for step in range(6):
             time.sleep(0.01)
             progress_bar.update(1)
+            progress_bar.set_postfix(loss=1.0 / (epoch + 1), note="text is not a metric")
 notebook_launcher(training_function, num_processes=2)
 """
 
@@ -161,6 +163,8 @@ def test_tqdm_auto_in_ranks_drives_their_rows_and_sends_nothing_from_the_fork(ex
     )
     for rank in (0, 1):
         assert re.search(rf"\[rank {rank}\] 18/18", final), final
+        assert re.search(rf"\[rank {rank}\] 18/18 .*it/s loss 0.3333 done", final), final
+    assert "text is not a metric" not in final  # set_postfix's numbers are metrics, text not
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
@@ -188,6 +192,9 @@ notebook_launcher(show, num_processes=2, start_method="{method}")
     images = [out for out in shown if "image/png" in out["data"]]
     assert len(images) == 2
     assert all(out["data"]["text/plain"].startswith("[rank ") for out in images)
+    # What a frontend draws (the HTML form) carries the label too, under every start method.
+    assert sorted(re.search(r">rank (\d)</div><img ", out["data"].get("text/html", "")).group(1)
+                  for out in images) == ["0", "1"], [out["data"].keys() for out in images]
     assert FORK_WARNING not in log
 
 
@@ -227,3 +234,42 @@ notebook_launcher(fit, num_processes=2, start_method="fork")
     # Transformers shows its bar on the main process only (is_world_process_zero).
     assert re.search(r"\[rank 0\] 6/6", final), final
     assert "\r" not in streams(cell)
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_ranks_prints_and_displays_keep_their_order(execute, method):
+    """Lines and displays travel through different pipes; the cell shows them as made."""
+    notebook, _ = execute([f"""
+from nbtrain import notebook_launcher
+def talk():
+    import os, sys
+    from IPython.display import HTML, display
+    rank = os.environ["RANK"]
+    for i in range(25):
+        print(f"before {{i}}")
+        display(HTML(f"<i>shown {{rank}} {{i}}</i>"))
+        print(f"after {{i}}", file=sys.stderr if i % 2 else sys.stdout)
+notebook_launcher(talk, num_processes=2, start_method="{method}")
+"""])
+    seen: dict[str, list[str]] = {"0": [], "1": []}
+    for output in notebook.cells[0].outputs:
+        if output["output_type"] == "stream":
+            for rank, text in re.findall(r"\[rank (\d)\] (\w+ \d+)", output["text"]):
+                seen[rank].append(text)
+        elif output["output_type"] == "display_data":
+            for rank, i in re.findall(r"shown (\d) (\d+)", output["data"].get("text/html", "")):
+                seen[rank].append(f"shown {i}")
+    for rank, made in seen.items():
+        # Between two displays: the lines printed between them (stdout and stderr are two pipes
+        # that race each other, as in a terminal: their lines keep their order within a stream).
+        shown = [text for text in made if text.startswith("shown")]
+        assert shown == [f"shown {i}" for i in range(25)], (rank, made)
+        between: list[set[str]] = [set()]
+        for text in made:
+            if text.startswith("shown"):
+                between.append(set())
+            else:
+                between[-1].add(text)
+        assert between == [{"before 0"}, *({f"after {i}", f"before {i + 1}"} for i in range(24)),
+                           {"after 24"}], (rank, made)
+    assert "nbtrain-display-mark" not in json.dumps(notebook.cells[0].outputs)

@@ -207,3 +207,20 @@ def test_the_trainer_callback_reports_steps_and_logs_from_every_rank(received, t
         names = set().union(*(e.values for e in of(received, Log, rank)))
         assert {"loss", "eval_loss", "train_loss"} <= names
         assert of(received, Log, rank)[-1].step == max_steps
+
+
+def accelerated() -> int:
+    from nbtrain import Accelerator
+
+    return Accelerator().process_index
+
+
+def test_a_starting_rank_says_what_it_is_busy_with(received: list[Event]) -> None:
+    from nbtrain.shared.events import Status
+
+    notebook_launcher(accelerated, num_processes=2, start_method="spawn", progress="off")
+    for rank in (0, 1):
+        notes = [event.text for event in of(received, Status, rank)]
+        assert notes[:2] == ["loading the function and importing its modules", ""], notes
+        assert any(note.startswith("forming the process group") for note in notes), notes
+        assert notes[-1] == "", notes  # said, then cleared: the row does not keep a stale note

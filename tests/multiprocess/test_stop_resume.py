@@ -17,7 +17,9 @@ import torch
 import torch._dynamo  # (DDP imports it; loading it once here keeps forked ranks fast)
 from torch.utils.data import DataLoader, TensorDataset
 
-from nbtrain import Accelerator, WorkerError, notebook_launcher, set_seed
+from nbtrain import Accelerator, WorkerError, log, notebook_launcher, set_seed
+from nbtrain.kernel.monitor import RunState
+from nbtrain.shared.events import Log
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -79,6 +81,7 @@ def train(
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad()
+            log({"loss": loss.item()})  # the chart's step axis must go on after a resume
             seen.batches += 1
             if marker and accelerator.is_main_process and not os.path.exists(marker):
                 Path(marker).write_text("training")
@@ -268,15 +271,28 @@ def test_periodic_checkpoints_by_time_are_agreed_by_every_rank(tmp_path: Path) -
 
 
 def test_resume_continues_the_numbering_and_the_step_count(
-    tmp_path: Path, reference: dict[str, Any]
+    tmp_path: Path, reference: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     stopped_run(tmp_path, 0.2)
     project = tmp_path / "project"
+    logged: list[Log] = []
+    original = RunState.apply
+
+    def apply(self: RunState, event: Any) -> None:
+        if isinstance(event, Log) and event.rank == 0:
+            logged.append(event)
+        original(self, event)
+
+    monkeypatch.setattr(RunState, "apply", apply)
     again = notebook_launcher(
         train, num_processes=2, resume=True, checkpoint_every=10, total_limit=None,
         project_dir=project, **QUIET,
     )
     assert same(again, reference)
+    first = json.loads((project / "checkpoints" / "checkpoint_0" / "nbtrain_checkpoint.json")
+                       .read_text())["steps"]
+    start = logged[0].earlier[0][0] if logged[0].earlier else logged[0].step
+    assert first > 0 and start == first  # the chart goes on where the first run was
     metas = {
         p.name: json.loads((p / "nbtrain_checkpoint.json").read_text())
         for p in (project / "checkpoints").iterdir()

@@ -4,13 +4,14 @@ lost: flood control in the cell, every line in the launch's log folder."""
 from __future__ import annotations
 
 import io
+import time
 from pathlib import Path
 
 import pytest
 
 from nbtrain.kernel import cellout
 from nbtrain.kernel.cellout import CellOutput
-from nbtrain.kernel.monitor import RunState
+from nbtrain.kernel.monitor import OutputLine, RunState
 from nbtrain.shared.events import Output
 from nbtrain.shared.options import OutputMode
 
@@ -149,3 +150,59 @@ def test_interleaved_stack_dumps_are_written_rank_by_rank() -> None:
     assert shown[0] == "[rank 0] before the timeout"
     assert [line.split("]")[0] + "]" for line in shown[1:]] == ["[rank 0]"] * 2 + ["[rank 1]"] * 3
     assert shown[1:3] == [f"[rank 0] {arrivals[2][1]}", f"[rank 0] {arrivals[4][1]}"]
+
+
+def test_every_rich_form_of_a_rank_display_carries_the_rank() -> None:
+    markdown = cellout.labelled(3, {"text/markdown": "**loss** fell", "text/plain": "<Markdown>"})
+    assert markdown["text/markdown"].startswith("<sub>rank 3</sub>\n\n**loss** fell")
+    assert markdown["text/plain"] == "[rank 3] <Markdown>"
+    figure = cellout.labelled(1, {"image/png": "iVBOR", "text/plain": "<Figure>"})
+    assert "rank 1" in figure["text/html"] and 'src="data:image/png;base64,iVBOR"' in (
+        figure["text/html"]
+    )
+
+
+def test_a_warm_cells_first_lines_come_below_its_view_not_above() -> None:
+    from nbtrain.display.deferred import DeferredView
+
+    cell = io.StringIO()
+
+    class Shown:
+        def draw(self, state: RunState) -> None:
+            if "VIEW" not in cell.getvalue():
+                cell.write("VIEW\n")
+
+        def close(self, state: RunState) -> None:
+            pass
+
+        def note(self, text: str) -> None:
+            pass
+
+    view = DeferredView(Shown, after=0.05)
+    output = CellOutput(OutputMode.ALL, stdout=cell, stderr=cell, hold=view.pending)
+    state = RunState([0])
+    output.take(OutputLine(0, 0, "stdout", "early"))
+    output.flush()
+    view.draw(state)
+    assert cell.getvalue() == ""  # held: the view may still appear
+    time.sleep(0.06)
+    output.flush()
+    view.draw(state)
+    output.flush()
+    assert cell.getvalue() == "VIEW\n[rank 0] early\n"
+
+
+def test_a_quick_warm_cell_gets_its_lines_at_the_end() -> None:
+    cell = io.StringIO()
+    output = CellOutput(OutputMode.ALL, stdout=cell, stderr=cell, hold=lambda: True)
+    output.take(OutputLine(0, 0, "stdout", "quick"))
+    output.flush()
+    assert cell.getvalue() == ""
+    output.close()
+    assert cell.getvalue() == "[rank 0] quick\n"
+
+
+def test_a_figure_sent_as_raw_png_bytes_is_labelled_too() -> None:
+    figure = cellout.labelled(0, {"image/png": b"\x89PNG", "text/plain": "<Figure>"})
+    assert figure["image/png"] == "iVBORw=="  # base64, as a notebook stores it
+    assert ">rank 0</div><img src=\"data:image/png;base64,iVBORw==\">" in figure["text/html"]

@@ -12,7 +12,7 @@ from nbtrain.display.formatting import format_steps, run_eta
 from nbtrain.display.rows import static_row
 from nbtrain.display.widgets import WidgetView
 from nbtrain.kernel.monitor import RankStatus, RunState, Verdict
-from nbtrain.shared.events import Failed, Log, Progress, Started
+from nbtrain.shared.events import Failed, Log, Progress, Started, Status
 from nbtrain.shared.options import OutputMode
 
 
@@ -81,7 +81,7 @@ def test_a_metric_logged_once_gives_no_empty_chart_but_its_value() -> None:
     state.finish("Done")
     view.close(state)
     markup = recorder.updates[-1]["text/html"]
-    assert "<svg" not in markup
+    assert "<svg" not in markup and "nbtrain-chart" not in markup
     assert "accuracy_on_the_validation_set 0.91" in html.unescape(markup)
 
 
@@ -94,3 +94,39 @@ def test_a_long_failure_is_ellipsized_with_the_full_text_as_tooltip() -> None:
     row = static_row(state.ranks[0])
     assert f'title="failed: {failure}"' in html.unescape(row)
     assert "text-overflow:ellipsis" in row
+
+
+def test_without_metrics_a_failure_gets_the_metrics_share_of_the_row() -> None:
+    recorder = Recorder()
+    view = WidgetView(output=OutputMode.NONE, world_size=1, display=recorder)
+    state = RunState([0])
+    state.apply(Started(0, 1, "cpu", "h", 0))
+    state.apply(Failed(0, "RuntimeError", "killed by SIGKILL " + "x" * 40, "tb", None, 1, False))
+    state.finish("Failed")
+    view.close(state)
+    markup = recorder.updates[-1]["text/html"]
+    assert 'class="nbtrain-status" style="min-width:0;overflow:hidden;flex:0 1 41%' in markup
+
+
+def test_the_header_shows_its_whole_text_on_hover() -> None:
+    recorder = Recorder()
+    view = WidgetView(output=OutputMode.NONE, world_size=1, display=recorder)
+    state = RunState([0], title="a <title>")
+    state.apply(Started(0, 1, "cpu", "h", 0))
+    view.draw(state)
+    view.note("stopping at the next step (interrupt again to stop at once)")
+    header = view.title.value
+    assert 'title="nbtrain · a &lt;title&gt; · ' in header
+    assert "(interrupt again to stop at once)\"" in header
+
+
+def test_no_eta_while_a_rank_says_it_is_busy_elsewhere() -> None:
+    state = RunState([0])
+    state.apply(Started(0, 1, "cpu", "h", 0))
+    for step, at in ((5, 1.0), (10, 1.5)):
+        state.apply(Progress(0, step, 100, "train", time=at))
+    assert "ETA" in format_steps(state.ranks[0])
+    state.apply(Status(0, "saving checkpoint_3"))
+    assert "ETA" not in format_steps(state.ranks[0])
+    state.apply(Progress(0, 11, 100, "train", time=2.0))
+    assert "ETA" in format_steps(state.ranks[0])

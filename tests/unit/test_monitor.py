@@ -339,3 +339,35 @@ def test_an_output_listener_gets_every_line_even_beyond_the_cap(
         state.apply(Output(0, "stdout", f"line {i}"))
     assert heard == [f"line {i}" for i in range(25)]
     assert len(state.lines_since(0)) == 10  # the deque (for the widget) stays capped
+
+
+def test_an_interrupted_run_shows_its_keyboardinterrupts_as_interrupted_not_failed() -> None:
+    # Warm ranks: Ctrl-C raises KeyboardInterrupt in the cell's code on every rank; the ranks
+    # stay idle with their state, so nothing failed.
+    state = RunState([0, 1, 2])
+    for rank in (0, 1, 2):
+        state.apply(Started(rank, 1, "cpu", "h", rank))
+    state.apply(Failed(0, "KeyboardInterrupt", "", "tb", None, 1, False))
+    state.apply(Failed(1, "KeyboardInterrupt", "", "tb", None, 1, False))
+    state.apply(Failed(2, "ValueError", "bad", "tb", None, 1, False))
+    state.finish("Interrupted after 1.0s: every rank is idle again, its state kept",
+                 Verdict.STOPPED)
+    assert [(v.status, v.stopped_as) for v in state.ranks.values()] == [
+        (RankStatus.STOPPED, "interrupted"), (RankStatus.STOPPED, "interrupted"),
+        (RankStatus.FAILED, ""),  # a real failure stays one
+    ]
+    assert format_status(state.ranks[0]) == "interrupted"
+
+
+def test_a_rank_killed_without_a_word_shows_its_step_as_a_lower_bound() -> None:
+    from nbtrain.display.formatting import format_steps
+
+    state = RunState([0, 1])
+    for rank in (0, 1):
+        state.apply(Started(rank, 1, "cpu", "h", rank))
+        state.apply(Progress(rank, 18, 100, "train"))
+    state.apply(Exited(0, -9, "SIGKILL", stopped_by_launcher=False))
+    assert format_steps(state.ranks[0]) == "train ≥18/100"  # it may have reached step 20
+    assert format_status(state.ranks[0]) == "failed: killed by SIGKILL"
+    state.apply(Failed(1, "ValueError", "bad", "tb", None, 1, False))
+    assert format_steps(state.ranks[1]) == "train 18/100"  # it said where it was

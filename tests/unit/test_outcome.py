@@ -202,3 +202,19 @@ def test_a_long_error_cut_in_the_summary_still_counts_as_the_same():
     outcome.apply(failed(0, 1.0, message=long))
     outcome.apply(failed(1, 1.1, message=long))
     assert str(outcome.error()).splitlines()[1] == "  rank 1 raised the same error"
+
+
+def test_torch_distributed_used_before_a_process_group_says_what_to_do() -> None:
+    import torch.distributed as dist
+
+    from nbtrain.rank.failures import NO_GROUP_HINT, failure_event
+
+    assert not dist.is_initialized()
+    try:
+        dist.get_rank()
+    except (ValueError, RuntimeError) as exc:
+        event = failure_event(0, exc, 1)
+    else:  # pragma: no cover - torch changed: the test must notice
+        raise AssertionError("get_rank() without a process group did not raise")
+    assert NO_GROUP_HINT in event.traceback
+    assert "nbtrain.Accelerator()" in NO_GROUP_HINT

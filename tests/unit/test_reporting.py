@@ -157,17 +157,44 @@ def test_a_break_shows_where_the_inner_loop_stopped_until_the_outer_moves_on(sin
     assert (last.step, last.total, last.desc) == (2, 2, "epoch")
 
 
+def _points(logs: list[Log], name: str) -> list[tuple[int, float]]:
+    """Every (step, value) of ``name`` the events carry, in order (as the kernel charts them)."""
+    return [(step, values[name]) for event in logs
+            for step, values in (*event.earlier, (event.step, event.values)) if name in values]
+
+
 def test_logs_in_a_loop_are_coalesced_and_the_last_values_arrive(sink) -> None:
     for i in progress(range(2000)):
         log({"loss": float(i), "lr": 0.1})
     logs = sink.of(Log)
-    assert len(logs) < 50  # coalesced, not 2000
+    assert len(logs) <= 2000 // reporting.POINTS_PER_LOG + 50  # batched, not one per step
     last = {}
     for event in logs:
         last.update(event.values)
     assert last == {"loss": 1999.0, "lr": 0.1}
-    assert logs[-1].step == 1999  # at the step count when it was logged
+    assert logs[-1].step == 2000  # the step running when it was logged (the 2000th)
     assert logs[0].values == {"loss": 0.0, "lr": 0.1}  # first values at once: charts start there
+
+
+def test_every_logged_point_arrives_however_updates_are_coalesced(sink) -> None:
+    # Notebook 01's pattern: a few logs inside a fast loop, several within one update interval.
+    for i in progress(range(400)):
+        if i % 50 == 0:
+            log({"loss": 1.0 / (i + 1)})
+    assert _points(sink.of(Log), "loss") == [(i + 1, 1.0 / (i + 1)) for i in range(0, 400, 50)]
+
+
+def test_points_held_for_a_slow_kernel_arrive_in_order() -> None:
+    slow = SlowKernelSink()
+    with runtime.activate(Runtime(RankInfo(0, 0, 1, 1), slow)):
+        for i in progress(range(300)):
+            time.sleep(0.001)
+            log({"loss": float(i)})
+            if i % 3 == 0:
+                log({"acc": float(i)})  # another metric at the same step: one point of both
+    logs = slow.of(Log)
+    assert _points(logs, "loss") == [(i + 1, float(i)) for i in range(300)]
+    assert _points(logs, "acc") == [(i + 1, float(i)) for i in range(0, 300, 3)]
 
 
 @pytest.fixture
@@ -187,7 +214,8 @@ def test_logs_outside_a_loop_are_coalesced_and_the_final_values_arrive(pipe) -> 
             log({"grad_norm": 2.0})  # a new metric goes out at once, even mid-interval
             assert pipe.of(Log)[-1].values["grad_norm"] == 2.0
     elapsed = time.monotonic() - start
-    assert len(pipe.of(Log)) <= elapsed / reporting.INTERVAL + 4  # not 2000
+    batches = 2000 // reporting.POINTS_PER_LOG
+    assert len(pipe.of(Log)) <= elapsed / reporting.INTERVAL + batches + 4  # not 2000
     reporting.flush()  # what the worker does before it reports the rank's end
     last: dict[str, float] = {}
     for event in pipe.of(Log):
@@ -286,8 +314,8 @@ def test_a_slow_kernel_gets_fewer_updates_and_still_the_latest_state() -> None:
             log({"loss": float(i)})
     steps = [e.step for e in slow.of(Progress)]
     assert steps == sorted(steps) and steps[-1] == 500 and len(steps) >= 2
-    losses = [e.values["loss"] for e in slow.of(Log)]
-    assert losses == sorted(losses) and losses[-1] == 499.0  # held-back values are not lost
+    losses = [value for _, value in _points(slow.of(Log), "loss")]
+    assert losses == [float(i) for i in range(500)]  # held-back values are not lost
 
 
 def test_open_bar_is_driven_by_explicit_steps(sink) -> None:
@@ -349,3 +377,14 @@ def test_text_bar_redraws_in_place_on_a_terminal(monkeypatch: pytest.MonkeyPatch
     bar.close(complete=True)
     text = stream.getvalue()
     assert text.startswith("\rt: 0/3") and text.endswith("\n") and text.count("\n") == 1
+
+
+def test_a_loss_logged_in_step_n_is_charted_at_step_n_like_the_summary_counts(sink) -> None:
+    for _epoch in progress(range(2)):
+        for _batch in progress(range(127)):
+            log({"loss": 1.0})  # inside the step that is running: steps 1..254
+        log({"val": 0.5})  # after the epoch's batches: the steps done so far
+    losses = _points(sink.of(Log), "loss")
+    assert losses[0][0] == 1 and losses[-1][0] == 254
+    assert [step for step, _ in _points(sink.of(Log), "val")] == [127, 254]
+    assert sink.of(Progress)[-1].step == 2  # the outer loop's end; the inner one ended at 127
