@@ -6,34 +6,34 @@ A ``Run`` owns a launch from validated options to the value returned in the cell
 - the view (widgets or text) and its throttled redraws;
 - the ranks' output as the cell's own output, and the launch's log folder (cellout.py);
 - the deadline of ``timeout=`` and what to say about where each rank was stuck;
-- the interrupt rule: while ranks are being stopped a second Ctrl-C is deferred, never lost;
+- the Ctrl-C policy it gives its rank group (a graceful stop first, with on_interrupt=);
 - the ending: deliver the values, or raise ``WorkerError`` / ``TimeoutError`` / the interrupt,
   with the view closed first in every case (a broken frontend never masks the outcome).
 
-Launch paths are small strategies that start processes and feed the run: ``local.py`` (ranks on
-this machine), ``xla.py`` (torch_xla's host process), ``agent.py`` (torch's elastic agent: one
-attempt per restart) and ``inprocess.py`` (``num_processes=1`` in the kernel itself). The warm
-ranks of a distributed session reuse one ``Run`` per cell.
+The processes themselves belong to a ``RankGroup`` (group/): start, the one watch loop, Ctrl-C,
+stacks, teardown. Launch paths are small strategies that give the run a group and feed it:
+``local.py`` (ranks on this machine), ``xla.py`` (torch_xla's host process), ``agent.py``
+(torch's elastic agent: one attempt per restart; its own loop, see ``supervisor()``) and
+``inprocess.py`` (``num_processes=1`` in the kernel itself). The warm ranks of a distributed
+session run one ``Run`` per cell on their group.
 
 The interface, in the order a launch uses it::
 
     run = Run(config, ranks, title)     # shows the view at once
     run.emit(event)                     # every event, from a Supervisor or in process
-    run.supervise(started)              # the watch loop until every rank exited (or raise)
+    run.supervise(group)                # start the group, watch until every rank exited
     value = run.finish(supervisor)      # deliver, or raise the root cause / TimeoutError
 
-plus ``tick()`` (a throttled redraw), ``say(text)`` (a node-level status), ``new_attempt()``
-(restarts), ``stopping()`` (defer Ctrl-C while ranks are stopped), ``abandon(exc)`` and
-``end(summary, verdict)`` for paths that own their loop (the elastic agent).
+plus ``tick()`` (a throttled redraw), ``say(text)`` (a node-level status), ``interrupts()``
+(the Ctrl-C policy), ``new_attempt()`` (restarts), ``abandon(exc)`` and ``end(summary,
+verdict)`` for paths that own their loop (the elastic agent).
 """
 
 from __future__ import annotations
 
 import contextlib
-import signal
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from nbtrain.display import View, make_view
@@ -41,19 +41,18 @@ from nbtrain.display.deferred import DeferredView
 from nbtrain.kernel import processes, tracebacks
 from nbtrain.kernel.cellout import CellOutput
 from nbtrain.kernel.config import LaunchConfig
+from nbtrain.kernel.group import Interrupts, RankGroup, rankgroup
 from nbtrain.kernel.monitor import RunState, Verdict
 from nbtrain.kernel.option_names import given, to_raise
 from nbtrain.kernel.outcome import Outcome
-from nbtrain.kernel.supervisor import EXIT_WAIT, Supervisor
+from nbtrain.kernel.supervisor import Supervisor
 from nbtrain.shared import checkpoints, stacks
 from nbtrain.shared.errors import RemoteTraceback, ResultError, WorkerError
 from nbtrain.shared.events import Display, Event, Stopped
 
-GRACE = 2.0  # seconds between SIGTERM and SIGKILL when stopping ranks (read at each use)
 REFRESH = 0.1  # seconds between redraws of the view (about 10 per second)
-STOPPING = "stopping at the next optimizer step to save a checkpoint…"  # a graceful stop's note
 
-__all__ = ["EXIT_WAIT", "GRACE", "REFRESH", "Run", "open_view", "sigint_deferred"]
+__all__ = ["REFRESH", "Run", "open_view"]
 
 
 def open_view(config: LaunchConfig) -> View:
@@ -87,7 +86,6 @@ class Run:
         self.ended = False
         self._last_draw = 0.0
         self._note = ""
-        self._stop_asked = False
         self.view.draw(self.state)  # shown at once; the text view sees every output line
 
     # -- feeding the run -------------------------------------------------------------------
@@ -101,9 +99,6 @@ class Run:
 
     def tick(self) -> None:
         """Publish the ranks' new output lines and redraw, at most every REFRESH seconds."""
-        if self._stop_asked:
-            self._stop_asked = False
-            self.say(f"{STOPPING} (interrupt again to stop at once)")
         now = time.monotonic()
         if now - self._last_draw >= REFRESH:
             self._last_draw = now
@@ -138,78 +133,42 @@ class Run:
         failed: Callable[[], bool] | None = None,
     ) -> Supervisor:
         """A Supervisor over ``started`` feeding this run (``emit``/``failed`` override how:
-        the XLA host fans its exit out to ordinals, the agent also stops on other nodes' news)."""
+        the elastic agent also stops on other nodes' news). Only for the elastic agent, whose
+        loop is torch's; every other launch watches through ``supervise``."""
         return Supervisor(
             started,
             emit or self.emit,
             failed=failed or self.outcome.has_failure,
-            grace=GRACE,
-            exit_wait=EXIT_WAIT,
+            grace=rankgroup.GRACE,
+            exit_wait=rankgroup.EXIT_WAIT,
         )
 
     # -- the watch loop ----------------------------------------------------------------------
 
     def supervise(
-        self,
-        start: Callable[[], list[processes.RankProcess]],
-        *,
-        emit: Callable[[Event], None] | None = None,
-        cleanup: Callable[[], None] = lambda: None,
+        self, group: RankGroup, *, emit: Callable[[Event], None] | None = None
     ) -> Supervisor:
-        """Start the ranks with ``start()`` and watch them until every one exited. Whatever
-        interrupts it (Ctrl-C, an error here) stops every rank first, ends the view, runs
-        ``cleanup`` and re-raises."""
+        """Start the group's ranks and watch them until every one exited (``emit``: how events
+        reach the run; the XLA host fans its exit out to ordinals). Whatever interrupts it
+        (Ctrl-C, an error here) stops every rank first, ends the view, closes the group and
+        re-raises."""
         __tracebackhide__ = True
         self.start_clock()
-        started: list[processes.RankProcess] = []
-        supervisor: Supervisor | None = None
         try:
-            started = start()
-            supervisor = self.supervisor(started, emit=emit)
-            with self.graceful_interrupts(supervisor):
-                supervisor.run(self.deadline, self.tick)
-            supervisor.drain()
-        except BaseException as exc:
-            with sigint_deferred():
-                processes.stop(started, GRACE)
-                if supervisor is not None:
-                    supervisor.drain()
-                self.abandon(exc)
-                processes.close(started)
-                cleanup()
-            if isinstance(exc, KeyboardInterrupt):
-                # Where the watch loop was is no news to the user: the cell line and this.
-                raise KeyboardInterrupt(f"every rank was stopped{self._kept()}") from None
-            raise
-        processes.close(started)
-        cleanup()
+            with group.stopped_on_error(self.abandon):
+                supervisor = group.start(emit or self.emit, self.outcome.has_failure)
+                group.watch(self.deadline, self.tick, self.interrupts())
+        except KeyboardInterrupt:
+            # Where the watch loop was is no news to the user: the cell line and this.
+            raise KeyboardInterrupt(f"every rank was stopped{self._kept()}") from None
+        group.close()
         return supervisor
 
-    # -- a graceful stop (on_interrupt="checkpoint", shared/stopping.py) ------------------------
-
-    @contextlib.contextmanager
-    def graceful_interrupts(self, supervisor: Supervisor) -> Iterator[None]:
-        """With on_interrupt="checkpoint": the first Ctrl-C asks the ranks to save and stop at
-        their next optimizer step; the second stops everything at once (KeyboardInterrupt)."""
+    def interrupts(self, *, keep: bool = False) -> Interrupts:
+        """This run's Ctrl-C policy (group/interrupts.py); ``keep``: warm ranks stay."""
         policy = self.config.stopping
-        if policy is None or not policy.on_interrupt:
-            yield
-            return
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-
-        def on_sigint(signum: int, frame: Any) -> None:
-            if supervisor.stop_asked:
-                raise KeyboardInterrupt
-            supervisor.ask_to_stop()
-            self._stop_asked = True  # said by the next tick(): no drawing inside a handler
-
-        previous = signal.signal(signal.SIGINT, on_sigint)
-        try:
-            yield
-        finally:
-            signal.signal(signal.SIGINT, previous)
+        graceful = policy is not None and policy.on_interrupt
+        return Interrupts(graceful=graceful, keep=keep, say=self.say)
 
     def _kept(self) -> str:
         """After an interrupt under a stop policy: which checkpoint the next run resumes from."""
@@ -327,20 +286,3 @@ def _interrupted_summary(exc: BaseException, state: RunState) -> str:
     if isinstance(exc, KeyboardInterrupt):
         return f"Interrupted after {state.elapsed:.1f}s: every rank was stopped"
     return f"Stopped after {state.elapsed:.1f}s: {type(exc).__name__}: {exc}"
-
-
-@contextlib.contextmanager
-def sigint_deferred() -> Iterator[None]:
-    """A second Ctrl-C while we stop the ranks must not leave them running: it is held and
-    raised once they are stopped."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pending: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if pending:
-        raise KeyboardInterrupt

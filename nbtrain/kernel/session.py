@@ -39,11 +39,12 @@ from typing import Any
 
 from nbtrain.kernel import environment, processes
 from nbtrain.kernel.config import LaunchConfig, build_config, check_function
+from nbtrain.kernel.group import GRACE, STOPPING, sigint_deferred
 from nbtrain.kernel.local import rank_specs
 from nbtrain.kernel.monitor import Verdict
 from nbtrain.kernel.payload import prepare_call, share
 from nbtrain.kernel.rendezvous import LocalRendezvous, open_local
-from nbtrain.kernel.run import GRACE, STOPPING, Run, sigint_deferred
+from nbtrain.kernel.run import Run
 from nbtrain.kernel.stopping import build_policy
 from nbtrain.kernel.supervisor import Supervisor
 from nbtrain.rank import session_entry

@@ -478,9 +478,9 @@ def test_ranks_stop_promptly_even_if_the_kernel_has_a_python_sigterm_handler(mon
             raise ValueError("early")
         dist.init_process_group("gloo")  # blocks in C++ waiting for rank 1, forever
 
-    import nbtrain.kernel.run
+    from nbtrain.kernel.group import rankgroup
 
-    monkeypatch.setattr(nbtrain.kernel.run, "GRACE", 60.0)  # only SIGTERM can end it sooner
+    monkeypatch.setattr(rankgroup, "GRACE", 60.0)  # only SIGTERM can end it sooner
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
     try:
         start = time.monotonic()
@@ -582,9 +582,9 @@ def leave_something_running():
 def test_a_rank_that_returned_but_cannot_exit_is_stopped_and_its_result_kept(
     method, monkeypatch, capsys
 ):
-    import nbtrain.kernel.run
+    from nbtrain.kernel.group import rankgroup
 
-    monkeypatch.setattr(nbtrain.kernel.run, "EXIT_WAIT", 1.0)  # the default is a few seconds
+    monkeypatch.setattr(rankgroup, "EXIT_WAIT", 1.0)  # the default is a few seconds
     values = notebook_launcher(leave_something_running, num_processes=2, start_method=method,
                                return_all=True, progress="off")
     assert values == [0, 10]

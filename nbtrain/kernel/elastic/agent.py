@@ -56,12 +56,13 @@ from nbtrain.kernel.elastic.news import (
 )
 from nbtrain.kernel.elastic.node import NodeCoordinator
 from nbtrain.kernel.elastic.one_node import LocalCoordinator
+from nbtrain.kernel.group import rankgroup, sigint_deferred
 from nbtrain.kernel.local import rank_specs
 from nbtrain.kernel.monitor import Verdict
 from nbtrain.kernel.outcome import Outcome
 from nbtrain.kernel.payload import PreparedCall, released
 from nbtrain.kernel.rendezvous import LocalRendezvous
-from nbtrain.kernel.run import GRACE, Run, sigint_deferred
+from nbtrain.kernel.run import Run
 from nbtrain.kernel.supervisor import Supervisor
 from nbtrain.rank import rank_entry
 from nbtrain.shared.errors import LaunchError, RemoteTraceback, WorkerError
@@ -312,7 +313,7 @@ class NodeAgent(SimpleElasticAgent):
         if not self.started:
             return
         with sigint_deferred():
-            processes.stop(self.started, GRACE)
+            processes.stop(self.started, rankgroup.GRACE)
             self._close_ranks()
 
     # -- verdicts -------------------------------------------------------------------------------
