@@ -61,7 +61,7 @@ class RankGroup:
         self, ranks: set[int], emit: Callable[[Event], None], failed: Callable[[], bool]
     ) -> None:
         """Warm ranks: a command runs on ``ranks``; ``watch`` returns once each reported."""
-        self._channel().begin_cell(ranks, emit, failed)
+        self.channel.begin_cell(ranks, emit, failed)
 
     def watch(
         self,
@@ -74,7 +74,7 @@ class RankGroup:
         """The one watch loop: until every rank exited (warm: reported the command), with
         ``tick`` after every turn and Ctrl-C as ``interrupts`` says. ``first`` runs under that
         policy already (the warm ranks' commands are sent there)."""
-        supervisor = self._channel()
+        supervisor = self.channel
         with interrupts.handling(supervisor) as check:
             first()
 
@@ -87,7 +87,7 @@ class RankGroup:
 
     def step(self, deadline: float | None) -> None:
         """One turn of the loop, for callers whose loop is someone else's (torch's agent)."""
-        self._channel().step(deadline)
+        self.channel.step(deadline)
 
     @contextlib.contextmanager
     def stopped_on_error(self, ending: Callable[[BaseException], None]) -> Iterator[None]:
@@ -131,7 +131,9 @@ class RankGroup:
         processes.close(self.processes)
         self.backend.close()
 
-    def _channel(self) -> Supervisor:
+    @property
+    def channel(self) -> Supervisor:
+        """The Supervisor reading the ranks' pipes (its flags: stopping, timed_out, ...)."""
         if self.supervisor is None:
             raise RuntimeError("the rank group was not started: call start() first")
         return self.supervisor
