@@ -13,7 +13,7 @@ A ``Run`` owns a launch from validated options to the value returned in the cell
 The processes themselves belong to a ``RankGroup`` (group/): start, the one watch loop, Ctrl-C,
 stacks, teardown. Launch paths are small strategies that give the run a group and feed it:
 ``local.py`` (ranks on this machine), ``xla.py`` (torch_xla's host process), ``agent.py``
-(torch's elastic agent: one attempt per restart; its own loop, see ``supervisor()``) and
+(torch's elastic agent: a group per attempt, stepped from torch's loop) and
 ``inprocess.py`` (``num_processes=1`` in the kernel itself). The warm ranks of a distributed
 session run one ``Run`` per cell on their group.
 
@@ -38,10 +38,10 @@ from typing import Any, NoReturn
 
 from nbtrain.display import View, make_view
 from nbtrain.display.deferred import DeferredView
-from nbtrain.kernel import processes, tracebacks
+from nbtrain.kernel import tracebacks
 from nbtrain.kernel.cellout import CellOutput
 from nbtrain.kernel.config import LaunchConfig
-from nbtrain.kernel.group import Interrupts, RankGroup, rankgroup
+from nbtrain.kernel.group import Interrupts, RankGroup
 from nbtrain.kernel.monitor import RunState, Verdict
 from nbtrain.kernel.option_names import given, to_raise
 from nbtrain.kernel.outcome import Outcome
@@ -125,24 +125,6 @@ class Run:
         self.outcome = Outcome(self.ranks)
         self.state.restart()
 
-    def supervisor(
-        self,
-        started: list[processes.RankProcess],
-        *,
-        emit: Callable[[Event], None] | None = None,
-        failed: Callable[[], bool] | None = None,
-    ) -> Supervisor:
-        """A Supervisor over ``started`` feeding this run (``emit``/``failed`` override how:
-        the elastic agent also stops on other nodes' news). Only for the elastic agent, whose
-        loop is torch's; every other launch watches through ``supervise``."""
-        return Supervisor(
-            started,
-            emit or self.emit,
-            failed=failed or self.outcome.has_failure,
-            grace=rankgroup.GRACE,
-            exit_wait=rankgroup.EXIT_WAIT,
-        )
-
     # -- the watch loop ----------------------------------------------------------------------
 
     def supervise(
@@ -221,15 +203,17 @@ class Run:
             self.stopped(stops)
         return self.deliver()
 
-    def deliver(self) -> Any:
+    def deliver(self, results: dict[int, Any] | None = None) -> Any:
         """The ranks succeeded: end the view and return their values (this node's first
-        rank's, or every rank's with ``return_all``). ResultError if one cannot be loaded."""
+        rank's, or every rank's with ``return_all``): ``results``, or the outcome's (then
+        ResultError if one cannot be loaded)."""
         __tracebackhide__ = True
-        try:
-            results = self.outcome.results()
-        except ResultError as error:
-            self.end(self.state.failed_summary(error), Verdict.FAILED)
-            raise
+        if results is None:
+            try:
+                results = self.outcome.results()
+            except ResultError as error:
+                self.end(self.state.failed_summary(error), Verdict.FAILED)
+                raise
         self.end(self.state.done_summary())
         if self.config.return_all:
             return [results.get(rank) for rank in sorted(self.state.ranks)]
@@ -243,21 +227,27 @@ class Run:
             cause = RemoteTraceback(error.remote_traceback)
         raise error from cause
 
-    def time_out(self, stuck: dict[int, list[str]]) -> NoReturn:
+    def time_out(self, stuck: dict[int, list[str]], *, in_process: bool = False) -> NoReturn:
+        """End as timed out; ``in_process``: the function ran in the kernel (inprocess.py)."""
         __tracebackhide__ = True
         self.end(f"Timed out after {self.config.timeout:g}s", Verdict.TIMED_OUT)
-        raise TimeoutError(self.timeout_message(stuck))
+        raise TimeoutError(self.timeout_message(stuck, in_process=in_process)) from None
 
-    def timeout_message(self, stuck: dict[int, list[str]]) -> str:
+    def timeout_message(self, stuck: dict[int, list[str]], *, in_process: bool = False) -> str:
         where = "; ".join(
             f"rank {rank}: {view.status.value}"
             + (f" at step {view.step}/{view.total}" if view.total is not None else "")
             for rank, view in sorted(self.state.ranks.items())
         )
+        what = (
+            " while the function ran in this process"
+            if in_process
+            else f"; every rank was stopped ({where})"
+        )
         stacks_text = stacks.describe(stuck)
         return (
-            f"{given('timeout', f'{self.config.timeout:g}')} expired; every rank was "
-            f"stopped ({where}). Raise {to_raise('timeout')} if the run needs longer."
+            f"{given('timeout', f'{self.config.timeout:g}')} expired{what}. "
+            f"Raise {to_raise('timeout')} if the run needs longer."
             + (
                 f"\nWhere the ranks were (each rank's full stack is in its output):\n{stacks_text}"
                 if stacks_text

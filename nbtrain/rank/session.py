@@ -27,7 +27,15 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from nbtrain.rank import interrupts, notebook, process, rankenv, reporting, runtime, teardown
+from nbtrain.rank import (
+    interrupts,
+    notebook,
+    process,
+    reporting,
+    runtime,
+    startup,
+    teardown,
+)
 from nbtrain.rank.failures import failure_event
 from nbtrain.rank.payload import pack_result, take_results_as, unpack_call
 from nbtrain.rank.runtime import Runtime
@@ -48,12 +56,7 @@ def session_main(
     events: Connection,
 ) -> None:
     """Process target of a warm rank (every start method)."""
-    process.prepare(spec.close_fds, stdout, stderr)
-    process.fork_children_on_linux()
-    rankenv.adopt_environment(spec.kernel_env, spec.env)
-    process.set_threads(spec.torch_threads)
-    notebook.install()
-    teardown.install()
+    startup.set_up(spec, stdout, stderr)
     signal.signal(signal.SIGINT, _on_sigint)
     interrupts.install()  # acts only while a command runs under on_interrupt="checkpoint"
     serve(spec, commands, PipeWriter(events.fileno()), new_namespace())

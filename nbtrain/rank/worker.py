@@ -11,7 +11,14 @@ import sys
 from multiprocessing.connection import Connection
 from typing import Any
 
-from nbtrain.rank import interrupts, notebook, process, rankenv, reporting, runtime, teardown
+from nbtrain.rank import (
+    interrupts,
+    process,
+    reporting,
+    runtime,
+    startup,
+    teardown,
+)
 from nbtrain.rank.failures import exit_code_of, failure_event
 from nbtrain.rank.payload import pack_result, unpack_call
 from nbtrain.rank.runtime import Runtime
@@ -72,12 +79,7 @@ def rank_main(
     spec: RankSpec, payload: bytes, stdout: Connection, stderr: Connection, events: Connection
 ) -> None:
     """Process target for every start method."""
-    process.prepare(spec.close_fds, stdout, stderr)
-    process.fork_children_on_linux()
-    rankenv.adopt_environment(spec.kernel_env, spec.env)
-    process.set_threads(spec.torch_threads)
-    notebook.install()  # no message from this fork over the kernel's sockets, ever
-    teardown.install()
+    startup.set_up(spec, stdout, stderr)
     sink = PipeWriter(events.fileno())
     info = spec.info
     sink.send(Started(info.rank, os.getpid(), spec.device, socket.gethostname(), info.local_rank))

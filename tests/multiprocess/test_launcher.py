@@ -457,8 +457,14 @@ def test_single_process_group_is_cleaned_for_the_next_launch():
 
 
 def test_single_process_timeout():
-    with pytest.raises(TimeoutError):
+    expected = (
+        r"^notebook_launcher\(timeout=0\.5\) expired while the function ran in this process\. "
+        r"Raise timeout= if the run needs longer\.$"
+    )
+    with pytest.raises(TimeoutError, match=expected):
         notebook_launcher(lambda: time.sleep(30), num_processes=1, timeout=0.5, **QUIET)
+    # return_all: a list, as from ranks (the run's one rule)
+    assert notebook_launcher(lambda: 7, num_processes=1, return_all=True, **QUIET) == [7]
 
 
 def test_debug_launcher_runs_cpu_ranks(capsys):
