@@ -9,7 +9,10 @@ One way through, no back and forth::
       xla         torch_xla's host process       (the ordinals are ranks)
       elastic/    torch's elastic agent          (multi-node, restarts)
       inprocess   num_processes=1, in the kernel itself
-    supervisor  the non-blocking watch loop over every rank's pipes and exit
+    group/      ONE RankGroup owns the rank processes of local, XLA, elastic and warm launches:
+                start through a backend (LocalProcesses), the one watch loop, the one Ctrl-C
+                policy, stacks, stop, close
+    supervisor  the group's channel: the non-blocking loop over every rank's pipes and exit
     monitor     RunState: events folded into a plain per-rank model (display/ draws it)
     outcome     results and the root-cause rule
     session     warm ranks across cells (start_ranks): one Run per command; magics: %%ranks

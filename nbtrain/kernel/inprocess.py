@@ -19,7 +19,6 @@ from typing import Any
 
 from nbtrain.kernel import environment
 from nbtrain.kernel.config import LaunchConfig
-from nbtrain.kernel.monitor import Verdict
 from nbtrain.kernel.rendezvous import open_local
 from nbtrain.kernel.run import Run
 from nbtrain.shared.events import CallbackSink, Event, Exited, Finished, Started, Stopped
@@ -67,11 +66,7 @@ def run_in_process(
         run.stopped(run.outcome.stops())
     except _Expired:
         emit(Exited(0, None, None, stopped_by_launcher=True))
-        run.end(f"Timed out after {config.timeout:g}s", Verdict.TIMED_OUT)
-        raise TimeoutError(
-            f"notebook_launcher(timeout={config.timeout:g}) expired while the function ran in "
-            "this process. Raise timeout= if the run needs longer."
-        ) from None
+        run.time_out({}, in_process=True)
     except KeyboardInterrupt:
         run.end(f"Interrupted after {run.state.elapsed:.1f}s")
         raise
@@ -89,9 +84,7 @@ def run_in_process(
             raise error.with_traceback(exc.__traceback__) from None
     emit(Finished(0, None))
     emit(Exited(0, 0, None, stopped_by_launcher=False))
-    run.end(run.state.done_summary())
-    value = _to_cpu(value)
-    return [value] if config.return_all else value
+    return run.deliver({0: _to_cpu(value)})  # (return_all: a list, as from ranks)
 
 
 def _graceful(config: LaunchConfig) -> contextlib.AbstractContextManager[None]:

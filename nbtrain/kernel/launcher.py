@@ -175,9 +175,7 @@ def debug_launcher(function: Callable[..., Any], args: tuple = (), num_processes
         allow_xla=False,  # CPU only, even on a TPU host
     )
     with environment.gpus_hidden():  # the ranks see no GPU (they inherit the environment)
-        if config.num_processes == 1:
-            return run_in_process(config, function, args, kwargs)
-        return run_ranks(config, prepare_call(function, args, kwargs, config.start.method))
+        return dispatch(config, function, args, kwargs)  # in process, or local ranks
 
 
 # From here on, the line of the notebook that first initialises CUDA is noted (cuda_origin).

@@ -1,7 +1,8 @@
 """Ranks on this machine: the plain launch path (``num_processes >= 2``, one node, no restarts).
 
 A strategy for ``run.Run``: it opens the local rendezvous, describes each rank (``rank_specs``,
-also used by the elastic agent), starts the processes and lets the run watch them.
+also used by the elastic agent and the warm ranks) and gives the run a ``RankGroup`` of local
+processes to start and watch.
 """
 
 from __future__ import annotations
@@ -9,8 +10,9 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from nbtrain.kernel import environment, processes
+from nbtrain.kernel import environment
 from nbtrain.kernel.config import LaunchConfig
+from nbtrain.kernel.group import LocalProcesses, RankGroup
 from nbtrain.kernel.payload import PreparedCall, released
 from nbtrain.kernel.rendezvous import LocalRendezvous, open_local
 from nbtrain.kernel.run import Run
@@ -33,19 +35,16 @@ def _run_ranks(config: LaunchConfig, call: PreparedCall) -> Any:
     if config.start.note:  # auto avoided fork: say why (and where CUDA was initialised)
         title += f" ({config.start.note})"
     run = Run(config, ranks, title=title)
-
-    def make_args(rank: int, pipes: processes.RankPipes, close: tuple[int, ...]) -> tuple:
-        spec = specs[rank]
-        if close:
-            spec = RankSpec(**{**spec.__dict__, "close_fds": close})
-        return (spec, call.data, pipes.stdout_w, pipes.stderr_w, pipes.events_w)
-
-    def start() -> list[processes.RankProcess]:
-        call.commit(run.say, len(ranks))  # big data into shared memory, said if it takes time
-        return processes.start_ranks(config.start.method, ranks, rank_entry, make_args)
-
-    supervisor = run.supervise(start, cleanup=rendezvous.close)
-    return run.finish(supervisor)
+    backend = LocalProcesses(
+        config.start.method,
+        rank_entry,
+        specs,
+        data=lambda rank: call.data,
+        # big data into shared memory, said if it takes time
+        before=lambda: call.commit(run.say, len(ranks)),
+        release=rendezvous.close,
+    )
+    return run.finish(run.supervise(RankGroup(backend)))
 
 
 def rank_specs(config: LaunchConfig, rendezvous: LocalRendezvous) -> dict[int, RankSpec]:

@@ -6,54 +6,53 @@ A ``Run`` owns a launch from validated options to the value returned in the cell
 - the view (widgets or text) and its throttled redraws;
 - the ranks' output as the cell's own output, and the launch's log folder (cellout.py);
 - the deadline of ``timeout=`` and what to say about where each rank was stuck;
-- the interrupt rule: while ranks are being stopped a second Ctrl-C is deferred, never lost;
+- the Ctrl-C policy it gives its rank group (a graceful stop first, with on_interrupt=);
 - the ending: deliver the values, or raise ``WorkerError`` / ``TimeoutError`` / the interrupt,
   with the view closed first in every case (a broken frontend never masks the outcome).
 
-Launch paths are small strategies that start processes and feed the run: ``local.py`` (ranks on
-this machine), ``xla.py`` (torch_xla's host process), ``agent.py`` (torch's elastic agent: one
-attempt per restart) and ``inprocess.py`` (``num_processes=1`` in the kernel itself). The warm
-ranks of a distributed session reuse one ``Run`` per cell.
+The processes themselves belong to a ``RankGroup`` (group/): start, the one watch loop, Ctrl-C,
+stacks, teardown. Launch paths are small strategies that give the run a group and feed it:
+``local.py`` (ranks on this machine), ``xla.py`` (torch_xla's host process), ``agent.py``
+(torch's elastic agent: a group per attempt, stepped from torch's loop) and
+``inprocess.py`` (``num_processes=1`` in the kernel itself). The warm ranks of a distributed
+session run one ``Run`` per cell on their group.
 
 The interface, in the order a launch uses it::
 
     run = Run(config, ranks, title)     # shows the view at once
     run.emit(event)                     # every event, from a Supervisor or in process
-    run.supervise(started)              # the watch loop until every rank exited (or raise)
+    run.supervise(group)                # start the group, watch until every rank exited
     value = run.finish(supervisor)      # deliver, or raise the root cause / TimeoutError
 
-plus ``tick()`` (a throttled redraw), ``say(text)`` (a node-level status), ``new_attempt()``
-(restarts), ``stopping()`` (defer Ctrl-C while ranks are stopped), ``abandon(exc)`` and
-``end(summary, verdict)`` for paths that own their loop (the elastic agent).
+plus ``tick()`` (a throttled redraw), ``say(text)`` (a node-level status), ``interrupts()``
+(the Ctrl-C policy), ``new_attempt()`` (restarts), ``abandon(exc)`` and ``end(summary,
+verdict)`` for paths that own their loop (the elastic agent).
 """
 
 from __future__ import annotations
 
 import contextlib
-import signal
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from nbtrain.display import View, make_view
 from nbtrain.display.deferred import DeferredView
-from nbtrain.kernel import processes, tracebacks
+from nbtrain.kernel import tracebacks
 from nbtrain.kernel.cellout import CellOutput
 from nbtrain.kernel.config import LaunchConfig
+from nbtrain.kernel.group import Interrupts, RankGroup
 from nbtrain.kernel.monitor import RunState, Verdict
 from nbtrain.kernel.option_names import given, to_raise
 from nbtrain.kernel.outcome import Outcome
-from nbtrain.kernel.supervisor import EXIT_WAIT, Supervisor
+from nbtrain.kernel.supervisor import Supervisor
 from nbtrain.shared import checkpoints, stacks
 from nbtrain.shared.errors import RemoteTraceback, ResultError, WorkerError
 from nbtrain.shared.events import Display, Event, Stopped
 
-GRACE = 2.0  # seconds between SIGTERM and SIGKILL when stopping ranks (read at each use)
 REFRESH = 0.1  # seconds between redraws of the view (about 10 per second)
-STOPPING = "stopping at the next optimizer step to save a checkpoint…"  # a graceful stop's note
 
-__all__ = ["EXIT_WAIT", "GRACE", "REFRESH", "Run", "open_view", "sigint_deferred"]
+__all__ = ["REFRESH", "Run", "open_view"]
 
 
 def open_view(config: LaunchConfig) -> View:
@@ -89,7 +88,6 @@ class Run:
         self.ended = False
         self._last_draw = 0.0
         self._note = ""
-        self._stop_asked = False
         self.view.draw(self.state)  # shown at once; the text view sees every output line
 
     # -- feeding the run -------------------------------------------------------------------
@@ -103,9 +101,6 @@ class Run:
 
     def tick(self) -> None:
         """Publish the ranks' new output lines and redraw, at most every REFRESH seconds."""
-        if self._stop_asked:
-            self._stop_asked = False
-            self.say(f"{STOPPING} (interrupt again to stop at once)")
         now = time.monotonic()
         if now - self._last_draw >= REFRESH:
             self._last_draw = now
@@ -132,86 +127,32 @@ class Run:
         self.outcome = Outcome(self.ranks)
         self.state.restart()
 
-    def supervisor(
-        self,
-        started: list[processes.RankProcess],
-        *,
-        emit: Callable[[Event], None] | None = None,
-        failed: Callable[[], bool] | None = None,
-    ) -> Supervisor:
-        """A Supervisor over ``started`` feeding this run (``emit``/``failed`` override how:
-        the XLA host fans its exit out to ordinals, the agent also stops on other nodes' news)."""
-        return Supervisor(
-            started,
-            emit or self.emit,
-            failed=failed or self.outcome.has_failure,
-            grace=GRACE,
-            exit_wait=EXIT_WAIT,
-        )
-
     # -- the watch loop ----------------------------------------------------------------------
 
     def supervise(
-        self,
-        start: Callable[[], list[processes.RankProcess]],
-        *,
-        emit: Callable[[Event], None] | None = None,
-        cleanup: Callable[[], None] = lambda: None,
+        self, group: RankGroup, *, emit: Callable[[Event], None] | None = None
     ) -> Supervisor:
-        """Start the ranks with ``start()`` and watch them until every one exited. Whatever
-        interrupts it (Ctrl-C, an error here) stops every rank first, ends the view, runs
-        ``cleanup`` and re-raises."""
+        """Start the group's ranks and watch them until every one exited (``emit``: how events
+        reach the run; the XLA host fans its exit out to ordinals). Whatever interrupts it
+        (Ctrl-C, an error here) stops every rank first, ends the view, closes the group and
+        re-raises."""
         __tracebackhide__ = True
         self.start_clock()
-        started: list[processes.RankProcess] = []
-        supervisor: Supervisor | None = None
         try:
-            started = start()
-            supervisor = self.supervisor(started, emit=emit)
-            with self.graceful_interrupts(supervisor):
-                supervisor.run(self.deadline, self.tick)
-            supervisor.drain()
-        except BaseException as exc:
-            with sigint_deferred():
-                processes.stop(started, GRACE)
-                if supervisor is not None:
-                    supervisor.drain()
-                self.abandon(exc)
-                processes.close(started)
-                cleanup()
-            if isinstance(exc, KeyboardInterrupt):
-                # Where the watch loop was is no news to the user: the cell line and this.
-                raise KeyboardInterrupt(f"every rank was stopped{self._kept()}") from None
-            raise
-        processes.close(started)
-        cleanup()
+            with group.stopped_on_error(self.abandon):
+                supervisor = group.start(emit or self.emit, self.outcome.has_failure)
+                group.watch(self.deadline, self.tick, self.interrupts())
+        except KeyboardInterrupt:
+            # Where the watch loop was is no news to the user: the cell line and this.
+            raise KeyboardInterrupt(f"every rank was stopped{self._kept()}") from None
+        group.close()
         return supervisor
 
-    # -- a graceful stop (on_interrupt="checkpoint", shared/stopping.py) ------------------------
-
-    @contextlib.contextmanager
-    def graceful_interrupts(self, supervisor: Supervisor) -> Iterator[None]:
-        """With on_interrupt="checkpoint": the first Ctrl-C asks the ranks to save and stop at
-        their next optimizer step; the second stops everything at once (KeyboardInterrupt)."""
+    def interrupts(self, *, keep: bool = False) -> Interrupts:
+        """This run's Ctrl-C policy (group/interrupts.py); ``keep``: warm ranks stay."""
         policy = self.config.stopping
-        if policy is None or not policy.on_interrupt:
-            yield
-            return
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-
-        def on_sigint(signum: int, frame: Any) -> None:
-            if supervisor.stop_asked:
-                raise KeyboardInterrupt
-            supervisor.ask_to_stop()
-            self._stop_asked = True  # said by the next tick(): no drawing inside a handler
-
-        previous = signal.signal(signal.SIGINT, on_sigint)
-        try:
-            yield
-        finally:
-            signal.signal(signal.SIGINT, previous)
+        graceful = policy is not None and policy.on_interrupt
+        return Interrupts(graceful=graceful, keep=keep, say=self.say)
 
     def _kept(self) -> str:
         """After an interrupt under a stop policy: which checkpoint the next run resumes from."""
@@ -264,15 +205,17 @@ class Run:
             self.stopped(stops)
         return self.deliver()
 
-    def deliver(self) -> Any:
+    def deliver(self, results: dict[int, Any] | None = None) -> Any:
         """The ranks succeeded: end the view and return their values (this node's first
-        rank's, or every rank's with ``return_all``). ResultError if one cannot be loaded."""
+        rank's, or every rank's with ``return_all``): ``results``, or the outcome's (then
+        ResultError if one cannot be loaded)."""
         __tracebackhide__ = True
-        try:
-            results = self.outcome.results()
-        except ResultError as error:
-            self.end(self.state.failed_summary(error), Verdict.FAILED)
-            raise
+        if results is None:
+            try:
+                results = self.outcome.results()
+            except ResultError as error:
+                self.end(self.state.failed_summary(error), Verdict.FAILED)
+                raise
         self.end(self.state.done_summary())
         if self.config.return_all:
             return [results.get(rank) for rank in sorted(self.state.ranks)]
@@ -286,21 +229,27 @@ class Run:
             cause = RemoteTraceback(error.remote_traceback)
         raise error from cause
 
-    def time_out(self, stuck: dict[int, list[str]]) -> NoReturn:
+    def time_out(self, stuck: dict[int, list[str]], *, in_process: bool = False) -> NoReturn:
+        """End as timed out; ``in_process``: the function ran in the kernel (inprocess.py)."""
         __tracebackhide__ = True
         self.end(f"Timed out after {self.config.timeout:g}s", Verdict.TIMED_OUT)
-        raise TimeoutError(self.timeout_message(stuck))
+        raise TimeoutError(self.timeout_message(stuck, in_process=in_process)) from None
 
-    def timeout_message(self, stuck: dict[int, list[str]]) -> str:
+    def timeout_message(self, stuck: dict[int, list[str]], *, in_process: bool = False) -> str:
         where = "; ".join(
             f"rank {rank}: {view.status.value}"
             + (f" at step {view.step}/{view.total}" if view.total is not None else "")
             for rank, view in sorted(self.state.ranks.items())
         )
+        what = (
+            " while the function ran in this process"
+            if in_process
+            else f"; every rank was stopped ({where})"
+        )
         stacks_text = stacks.describe(stuck)
         return (
-            f"{given('timeout', f'{self.config.timeout:g}')} expired; every rank was "
-            f"stopped ({where}). Raise {to_raise('timeout')} if the run needs longer."
+            f"{given('timeout', f'{self.config.timeout:g}')} expired{what}. "
+            f"Raise {to_raise('timeout')} if the run needs longer."
             + (
                 f"\nWhere the ranks were (each rank's full stack is in its output):\n{stacks_text}"
                 if stacks_text
@@ -333,20 +282,3 @@ def _interrupted_summary(exc: BaseException, state: RunState) -> str:
     if isinstance(exc, KeyboardInterrupt):
         return f"Interrupted after {state.elapsed:.1f}s: every rank was stopped"
     return f"Stopped after {state.elapsed:.1f}s: {type(exc).__name__}: {exc}"
-
-
-@contextlib.contextmanager
-def sigint_deferred() -> Iterator[None]:
-    """A second Ctrl-C while we stop the ranks must not leave them running: it is held and
-    raised once they are stopped."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pending: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if pending:
-        raise KeyboardInterrupt

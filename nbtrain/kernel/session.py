@@ -3,8 +3,9 @@
 A session is a set of long-lived rank processes (rank/session.py), each serving one command at a
 time from its own pipe. Every command (a ``%%ranks`` cell, ``run``, ``pull``, ``push``) is one
 ``Run`` (run.py): its own view, cell output, root cause and timeout, fed by the session's
-``Supervisor`` in cell mode, which returns once every rank of the command reported it and
-never tears the ranks down for an ordinary failure.
+``RankGroup`` (group/, ``warm=True``): its one watch loop returns once every rank of the
+command reported it and never tears the ranks down for an ordinary failure; its Ctrl-C policy
+interrupts the command, not the processes.
 
 What happens to the ranks' state:
 
@@ -28,9 +29,7 @@ import keyword
 import os
 import pickle
 import secrets
-import signal
 import sys
-import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -39,11 +38,12 @@ from typing import Any
 
 from nbtrain.kernel import environment, processes
 from nbtrain.kernel.config import LaunchConfig, build_config, check_function
+from nbtrain.kernel.group import LocalProcesses, RankGroup
 from nbtrain.kernel.local import rank_specs
 from nbtrain.kernel.monitor import Verdict
 from nbtrain.kernel.payload import prepare_call, share
-from nbtrain.kernel.rendezvous import LocalRendezvous, open_local
-from nbtrain.kernel.run import GRACE, STOPPING, Run, sigint_deferred
+from nbtrain.kernel.rendezvous import open_local
+from nbtrain.kernel.run import Run
 from nbtrain.kernel.stopping import build_policy
 from nbtrain.kernel.supervisor import Supervisor
 from nbtrain.rank import session_entry
@@ -64,36 +64,23 @@ _current: Ranks | None = None  # the session magics use (the last one started)
 
 @dataclasses.dataclass
 class _World:
-    """One generation of warm rank processes and what the kernel holds for them."""
+    """One generation of warm rank processes: their group, and each rank's command pipe."""
 
-    started: list[processes.RankProcess]
+    group: RankGroup
     commands: dict[int, Connection]
-    rendezvous: LocalRendezvous
-    supervisor: Supervisor
 
     def send(self, rank: int, data: bytes) -> None:
         # A rank that died meanwhile cannot read: the supervisor sees its exit next.
         with contextlib.suppress(OSError):
             self.commands[rank].send_bytes(data)
 
-    def dead(self) -> list[processes.RankProcess]:
-        return [rp for rp in self.started if processes.has_exited(rp)]
-
     def close(self, grace: float) -> None:
         """Ask every rank to leave its loop, wait up to ``grace``, then stop the rest."""
         data = pickle.dumps(Stop())
         for rank in self.commands:
             self.send(rank, data)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and not all(
-            processes.has_exited(rp) for rp in self.started
-        ):
-            time.sleep(0.01)
-        processes.stop(self.started, GRACE)
-        for connection in self.commands.values():
-            connection.close()
-        processes.close(self.started)
-        self.rendezvous.close()
+        self.group.stop(wait=grace)
+        self.group.close()  # (the command pipes and the rendezvous with it)
 
 
 class _Holder:
@@ -277,26 +264,21 @@ class Ranks:
         if quiet:  # pull/push: answers, not runs worth a view of their own
             config = dataclasses.replace(config, progress=ProgressMode.OFF)
         run = Run(config, ranks, title=title, view_after=VIEW_AFTER)
-        supervisor = world.supervisor
-        supervisor.begin_cell(set(ranks), run.emit, run.outcome.has_failure)
+        group = world.group
+        group.begin(set(ranks), run.emit, run.outcome.has_failure)
         run.start_clock()
-        try:
-            graceful = config.stopping is not None and config.stopping.on_interrupt
-            with _interrupts_to(supervisor, graceful, run) as tick_interrupts:
-                for rank in ranks:
-                    world.send(rank, pickle.dumps(command(rank)))
 
-                def tick() -> None:
-                    tick_interrupts()
-                    run.tick()
+        def send() -> None:
+            for rank in ranks:
+                world.send(rank, pickle.dumps(command(rank)))
 
-                supervisor.run(run.deadline, tick)
-                supervisor.drain()
-        except BaseException as exc:  # an error in the kernel's own loop: the ranks go
-            with sigint_deferred():
-                self._holder.stop(grace=0.0)
-                run.abandon(exc)
-            raise
+        def lost(exc: BaseException) -> None:  # an error in the kernel's own loop: the ranks go
+            self._holder.world = None
+            run.abandon(exc)
+
+        with group.stopped_on_error(lost):
+            group.watch(run.deadline, run.tick, run.interrupts(keep=True), first=send)
+        supervisor = group.channel
         if supervisor.stopping:
             self._restart_after(run, supervisor)
         if supervisor.timed_out:
@@ -320,7 +302,7 @@ class Ranks:
         """The world is broken (a rank died, or some stayed stuck): start a new one, then raise
         what happened, saying which rank failed, where the others were, that state is gone."""
         __tracebackhide__ = True
-        stuck = stacks.describe(supervisor.stuck_frames())
+        stuck = stacks.describe(supervisor.stuck_frames())  # (the group's stacks)
         self._holder.stop(grace=0.0)
         self._start_world()
         note = (
@@ -361,7 +343,7 @@ class Ranks:
                 "these warm ranks were stopped. Start new ones with nbtrain.start_ranks(...), "
                 "or call ranks.restart()."
             )
-        dead = world.dead()
+        dead = world.group.exited()
         if dead:
             names = ", ".join(
                 f"rank {rp.rank} (exit code {rp.process.exitcode})" for rp in dead
@@ -399,37 +381,45 @@ class Ranks:
         rendezvous = open_local(config.world_size)
         try:
             specs = _xla_allowed(rank_specs(config, rendezvous))
-            ctx = processes.context(config.start.method)
-            pipes = {rank: ctx.Pipe(duplex=False) for rank in self.ranks}  # (read, write)
-
-            def make_args(
-                rank: int, rank_pipes: processes.RankPipes, close: tuple[int, ...]
-            ) -> tuple:
-                spec = specs[rank]
-                if close:  # fork: every other command pipe, and the kernel's own end
-                    others = [
-                        fd
-                        for other, (reader, writer) in pipes.items()
-                        for fd in ((writer.fileno(),) if other == rank else
-                                   (reader.fileno(), writer.fileno()))
-                    ]
-                    spec = RankSpec(**{**spec.__dict__, "close_fds": (*close, *others)})
-                return (spec, pipes[rank][0], rank_pipes.stdout_w, rank_pipes.stderr_w,
-                        rank_pipes.events_w)
-
-            try:
-                started = processes.start_ranks(
-                    config.start.method, self.ranks, session_entry, make_args
-                )
-            finally:
-                for reader, _ in pipes.values():
-                    reader.close()
         except BaseException:
             rendezvous.close()
             raise
-        supervisor = Supervisor(started, _drop, failed=lambda: False, grace=GRACE)
+        ctx = processes.context(config.start.method)
+        pipes = {rank: ctx.Pipe(duplex=False) for rank in self.ranks}  # commands: (read, write)
+
+        def others(rank: int) -> tuple[int, ...]:
+            """fork: every other command pipe, and the kernel's own end of the rank's."""
+            return tuple(
+                fd
+                for other, (reader, writer) in pipes.items()
+                for fd in ((writer.fileno(),) if other == rank else
+                           (reader.fileno(), writer.fileno()))
+            )
+
+        def release() -> None:
+            for _, writer in pipes.values():
+                writer.close()
+            rendezvous.close()
+
+        backend = LocalProcesses(
+            config.start.method,
+            session_entry,
+            specs,
+            data=lambda rank: pipes[rank][0],
+            also_close=others,
+            release=release,
+        )
+        group = RankGroup(backend, warm=True)
+        try:
+            group.start(_drop, failed=lambda: False)
+        except BaseException:
+            group.close()
+            raise
+        finally:
+            for reader, _ in pipes.values():
+                reader.close()  # the ranks' ends: each has its own now
         commands = {rank: writer for rank, (_, writer) in pipes.items()}
-        self._holder.world = _World(started, commands, rendezvous, supervisor)
+        self._holder.world = _World(group, commands)
 
 
 def _xla_allowed(specs: dict[int, RankSpec]) -> dict[int, RankSpec]:
@@ -448,36 +438,6 @@ def _xla_allowed(specs: dict[int, RankSpec]) -> dict[int, RankSpec]:
 
 def _drop(event: Event) -> None:
     pass
-
-
-@contextlib.contextmanager
-def _interrupts_to(
-    supervisor: Supervisor, graceful: bool, run: Run
-) -> Iterator[Callable[[], None]]:
-    """While a command runs, Ctrl-C interrupts the ranks instead of the kernel's loop (which
-    must never stop mid-read: the pipes carry on into the next command). Yields the check the
-    watch loop calls on every turn. ``graceful`` (on_interrupt="checkpoint"): the first Ctrl-C
-    asks the ranks to save and stop at their next optimizer step, the second interrupts them."""
-    pending: list[int] = []
-
-    def check() -> None:
-        if not pending or supervisor.interrupted:
-            return
-        if graceful and not supervisor.stop_asked:
-            supervisor.ask_to_stop()
-            again = "(interrupt again to interrupt the ranks at once; their state is kept)"
-            run.say(f"{STOPPING} {again}")
-        if len(pending) >= (2 if graceful else 1):  # graceful: the second press interrupts
-            supervisor.interrupt()
-
-    if threading.current_thread() is not threading.main_thread():
-        yield check
-        return
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
-    try:
-        yield check
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 @contextlib.contextmanager

@@ -1,5 +1,8 @@
 """The kernel's watch loop over running ranks: read pipes, notice exits, stop on failure.
 
+Started only through a ``RankGroup`` (group/): ``RankGroup.watch`` runs it for a launch or a
+warm command, ``RankGroup.step`` turns it from torch's elastic agent.
+
 Single-threaded and non-blocking: every pipe is read in whatever chunks are available, so a rank
 that dies mid-message or a huge result can never stall the loop, and a kernel interrupt is
 handled at once. Each pass reads at most READ_BUDGET bytes per pipe: a rank printing in a tight

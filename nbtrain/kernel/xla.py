@@ -1,7 +1,7 @@
 """XLA launches from the kernel: TPU cores (or XLA:CPU ordinals) through torch_xla's launcher.
 
 The kernel never imports torch_xla. It starts ONE nbtrain host process (``xla_host.host_main``,
-through the usual processes/Supervisor machinery) in which torch_xla's launcher runs the ordinals:
+a ``RankGroup`` of one local process, group/) in which torch_xla's launcher runs the ordinals:
 threads of that process on XLA:CPU, processes of their own on TPUs. Every ordinal reports as a
 rank of its own on the host's event pipe (events are PIPE_BUF packets tagged by writer, so threads
 and processes share it safely), so results, failures, output and the live view are per ordinal.
@@ -19,8 +19,8 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from nbtrain.kernel import processes
 from nbtrain.kernel.config import LaunchConfig
+from nbtrain.kernel.group import LocalProcesses, RankGroup
 from nbtrain.kernel.local import current_environment
 from nbtrain.kernel.outcome import Outcome
 from nbtrain.kernel.payload import PreparedCall, released
@@ -106,14 +106,15 @@ def _run_xla(config: LaunchConfig, call: PreparedCall) -> Any:
     )
     run = Run(config, ordinals, title=title)
 
-    def make_args(rank: int, pipes: processes.RankPipes, close: tuple[int, ...]) -> tuple:
-        host = HostSpec(**{**spec.__dict__, "close_fds": close}) if close else spec
-        return (host, call.data, pipes.stdout_w, pipes.stderr_w, pipes.events_w)
-
-    def start() -> list[processes.RankProcess]:
-        call.commit(run.say, len(ordinals))  # big data into shared memory
-        return processes.start_ranks(config.start.method, [HOST], host_entry, make_args)
-
+    backend = LocalProcesses(
+        config.start.method,
+        host_entry,
+        {HOST: spec},
+        data=lambda rank: call.data,
+        before=lambda: call.commit(run.say, len(ordinals)),  # big data into shared memory
+    )
     # (fan_out reads run.outcome when called: it is the run's, for the whole launch)
-    supervisor = run.supervise(start, emit=fan_out(ordinals, lambda: run.outcome, run.emit))
+    supervisor = run.supervise(
+        RankGroup(backend), emit=fan_out(ordinals, lambda: run.outcome, run.emit)
+    )
     return run.finish(supervisor)

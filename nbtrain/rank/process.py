@@ -1,7 +1,8 @@
 """A rank's process, set up before the user's code runs: its own process group, death with its
 parent, output to the kernel's pipes (C code too), default signal actions, thread count.
 
-Shared by the rank entry (worker.py) and torch_xla's host process (xla_host.py).
+Shared by every rank process (worker.py, session.py) and torch_xla's host process (xla_host.py),
+through startup.py's one sequence.
 """
 
 from __future__ import annotations

@@ -32,9 +32,9 @@ from nbtrain.rank import (
     interrupts,
     notebook,
     process,
-    rankenv,
     reporting,
     runtime,
+    startup,
     teardown,
 )
 from nbtrain.rank.failures import failure_event
@@ -57,13 +57,7 @@ def session_main(
     events: Connection,
 ) -> None:
     """Process target of a warm rank (every start method)."""
-    process.prepare(spec.close_fds, stdout, stderr)
-    process.fork_children_on_linux()
-    rankenv.adopt_environment(spec.kernel_env, spec.env)
-    inherited.forget_accelerate_states()  # a fork's copy of the kernel's (see inherited.py)
-    process.set_threads(spec.torch_threads)
-    notebook.install()
-    teardown.install()
+    startup.set_up(spec, stdout, stderr)
     signal.signal(signal.SIGINT, _on_sigint)
     interrupts.install()  # acts only while a command runs under on_interrupt="checkpoint"
     serve(spec, commands, PipeWriter(events.fileno()), new_namespace())

@@ -14,11 +14,10 @@ from typing import Any
 from nbtrain.rank import (
     inherited,
     interrupts,
-    notebook,
     process,
-    rankenv,
     reporting,
     runtime,
+    startup,
     teardown,
 )
 from nbtrain.rank.failures import exit_code_of, failure_event
@@ -86,13 +85,7 @@ def rank_main(
     spec: RankSpec, payload: bytes, stdout: Connection, stderr: Connection, events: Connection
 ) -> None:
     """Process target for every start method."""
-    process.prepare(spec.close_fds, stdout, stderr)
-    process.fork_children_on_linux()
-    rankenv.adopt_environment(spec.kernel_env, spec.env)
-    inherited.forget_accelerate_states()  # a fork's copy of the kernel's (see inherited.py)
-    process.set_threads(spec.torch_threads)
-    notebook.install()  # no message from this fork over the kernel's sockets, ever
-    teardown.install()
+    startup.set_up(spec, stdout, stderr)
     sink = PipeWriter(events.fileno())
     info = spec.info
     sink.send(Started(info.rank, os.getpid(), spec.device, socket.gethostname(), info.local_rank))

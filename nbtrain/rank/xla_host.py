@@ -33,7 +33,7 @@ from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
-from nbtrain.rank import inherited, notebook, process, rankenv, runtime, worker
+from nbtrain.rank import runtime, startup, worker
 from nbtrain.rank.failures import failure_event
 from nbtrain.rank.runtime import Runtime
 from nbtrain.shared.events import Event, Finished, Output, PipeWriter, Started
@@ -211,10 +211,7 @@ def host_main(
 ) -> None:
     """Process target under every start method."""
     global _events_fd
-    process.prepare(spec.close_fds, stdout, stderr)
-    rankenv.adopt_environment(spec.kernel_env, spec.env)
-    inherited.forget_accelerate_states()  # a fork's copy of the kernel's (see inherited.py)
-    notebook.install()
+    startup.set_up(spec, stdout, stderr)
     _events_fd = events.fileno()
     install_streams()
     code = 0

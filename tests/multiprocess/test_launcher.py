@@ -457,8 +457,14 @@ def test_single_process_group_is_cleaned_for_the_next_launch():
 
 
 def test_single_process_timeout():
-    with pytest.raises(TimeoutError):
+    expected = (
+        r"^notebook_launcher\(timeout=0\.5\) expired while the function ran in this process\. "
+        r"Raise timeout= if the run needs longer\.$"
+    )
+    with pytest.raises(TimeoutError, match=expected):
         notebook_launcher(lambda: time.sleep(30), num_processes=1, timeout=0.5, **QUIET)
+    # return_all: a list, as from ranks (the run's one rule)
+    assert notebook_launcher(lambda: 7, num_processes=1, return_all=True, **QUIET) == [7]
 
 
 def test_debug_launcher_runs_cpu_ranks(capsys):
@@ -478,9 +484,9 @@ def test_ranks_stop_promptly_even_if_the_kernel_has_a_python_sigterm_handler(mon
             raise ValueError("early")
         dist.init_process_group("gloo")  # blocks in C++ waiting for rank 1, forever
 
-    import nbtrain.kernel.run
+    from nbtrain.kernel.group import rankgroup
 
-    monkeypatch.setattr(nbtrain.kernel.run, "GRACE", 60.0)  # only SIGTERM can end it sooner
+    monkeypatch.setattr(rankgroup, "GRACE", 60.0)  # only SIGTERM can end it sooner
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
     try:
         start = time.monotonic()
@@ -582,9 +588,9 @@ def leave_something_running():
 def test_a_rank_that_returned_but_cannot_exit_is_stopped_and_its_result_kept(
     method, monkeypatch, capsys
 ):
-    import nbtrain.kernel.run
+    from nbtrain.kernel.group import rankgroup
 
-    monkeypatch.setattr(nbtrain.kernel.run, "EXIT_WAIT", 1.0)  # the default is a few seconds
+    monkeypatch.setattr(rankgroup, "EXIT_WAIT", 1.0)  # the default is a few seconds
     values = notebook_launcher(leave_something_running, num_processes=2, start_method=method,
                                return_all=True, progress="off")
     assert values == [0, 10]

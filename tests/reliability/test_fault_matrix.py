@@ -40,9 +40,9 @@ CONTROL_BACK_WITHIN = 15.0  # seconds from the fault (a hang: from the timeout's
 
 @pytest.fixture(autouse=True)
 def stops_must_not_need_sigkill(monkeypatch):
-    import nbtrain.kernel.run
+    from nbtrain.kernel.group import rankgroup
 
-    monkeypatch.setattr(nbtrain.kernel.run, "GRACE", STOP_GRACE)
+    monkeypatch.setattr(rankgroup, "GRACE", STOP_GRACE)
 
 
 class TracebackLost(AssertionError):

@@ -4,16 +4,18 @@ Used for ``num_nodes > 1`` and for ``max_restarts > 0`` (and by ``nbtrain launch
 ``SimpleElasticAgent`` owns the attempt loop, exactly as under ``torchrun``: a rendezvous round,
 start the workers, monitor them, restart every worker after a failure while restarts remain,
 restart on membership changes. NodeAgent fills in its hooks with what every
-nbtrain launch has (``processes``, ``Supervisor``, ``Outcome``, the live view), so the ranks
+nbtrain launch has (a ``RankGroup`` of local processes, ``Outcome``, the live view), so the ranks
 keep whole-line rank-prefixed output, results, the root-cause rule and an interrupt that stops
 them at once:
 
 - ``_rendezvous`` / ``_assign_worker_ranks``: torch's round, shown as "waiting for nodes (k of N
   joined)"; the user's ``node_rank`` decides the global ranks; the nodes' options are checked.
-- ``_start_workers``: ``processes.start_ranks`` with this node's global ranks.
-- ``_monitor_workers``: a slice of the Supervisor loop. HEALTHY while ranks run; FAILED once they
-  ended after a failure here or anywhere (the "news" every node reads, see ``elastic.py``), so
-  every node counts the same restarts; SUCCEEDED when every node's ranks succeeded.
+- ``_start_workers``: a fresh ``RankGroup`` (group/) of this node's global ranks, started.
+- ``_monitor_workers``: a slice of the group's watch loop (``RankGroup.step``: torch owns the
+  loop here, so not the group's ``watch`` nor its Ctrl-C policy: Ctrl-C raises and stops every
+  rank). HEALTHY while ranks run; FAILED once they ended after a failure here or anywhere (the
+  "news" every node reads, see ``elastic.py``), so every node counts the same restarts;
+  SUCCEEDED when every node's ranks succeeded.
 - ``_stop_workers`` / ``_shutdown``: terminate, then kill after the launcher's grace period.
 - ``_exit_barrier``: already passed when SUCCEEDED is reported (every node said it is done), in
   a wait that hears Ctrl-C and the news, which torch's blocking store barrier does not.
@@ -35,7 +37,6 @@ from torch.distributed.elastic.agent.server.api import (
     WorkerState,
 )
 
-from nbtrain.kernel import processes
 from nbtrain.kernel.config import LaunchConfig
 from nbtrain.kernel.elastic.endings import (
     AttemptEnded,
@@ -56,13 +57,13 @@ from nbtrain.kernel.elastic.news import (
 )
 from nbtrain.kernel.elastic.node import NodeCoordinator
 from nbtrain.kernel.elastic.one_node import LocalCoordinator
+from nbtrain.kernel.group import LocalProcesses, RankGroup, sigint_deferred
 from nbtrain.kernel.local import rank_specs
 from nbtrain.kernel.monitor import Verdict
 from nbtrain.kernel.outcome import Outcome
 from nbtrain.kernel.payload import PreparedCall, released
 from nbtrain.kernel.rendezvous import LocalRendezvous
-from nbtrain.kernel.run import GRACE, Run, sigint_deferred
-from nbtrain.kernel.supervisor import Supervisor
+from nbtrain.kernel.run import Run
 from nbtrain.rank import rank_entry
 from nbtrain.shared.errors import LaunchError, RemoteTraceback, WorkerError
 from nbtrain.shared.events import Event, Failed
@@ -123,8 +124,7 @@ class NodeAgent(SimpleElasticAgent):
 
     def _begin_attempt(self) -> None:
         self.failures: list[Failed] = []  # every Failed event of the attempt, collateral too
-        self.started: list[processes.RankProcess] = []
-        self.supervisor: Supervisor | None = None
+        self.group: RankGroup | None = None  # this attempt's ranks
         self._published = False
         self._done = False
 
@@ -209,17 +209,12 @@ class NodeAgent(SimpleElasticAgent):
             self.say(f"all {self.config.num_nodes} nodes joined; starting ranks")
         self.lifecycle.start_clock()
 
-        def make_args(rank: int, pipes: processes.RankPipes, close: tuple[int, ...]) -> tuple:
-            spec = replace(specs[rank], close_fds=close) if close else specs[rank]
-            return (spec, self.payload, pipes.stdout_w, pipes.stderr_w, pipes.events_w)
-
-        self.started = processes.start_ranks(
-            self.config.start.method, self.ranks, rank_entry, make_args
+        payload = self.payload
+        self.group = RankGroup(
+            LocalProcesses(self.config.start.method, rank_entry, specs, data=lambda rank: payload)
         )
-        self.supervisor = self.lifecycle.supervisor(
-            self.started, emit=self._emit, failed=self._stop_wanted
-        )
-        return {rp.rank - self.ranks[0]: rp.process.pid for rp in self.started}
+        self.group.start(self._emit, self._stop_wanted)
+        return {rp.rank - self.ranks[0]: rp.process.pid for rp in self.group.processes}
 
     def _specs(self, attempt: int) -> dict[int, RankSpec]:
         assert self.workers is not None
@@ -252,11 +247,11 @@ class NodeAgent(SimpleElasticAgent):
         return self._failed() or self.coordinator.news() is not None
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
-        supervisor = self.supervisor
-        assert supervisor is not None
+        assert self.group is not None
+        group, supervisor = self.group, self.group.channel
         end = time.monotonic() + SLICE
         while supervisor.running:
-            supervisor.step(self.lifecycle.deadline)
+            group.step(self.lifecycle.deadline)
             self._tick()
             # Once stopping began, finish it here: torch's loop must not see HEALTHY meanwhile.
             if supervisor.stopping or time.monotonic() < end:
@@ -267,7 +262,7 @@ class NodeAgent(SimpleElasticAgent):
             return RunResult(state=WorkerState.HEALTHY)
         self._close_ranks()
         if supervisor.timed_out:
-            self._time_out(supervisor)
+            self._time_out(group)
         if not self._failed() and self.coordinator.news(fresh=True) is None:
             return self._await_other_nodes()
         return self._settle()
@@ -290,12 +285,12 @@ class NodeAgent(SimpleElasticAgent):
         self._publish_root_cause()
 
     def _close_ranks(self) -> None:
-        if not self.started:
+        group = self.group  # (kept: torch calls _monitor_workers again while others finish)
+        if group is None or group.closed:
             return
-        if self.supervisor is not None:  # (None: interrupted before it existed)
-            self.supervisor.drain()
-        processes.close(self.started)
-        self.started = []
+        if group.supervisor is not None:  # (None: interrupted before it existed)
+            group.supervisor.drain()
+        group.close()
 
     def _exit_barrier(self) -> None:
         """torch's exit barrier (a blocking store wait, deaf to Ctrl-C) is already done:
@@ -309,11 +304,12 @@ class NodeAgent(SimpleElasticAgent):
         self._stop_ranks()
 
     def _stop_ranks(self) -> None:
-        if not self.started:
+        group = self.group
+        if group is None or group.closed:
             return
         with sigint_deferred():
-            processes.stop(self.started, GRACE)
-            self._close_ranks()
+            group.stop()  # (and reads what they wrote last)
+            group.close()
 
     # -- verdicts -------------------------------------------------------------------------------
 
@@ -397,10 +393,10 @@ class NodeAgent(SimpleElasticAgent):
             return
         self._fail(news)
 
-    def _time_out(self, supervisor: Supervisor) -> NoReturn:
+    def _time_out(self, group: RankGroup) -> NoReturn:
         self.coordinator.publish(News.stop(self.config.node_rank, "timeout"))
         self._end(f"Timed out after {self.config.timeout:g}s", Verdict.TIMED_OUT)
-        raise AttemptEnded(TimeoutError(self.lifecycle.timeout_message(supervisor.stuck_frames())))
+        raise AttemptEnded(TimeoutError(self.lifecycle.timeout_message(group.stacks())))
 
     # -- endings -----------------------------------------------------------------------------
 

@@ -1,0 +1,92 @@
+"""The one Ctrl-C policy of a watched rank group, and the deferral that guards its teardown.
+
+While the group's watch loop runs:
+
+- ``graceful`` (on_interrupt="checkpoint"): the first Ctrl-C asks every rank to save at its next
+  optimizer step and leave (shared/stopping.py), said in the view; the second acts at once.
+- acting at once: a one-shot launch raises KeyboardInterrupt in the loop (the group then stops
+  every rank); warm ranks (``keep``) get KeyboardInterrupt in their command instead and stay,
+  since the kernel's loop must never stop mid-read: the pipes carry on into the next command.
+
+The handler only counts presses; the loop acts on them at its next turn (``check``), never
+inside a handler (no drawing, no signalling mid-read). Off the main thread (no signals there)
+nothing is installed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from nbtrain.kernel.supervisor import Supervisor
+
+STOPPING = "stopping at the next optimizer step to save a checkpoint…"  # a graceful stop's note
+
+
+def _quiet(text: str) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class Interrupts:
+    """What Ctrl-C does while a group is watched (see the module docstring)."""
+
+    graceful: bool = False
+    keep: bool = False  # warm ranks: interrupt their command, keep the processes
+    say: Callable[[str], None] = _quiet  # where the graceful stop's note goes (the view)
+
+    @contextlib.contextmanager
+    def handling(self, supervisor: Supervisor) -> Iterator[Callable[[], None]]:
+        """Install the policy; yields the check the watch loop calls on every turn."""
+        presses: list[int] = []
+
+        def check() -> None:
+            if not presses or supervisor.interrupted:
+                return
+            if self.graceful and not supervisor.stop_asked:
+                supervisor.ask_to_stop()
+                self.say(f"{STOPPING} {self._again()}")
+            if self.keep and len(presses) >= (2 if self.graceful else 1):
+                supervisor.interrupt()
+
+        def on_sigint(signum: int, frame: Any) -> None:
+            presses.append(signum)
+            if not self.keep and len(presses) >= 2:  # a one-shot launch: the second press
+                raise KeyboardInterrupt
+
+        if threading.current_thread() is not threading.main_thread() or not (
+            self.keep or self.graceful
+        ):
+            yield check  # a one-shot launch without a graceful stop: Ctrl-C as Python has it
+            return
+        previous = signal.signal(signal.SIGINT, on_sigint)
+        try:
+            yield check
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def _again(self) -> str:
+        if self.keep:
+            return "(interrupt again to interrupt the ranks at once; their state is kept)"
+        return "(interrupt again to stop at once)"
+
+
+@contextlib.contextmanager
+def sigint_deferred() -> Iterator[None]:
+    """A second Ctrl-C while we stop the ranks must not leave them running: it is held and
+    raised once they are stopped."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pending:
+        raise KeyboardInterrupt
