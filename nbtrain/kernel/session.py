@@ -402,6 +402,7 @@ class Ranks:
             data=lambda rank: pipes[rank][0],
             also_close=others,
             release=release,
+            debuggable=True,  # breakpoint() in a rank: a pdb prompt in the cell
         )
         group = RankGroup(backend, warm=True)
         try:

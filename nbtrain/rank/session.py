@@ -27,7 +27,16 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from nbtrain.rank import interrupts, notebook, process, rankenv, reporting, runtime, teardown
+from nbtrain.rank import (
+    debugger,
+    interrupts,
+    notebook,
+    process,
+    rankenv,
+    reporting,
+    runtime,
+    teardown,
+)
 from nbtrain.rank.failures import failure_event
 from nbtrain.rank.payload import pack_result, take_results_as, unpack_call
 from nbtrain.rank.runtime import Runtime
@@ -46,8 +55,9 @@ def session_main(
     stdout: Connection,
     stderr: Connection,
     events: Connection,
+    debug: Connection | None = None,
 ) -> None:
-    """Process target of a warm rank (every start method)."""
+    """Process target of a warm rank (every start method; ``debug``: the pdb prompt's lines)."""
     process.prepare(spec.close_fds, stdout, stderr)
     process.fork_children_on_linux()
     rankenv.adopt_environment(spec.kernel_env, spec.env)
@@ -56,7 +66,9 @@ def session_main(
     teardown.install()
     signal.signal(signal.SIGINT, _on_sigint)
     interrupts.install()  # acts only while a command runs under on_interrupt="checkpoint"
-    serve(spec, commands, PipeWriter(events.fileno()), new_namespace())
+    sink = PipeWriter(events.fileno())
+    debugger.install(spec.info.rank, sink, debug)
+    serve(spec, commands, sink, new_namespace())
     teardown.release(finalizing=spec.finalizes)
     process.flush_streams()
     sys.exit(0)
@@ -84,6 +96,7 @@ def serve(spec: RankSpec, commands: Connection, sink: EventSink, namespace: dict
         policy = (command.stopping if isinstance(command, Call) else None) or spec.stopping
         active = Runtime(info, sink, spec.mixed_precision, stopping=policy)
         graceful = policy is not None and policy.on_interrupt
+        debugger.begin()  # a q in an earlier cell does not silence this one's breakpoints
         with runtime.activate(active):
             if graceful:
                 interrupts.begin()

@@ -11,7 +11,16 @@ import sys
 from multiprocessing.connection import Connection
 from typing import Any
 
-from nbtrain.rank import interrupts, notebook, process, rankenv, reporting, runtime, teardown
+from nbtrain.rank import (
+    debugger,
+    interrupts,
+    notebook,
+    process,
+    rankenv,
+    reporting,
+    runtime,
+    teardown,
+)
 from nbtrain.rank.failures import exit_code_of, failure_event
 from nbtrain.rank.payload import pack_result, unpack_call
 from nbtrain.rank.runtime import Runtime
@@ -69,9 +78,14 @@ def lingering() -> tuple[str, ...]:
 
 
 def rank_main(
-    spec: RankSpec, payload: bytes, stdout: Connection, stderr: Connection, events: Connection
+    spec: RankSpec,
+    payload: bytes,
+    stdout: Connection,
+    stderr: Connection,
+    events: Connection,
+    debug: Connection | None = None,
 ) -> None:
-    """Process target for every start method."""
+    """Process target for every start method (``debug``: the pdb prompt's lines, if any)."""
     process.prepare(spec.close_fds, stdout, stderr)
     process.fork_children_on_linux()
     rankenv.adopt_environment(spec.kernel_env, spec.env)
@@ -81,6 +95,7 @@ def rank_main(
     sink = PipeWriter(events.fileno())
     info = spec.info
     sink.send(Started(info.rank, os.getpid(), spec.device, socket.gethostname(), info.local_rank))
+    debugger.install(info.rank, sink, debug)
     if spec.stopping is not None and spec.stopping.on_interrupt:
         interrupts.install()
         interrupts.begin()
