@@ -9,7 +9,7 @@ again it sends ``Resumed``. The kernel asks the human (kernel/pdbprompt.py).
 ``q`` (or ``exit``, or end of input) ends the debugging, not the rank: the rank continues and
 ignores every later breakpoint of this launch (warm ranks: of this cell), as IPython's ``%debug``
 leaves the program alone; plain pdb's ``q`` would raise BdbQuit and fail the rank instead.
-A rank without a debug pipe (torch's elastic agent starts it) says so and continues.
+A rank without a debug pipe (torch_xla's host process) says so and continues.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def set_trace(*, header: str | None = None, frame: FrameType | None = None) -> N
     if state.lines is None:
         print(
             f"[nbtrain] rank {state.rank}: breakpoint() at {_where(frame)} ignored: this rank has "
-            "no debugger channel (started by torch's elastic agent); it continues.",
+            "no debugger channel (its launcher passed none); it continues.",
             file=sys.stderr,
             flush=True,
         )

@@ -212,7 +212,9 @@ class NodeAgent(SimpleElasticAgent):
 
         def make_args(rank: int, pipes: processes.RankPipes, close: tuple[int, ...]) -> tuple:
             spec = replace(specs[rank], close_fds=close) if close else specs[rank]
-            return (spec, self.payload, pipes.stdout_w, pipes.stderr_w, pipes.events_w)
+            # (the last: the pdb prompt's lines, kernel/pdbprompt.py)
+            return (spec, self.payload, pipes.stdout_w, pipes.stderr_w, pipes.events_w,
+                    pipes.debug_r)
 
         self.started = processes.start_ranks(
             self.config.start.method, self.ranks, rank_entry, make_args
@@ -258,6 +260,7 @@ class NodeAgent(SimpleElasticAgent):
         end = time.monotonic() + SLICE
         while supervisor.running:
             supervisor.step(self.lifecycle.deadline)
+            supervisor.prompts.turn()  # a rank at breakpoint(): the terminal's prompt
             self._tick()
             # Once stopping began, finish it here: torch's loop must not see HEALTHY meanwhile.
             if supervisor.stopping or time.monotonic() < end:
