@@ -66,7 +66,7 @@ def set_trace(*, header: str | None = None, frame: FrameType | None = None) -> N
     if state.lines is None:
         print(
             f"[nbtrain] rank {state.rank}: breakpoint() at {_where(frame)} ignored: this rank has "
-            "no debugger channel (its launcher passed none); it continues.",
+            "no debugger channel (an XLA ordinal: not supported yet); it continues.",
             file=sys.stderr,
             flush=True,
         )

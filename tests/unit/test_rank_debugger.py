@@ -100,3 +100,16 @@ def test_pythonbreakpoint_0_is_respected(rank_3, monkeypatch):
     monkeypatch.setenv("PYTHONBREAKPOINT", "0")
     breakpoint()
     assert events == []
+
+
+def test_a_rank_without_a_channel_says_so_and_continues(capsys):
+    saved = sys.breakpointhook, pdb.set_trace
+    events: list[object] = []
+    debugger.install(5, CallbackSink(events.append), None)  # an XLA ordinal
+    try:
+        breakpoint()
+    finally:
+        sys.breakpointhook, pdb.set_trace = saved
+        debugger._state = None
+    assert events == []
+    assert "rank 5: breakpoint() at" in capsys.readouterr().err
