@@ -59,6 +59,7 @@ class Prompts:
         self.holder: int | None = None  # the rank the prompt belongs to until it continues
         self.paused_for = 0.0  # seconds spent waiting for the human, all prompts together
         self.no_input = not _can_ask()
+        self.ready: Callable[[], None] = _nothing  # draws the view before the prompt blocks
 
     def take(self, event: object) -> bool:
         """A Paused / Resumed event (True), or not ours (False)."""
@@ -87,6 +88,7 @@ class Prompts:
         if rank is None or rank not in self.waiting:
             return  # the holder is stepping: wait for its next pause
         paused = self.waiting.pop(rank)
+        self.ready()  # the view shows "paused in pdb", the rank's output so far is out
         if self.no_input:
             self.say(NO_INPUT.format(rank=rank, where=paused.where))
             self._send(rank, "q")
@@ -114,6 +116,10 @@ class Prompts:
     def _send(self, rank: int, line: str) -> None:
         with contextlib.suppress(OSError):  # the rank died meanwhile: its exit says so
             self.lines[rank].send_bytes(line.encode("utf-8"))
+
+
+def _nothing() -> None:
+    pass
 
 
 def _input(prompt: str) -> str:

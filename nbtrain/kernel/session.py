@@ -276,7 +276,9 @@ class Ranks:
             run.abandon(exc)
 
         with group.stopped_on_error(lost):
-            group.watch(run.deadline, run.tick, run.interrupts(keep=True), first=send)
+            group.watch(
+                run.deadline, run.tick, run.interrupts(keep=True), first=send, redraw=run.redraw
+            )
         supervisor = group.channel
         if supervisor.stopping:
             self._restart_after(run, supervisor)

@@ -108,8 +108,8 @@ class Supervisor:
         """Return when every rank has exited and been reaped."""
         while self.running:
             self.step(deadline)
+            tick()  # (before a prompt: the view shows the rank paused while the human types)
             self.prompts.turn()
-            tick()
 
     @property
     def running(self) -> bool:

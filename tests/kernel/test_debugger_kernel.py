@@ -3,6 +3,7 @@ request, answered here the way a frontend answers it (client.input)."""
 
 from __future__ import annotations
 
+import json
 import queue
 import re
 import time
@@ -30,6 +31,8 @@ class Conversation:
     error: dict | None = None
     # stdout as it was when each prompt came (what the human saw before typing)
     seen: list[str] = field(default_factory=list)
+    view: str = ""  # what the widget view was sent (its widgets' states), all of it
+    views: list[str] = field(default_factory=list)  # ... when each prompt came
 
 
 def converse(kernel: Kernel, code: str, answers: list[str], timeout: float = 120) -> Conversation:
@@ -50,6 +53,7 @@ def converse(kernel: Kernel, code: str, answers: list[str], timeout: float = 120
                 _drain_iopub(client, msg_id, talk)
                 talk.prompts.append(request["content"]["prompt"])
                 talk.seen.append(talk.stdout)
+                talk.views.append(talk.view)
                 client.input(pending.pop(0) if pending else "c")
         if _drain_iopub(client, msg_id, talk):
             return talk
@@ -74,6 +78,8 @@ def _drain_iopub(client, msg_id: str, talk: Conversation) -> bool:
                 talk.stderr += text
         elif kind == "error":
             talk.error = content
+        elif kind == "comm_msg":
+            talk.view += json.dumps(content.get("data", {}).get("state", {}))
         elif kind == "status" and content["execution_state"] == "idle":
             return True
 
@@ -98,7 +104,7 @@ def train():
     dist.all_reduce(x)
     return float(x)
 
-result = notebook_launcher(train, num_processes=2, progress="text", return_all=True,
+result = notebook_launcher(train, num_processes=2, progress="widgets", return_all=True,
                            timeout=8)
 """,
         ["p y + 1", "p x", "n", "p x", "c"],
@@ -110,6 +116,7 @@ result = notebook_launcher(train, num_processes=2, progress="text", return_all=T
     assert "42" in talk.seen[1]
     assert "tensor([2.])" in talk.seen[2]
     assert "tensor([4.])" in talk.seen[4]
+    assert "paused in pdb (line 7)" in talk.views[0], talk.views[0]
     # The run went on: rank 0's all_reduce got rank 1's doubled value. The prompts took
     # longer than no time at all, and the 8 s timeout did not count them (see below).
     assert kernel.value("result") == [5.0, 5.0]

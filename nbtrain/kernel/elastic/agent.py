@@ -222,6 +222,7 @@ class NodeAgent(SimpleElasticAgent):
         self.supervisor = self.lifecycle.supervisor(
             self.started, emit=self._emit, failed=self._stop_wanted
         )
+        self.supervisor.prompts.ready = self.lifecycle.redraw  # before a pdb prompt
         return {rp.rank - self.ranks[0]: rp.process.pid for rp in self.started}
 
     def _specs(self, attempt: int) -> dict[int, RankSpec]:
@@ -260,8 +261,8 @@ class NodeAgent(SimpleElasticAgent):
         end = time.monotonic() + SLICE
         while supervisor.running:
             supervisor.step(self.lifecycle.deadline)
-            supervisor.prompts.turn()  # a rank at breakpoint(): the terminal's prompt
             self._tick()
+            supervisor.prompts.turn()  # a rank at breakpoint(): the terminal's prompt
             # Once stopping began, finish it here: torch's loop must not see HEALTHY meanwhile.
             if supervisor.stopping or time.monotonic() < end:
                 continue
