@@ -231,3 +231,26 @@ float(t)
         assert talk.prompts == ["(Pdb) rank 0> "] * 2 and "1" in talk.seen[1]
     finally:
         kernel.run("ranks.stop()")
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_the_prompt_under_other_start_methods(kernel, method):
+    # (the debug pipe travels as a process argument; a spawned rank's pdb is plain pdb)
+    talk = converse(
+        kernel,
+        f"""
+def train():
+    value = int(os.environ["RANK"]) * 100
+    if value:
+        breakpoint()
+    return value
+
+result = notebook_launcher(train, num_processes=2, progress="text", return_all=True,
+                           start_method="{method}")
+""",
+        ["p value + 1", "c"],
+    )
+    assert talk.error is None, talk
+    assert talk.prompts == ["(Pdb) rank 1> "] * 2
+    assert "101" in talk.seen[1]
+    assert kernel.value("result") == [0, 100]
