@@ -254,3 +254,23 @@ result = notebook_launcher(train, num_processes=2, progress="text", return_all=T
     assert talk.prompts == ["(Pdb) rank 1> "] * 2
     assert "101" in talk.seen[1]
     assert kernel.value("result") == [0, 100]
+
+
+def test_interrupting_the_kernel_at_the_prompt_stops_a_one_shot_launch(kernel):
+    msg_id = kernel.client.execute(
+        """
+def train():
+    if int(os.environ["RANK"]) == 1:
+        breakpoint()
+    time.sleep(60)
+
+notebook_launcher(train, num_processes=2, progress="text")
+""",
+        allow_stdin=True,
+    )
+    request = kernel.client.get_stdin_msg(timeout=60)
+    assert request["content"]["prompt"] == "(Pdb) rank 1> "
+    kernel.manager.interrupt_kernel()
+    out = kernel.collect(msg_id, timeout=60)
+    assert out.error is not None and out.error["ename"] == "KeyboardInterrupt", out
+    assert kernel.live_children() == []
