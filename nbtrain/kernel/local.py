@@ -43,6 +43,7 @@ def _run_ranks(config: LaunchConfig, call: PreparedCall) -> Any:
         # big data into shared memory, said if it takes time
         before=lambda: call.commit(run.say, len(ranks)),
         release=rendezvous.close,
+        debuggable=True,  # breakpoint() in a rank: a pdb prompt in the cell
     )
     return run.finish(run.supervise(RankGroup(backend)))
 

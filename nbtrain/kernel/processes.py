@@ -35,7 +35,9 @@ FORKSERVER_PRELOAD = [*WARM_IMPORTS, "nbtrain.rank.worker"]
 
 @dataclass
 class RankPipes:
-    """The kernel's read ends and the rank's write ends of one rank's three pipes."""
+    """The kernel's read ends and the rank's write ends of one rank's three pipes, and the
+    one pipe the other way: the lines a human types at a rank's pdb prompt (kernel/pdbprompt.py),
+    read by the rank only while it is paused at a breakpoint."""
 
     stdout_r: Connection
     stdout_w: Connection
@@ -43,12 +45,14 @@ class RankPipes:
     stderr_w: Connection
     events_r: Connection
     events_w: Connection
+    debug_r: Connection  # the rank's end
+    debug_w: Connection  # the kernel's end
 
     @classmethod
     def create(cls, ctx: Any) -> RankPipes:
-        pairs = [ctx.Pipe(duplex=False) for _ in range(3)]
-        (out_r, out_w), (err_r, err_w), (evt_r, evt_w) = pairs
-        return cls(out_r, out_w, err_r, err_w, evt_r, evt_w)
+        pairs = [ctx.Pipe(duplex=False) for _ in range(4)]
+        (out_r, out_w), (err_r, err_w), (evt_r, evt_w), (dbg_r, dbg_w) = pairs
+        return cls(out_r, out_w, err_r, err_w, evt_r, evt_w, dbg_r, dbg_w)
 
     def reader_fds(self) -> tuple[int, int, int]:
         return self.stdout_r.fileno(), self.stderr_r.fileno(), self.events_r.fileno()
@@ -56,12 +60,22 @@ class RankPipes:
     def writer_fds(self) -> tuple[int, int, int]:
         return self.stdout_w.fileno(), self.stderr_w.fileno(), self.events_w.fileno()
 
+    def rank_fds(self) -> tuple[int, ...]:
+        """The ends a rank holds (its writers, and the debug pipe's reader)."""
+        return (*self.writer_fds(), self.debug_r.fileno())
+
+    def kernel_fds(self) -> tuple[int, ...]:
+        """The ends the kernel holds (its readers, and the debug pipe's writer)."""
+        return (*self.reader_fds(), self.debug_w.fileno())
+
     def close_writers(self) -> None:
-        for conn in (self.stdout_w, self.stderr_w, self.events_w):
+        """The kernel, once the rank started: close the rank's ends."""
+        for conn in (self.stdout_w, self.stderr_w, self.events_w, self.debug_r):
             conn.close()
 
     def close_readers(self) -> None:
-        for conn in (self.stdout_r, self.stderr_r, self.events_r):
+        """The kernel, when the rank is done: close its own ends."""
+        for conn in (self.stdout_r, self.stderr_r, self.events_r, self.debug_w):
             if not conn.closed:
                 conn.close()
 
@@ -181,9 +195,9 @@ def _main_module_not_inherited(method: StartMethod) -> Iterator[None]:
 def _foreign_fds(all_pipes: dict[int, RankPipes], own: int) -> tuple[int, ...]:
     fds: list[int] = []
     for rank, pipes in all_pipes.items():
-        fds.extend(pipes.reader_fds())
+        fds.extend(pipes.kernel_fds())
         if rank != own:
-            fds.extend(pipes.writer_fds())
+            fds.extend(pipes.rank_fds())
     return tuple(fds)
 
 

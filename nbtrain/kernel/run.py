@@ -107,6 +107,11 @@ class Run:
             self.output.flush()
             self.view.draw(self.state)
 
+    def redraw(self) -> None:
+        """Publish and draw now, unthrottled (before a rank's pdb prompt blocks the loop)."""
+        self._last_draw = -float("inf")
+        self.tick()
+
     def say(self, text: str) -> None:
         """A node-level status ("waiting for nodes (1 of 2 joined)"): in the widget header or
         as one line of the text view; never breaks a launch."""
@@ -141,7 +146,7 @@ class Run:
         try:
             with group.stopped_on_error(self.abandon):
                 supervisor = group.start(emit or self.emit, self.outcome.has_failure)
-                group.watch(self.deadline, self.tick, self.interrupts())
+                group.watch(self.deadline, self.tick, self.interrupts(), redraw=self.redraw)
         except KeyboardInterrupt:
             # Where the watch loop was is no news to the user: the cell line and this.
             raise KeyboardInterrupt(f"every rank was stopped{self._kept()}") from None

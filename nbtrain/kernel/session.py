@@ -277,7 +277,9 @@ class Ranks:
             run.abandon(exc)
 
         with group.stopped_on_error(lost):
-            group.watch(run.deadline, run.tick, run.interrupts(keep=True), first=send)
+            group.watch(
+                run.deadline, run.tick, run.interrupts(keep=True), first=send, redraw=run.redraw
+            )
         supervisor = group.channel
         if supervisor.stopping:
             self._restart_after(run, supervisor)
@@ -408,6 +410,7 @@ class Ranks:
             data=lambda rank: pipes[rank][0],
             also_close=others,
             release=release,
+            debuggable=True,  # breakpoint() in a rank: a pdb prompt in the cell
         )
         group = RankGroup(backend, warm=True)
         try:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
 from nbtrain.kernel.outorder import OutputOrder
+from nbtrain.kernel.pdbprompt import Prompts
 from nbtrain.kernel.processes import RankProcess, has_exited, kill_overdue, reap, request_stop
 from nbtrain.shared import stacks
 from nbtrain.shared.errors import signal_name
@@ -107,12 +108,15 @@ class Supervisor:
         self.stuck = False
         self.stop_asked = False  # a graceful stop was asked for (ask_to_stop)
         self._asked: set[int] = set()
+        # breakpoint() in a rank: its pdb prompt, asked from this loop (pdbprompt.py)
+        self.prompts = Prompts({rp.rank: rp.pipes.debug_w for rp in ranks})
 
     def run(self, deadline: float | None, tick: Callable[[], None]) -> None:
         """Return when every rank has exited and been reaped."""
         while self.running:
             self.step(deadline)
-            tick()
+            tick()  # (before a prompt: the view shows the rank paused while the human types)
+            self.prompts.turn()
 
     @property
     def running(self) -> bool:
@@ -135,6 +139,7 @@ class Supervisor:
         self._dumps, self._grace_from = None, None
         self.timed_out = self.interrupted = self.stuck = self.stop_asked = False
         self._asked.clear()
+        self.prompts.paused_for = 0.0
 
     def interrupt(self) -> None:
         """Ctrl-C (or the cell's timeout): KeyboardInterrupt in every rank still in the cell;
@@ -205,6 +210,8 @@ class Supervisor:
     def step(self, deadline: float | None) -> None:
         """One turn of the loop (at most about TICK seconds); callers that own the loop, such
         as torch's elastic agent (agent.py), call it themselves."""
+        if deadline is not None:  # a human at a rank's pdb prompt: not the run's time
+            deadline += self.prompts.paused_for
         by_sentinel = {rp.sentinel: rp for rp in self.ranks if not rp.reaped}
         watched = [s.fd for s in self._streams.values() if s.open] + list(by_sentinel)
         if self.stop_asked:
@@ -293,6 +300,8 @@ class Supervisor:
             request_stop(rank_process, terminate=rank_process.rank not in self._reported)
 
     def _emit_event(self, event: Event, process_rank: int) -> None:
+        if self.prompts.take(event):
+            return
         if isinstance(event, Display):
             # Its marks are in the stdout and stderr pipes already (written before it).
             for stream in self._streams.values():
@@ -306,6 +315,7 @@ class Supervisor:
             # consequence of the stop, shown as stopped, never the root cause.
             event = dataclasses.replace(event, after_stop=True, collateral=True)
         if isinstance(event, (Finished, Failed, Stopped)):
+            self.prompts.forget(event.rank)
             self._reported.add(event.rank)
             self._done_for[process_rank].add(event.rank)
             if isinstance(event, Finished) and event.lingering:
@@ -337,6 +347,7 @@ class Supervisor:
                 self._pump(stream)
         self._order.release(rank_process.rank)
         exitcode = reap(rank_process)
+        self.prompts.forget(rank_process.rank)
         signal = signal_name(-exitcode) if exitcode is not None and exitcode < 0 else None
         self._emit(
             Exited(

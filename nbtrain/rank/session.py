@@ -28,6 +28,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from nbtrain.rank import (
+    debugger,
     inherited,
     interrupts,
     notebook,
@@ -55,12 +56,15 @@ def session_main(
     stdout: Connection,
     stderr: Connection,
     events: Connection,
+    debug: Connection | None = None,
 ) -> None:
-    """Process target of a warm rank (every start method)."""
+    """Process target of a warm rank (every start method; ``debug``: the pdb prompt's lines)."""
     startup.set_up(spec, stdout, stderr)
     signal.signal(signal.SIGINT, _on_sigint)
     interrupts.install()  # acts only while a command runs under on_interrupt="checkpoint"
-    serve(spec, commands, PipeWriter(events.fileno()), new_namespace())
+    sink = PipeWriter(events.fileno())
+    debugger.install(spec.info.rank, sink, debug)
+    serve(spec, commands, sink, new_namespace())
     runtime.end_tracker_run()  # a tracker run spans cells until end_training() or the end
     teardown.release(finalizing=spec.finalizes)
     process.flush_streams()
@@ -89,6 +93,7 @@ def serve(spec: RankSpec, commands: Connection, sink: EventSink, namespace: dict
         policy = (command.stopping if isinstance(command, Call) else None) or spec.stopping
         active = Runtime(info, sink, spec.mixed_precision, stopping=policy)
         graceful = policy is not None and policy.on_interrupt
+        debugger.begin()  # a q in an earlier cell does not silence this one's breakpoints
         with runtime.activate(active):
             if graceful:
                 interrupts.begin()

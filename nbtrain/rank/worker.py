@@ -12,6 +12,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from nbtrain.rank import (
+    debugger,
     inherited,
     interrupts,
     process,
@@ -82,13 +83,19 @@ def lingering() -> tuple[str, ...]:
 
 
 def rank_main(
-    spec: RankSpec, payload: bytes, stdout: Connection, stderr: Connection, events: Connection
+    spec: RankSpec,
+    payload: bytes,
+    stdout: Connection,
+    stderr: Connection,
+    events: Connection,
+    debug: Connection | None = None,
 ) -> None:
-    """Process target for every start method."""
+    """Process target for every start method (``debug``: the pdb prompt's lines, if any)."""
     startup.set_up(spec, stdout, stderr)
     sink = PipeWriter(events.fileno())
     info = spec.info
     sink.send(Started(info.rank, os.getpid(), spec.device, socket.gethostname(), info.local_rank))
+    debugger.install(info.rank, sink, debug)
     if spec.stopping is not None and spec.stopping.on_interrupt:
         interrupts.install()
         interrupts.begin()

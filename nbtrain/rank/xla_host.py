@@ -33,7 +33,7 @@ from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
-from nbtrain.rank import runtime, startup, worker
+from nbtrain.rank import debugger, runtime, startup, worker
 from nbtrain.rank.failures import failure_event
 from nbtrain.rank.runtime import Runtime
 from nbtrain.shared.events import Event, Finished, Output, PipeWriter, Started
@@ -138,6 +138,7 @@ def run_ordinal(index: int, spec: HostSpec, payload: bytes) -> None:
     info = RankInfo(ordinal, local, world, world)  # one host: local == global
     device = f"{torch_xla.device()} ({spec.device})"
     sink.send(Started(ordinal, os.getpid(), device, socket.gethostname(), local))
+    debugger.install(ordinal, sink, None)  # no prompt for ordinals yet: said, then ignored
     xla_accel.ordinal_started(ordinal)
     verdict = _Verdict(ordinal, sink)
     try:

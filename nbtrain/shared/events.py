@@ -56,6 +56,28 @@ class Status:
 
 
 @dataclass(frozen=True, slots=True)
+class Paused:
+    """The rank's pdb waits for a line (rank/debugger.py): ``text`` is what pdb wrote since
+    its last prompt (where it stopped, the answer to the last command)."""
+
+    rank: int
+    text: str
+    where: str  # "file:line" of the frame pdb stopped in
+    time: float = field(default_factory=now)
+
+
+@dataclass(frozen=True, slots=True)
+class Resumed:
+    """The rank's pdb let the rank run again: ``stepping`` (n, s, r, ...) means it will
+    pause again soon; else (c, q) the prompt is free for another rank."""
+
+    rank: int
+    text: str
+    stepping: bool
+    time: float = field(default_factory=now)
+
+
+@dataclass(frozen=True, slots=True)
 class Strategy:
     """How the rank trains, when it is more than data parallel (e.g. 'fsdp2')."""
 
@@ -187,6 +209,8 @@ class Exited:
 Event = (
     Started
     | Status
+    | Paused
+    | Resumed
     | Strategy
     | GpuUsage
     | Tracked

@@ -211,9 +211,13 @@ class NodeAgent(SimpleElasticAgent):
 
         payload = self.payload
         self.group = RankGroup(
-            LocalProcesses(self.config.start.method, rank_entry, specs, data=lambda rank: payload)
+            LocalProcesses(
+                self.config.start.method, rank_entry, specs, data=lambda rank: payload,
+                debuggable=True,  # (the last argument: the pdb prompt's lines, pdbprompt.py)
+            )
         )
         self.group.start(self._emit, self._stop_wanted)
+        self.group.channel.prompts.ready = self.lifecycle.redraw  # before a pdb prompt
         return {rp.rank - self.ranks[0]: rp.process.pid for rp in self.group.processes}
 
     def _specs(self, attempt: int) -> dict[int, RankSpec]:
@@ -253,6 +257,7 @@ class NodeAgent(SimpleElasticAgent):
         while supervisor.running:
             group.step(self.lifecycle.deadline)
             self._tick()
+            supervisor.prompts.turn()  # a rank at breakpoint(): the terminal's prompt
             # Once stopping began, finish it here: torch's loop must not see HEALTHY meanwhile.
             if supervisor.stopping or time.monotonic() < end:
                 continue

@@ -54,6 +54,7 @@ class LocalProcesses:
     also_close: Callable[[int], tuple[int, ...]] = _no_fds
     before: Callable[[], None] = _nothing  # just before the first process starts
     release: Callable[[], None] = _nothing  # what close() frees (the rendezvous, ...)
+    debuggable: bool = False  # the target takes the debug pipe's end last (rank/debugger.py)
 
     def start(self) -> list[processes.RankProcess]:
         self.before()
@@ -66,4 +67,5 @@ class LocalProcesses:
         spec = self.specs[rank]
         if close:  # fork: the other ranks' pipes, and what only the backend knows of
             spec = dataclasses.replace(spec, close_fds=(*close, *self.also_close(rank)))
-        return (spec, self.data(rank), pipes.stdout_w, pipes.stderr_w, pipes.events_w)
+        args = (spec, self.data(rank), pipes.stdout_w, pipes.stderr_w, pipes.events_w)
+        return (*args, pipes.debug_r) if self.debuggable else args

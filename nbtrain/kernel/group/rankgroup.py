@@ -70,11 +70,14 @@ class RankGroup:
         interrupts: Interrupts,
         *,
         first: Callable[[], None] = _nothing,
+        redraw: Callable[[], None] = _nothing,
     ) -> None:
         """The one watch loop: until every rank exited (warm: reported the command), with
         ``tick`` after every turn and Ctrl-C as ``interrupts`` says. ``first`` runs under that
-        policy already (the warm ranks' commands are sent there)."""
+        policy already (the warm ranks' commands are sent there); ``redraw`` draws the view
+        at once, before a rank's pdb prompt (pdbprompt.py) holds the loop."""
         supervisor = self.channel
+        supervisor.prompts.ready = redraw
         with interrupts.handling(supervisor) as check:
             first()
 

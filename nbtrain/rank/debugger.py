@@ -1,0 +1,140 @@
+"""``breakpoint()`` and ``pdb.set_trace()`` in a rank: a pdb whose prompt is the kernel's.
+
+A rank has no terminal. Its pdb (``RankPdb``) reads its lines from the debug pipe the kernel
+writes (kernel/processes.py: RankPipes.debug_w) and writes its output into events: each time it
+wants a line it sends ``Paused`` (what it wrote since the last prompt, and where it stopped) and
+a ``Status`` note for the live view ("paused in pdb (line N)"); when a command lets the rank run
+again it sends ``Resumed``. The kernel asks the human (kernel/pdbprompt.py).
+
+``q`` (or ``exit``, or end of input) ends the debugging, not the rank: the rank continues and
+ignores every later breakpoint of this launch (warm ranks: of this cell), as IPython's ``%debug``
+leaves the program alone; plain pdb's ``q`` would raise BdbQuit and fail the rank instead.
+A rank without a debug pipe (torch_xla's host process) says so and continues.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pdb
+import sys
+from multiprocessing.connection import Connection
+from types import FrameType
+from typing import Any
+
+from nbtrain.shared.events import EventSink, Paused, Resumed, Status
+
+_ENDING = frozenset({"c", "cont", "continue", "q", "quit", "exit", "EOF"})
+
+
+class _State:
+    def __init__(self, rank: int, sink: EventSink, lines: Connection | None) -> None:
+        self.rank, self.sink, self.lines = rank, sink, lines
+        self.ignoring = False  # after q: later breakpoints of this launch (or cell) are skipped
+
+
+_state: _State | None = None
+
+
+def install(rank: int, sink: EventSink, lines: Connection | None) -> None:
+    """In a rank: ``breakpoint()`` and ``pdb.set_trace()`` open a RankPdb."""
+    global _state
+    _state = _State(rank, sink, lines)
+    sys.breakpointhook = _breakpointhook
+    pdb.set_trace = set_trace
+
+
+def begin() -> None:
+    """A warm rank's new command: breakpoints count again after an earlier ``q``."""
+    if _state is not None:
+        _state.ignoring = False
+
+
+def _breakpointhook(*args: Any, **kwargs: Any) -> Any:
+    chosen = os.environ.get("PYTHONBREAKPOINT", "")
+    if chosen not in ("", "pdb.set_trace"):  # PYTHONBREAKPOINT=0, or another debugger
+        return sys.__breakpointhook__(*args, **kwargs)
+    return set_trace(frame=sys._getframe(1))
+
+
+def set_trace(*, header: str | None = None, frame: FrameType | None = None) -> None:
+    """pdb.set_trace() in a rank (pdb's signature, plus the frame to stop in)."""
+    frame = frame or sys._getframe(1)
+    state = _state
+    if state is None or state.ignoring:
+        return
+    if state.lines is None:
+        print(
+            f"[nbtrain] rank {state.rank}: breakpoint() at {_where(frame)} ignored: this rank has "
+            "no debugger channel (an XLA ordinal: not supported yet); it continues.",
+            file=sys.stderr,
+            flush=True,
+        )
+        return
+    debugger = RankPdb(state)
+    if header is not None:
+        debugger.message(header)
+    debugger.set_trace(frame)
+
+
+class _Prompt(io.TextIOBase):
+    """The pdb's stdin: each readline is a Paused event, answered through the debug pipe."""
+
+    def __init__(self, debugger: RankPdb) -> None:
+        self.debugger = debugger
+
+    def readline(self, size: int | None = -1) -> str:  # type: ignore[override]
+        debugger, state = self.debugger, self.debugger.state
+        frame = debugger.curframe
+        where = _where(frame) if frame is not None else "?"
+        line = where.rsplit(":", 1)[-1]
+        state.sink.send(Status(state.rank, f"paused in pdb (line {line})"))
+        state.sink.send(Paused(state.rank, debugger.take_output(), where))
+        assert state.lines is not None
+        try:
+            answer = state.lines.recv_bytes().decode("utf-8", "replace")
+        except (EOFError, OSError):
+            return ""  # the kernel is gone: pdb reads EOF and quits
+        return answer.rstrip("\r\n") + "\n"
+
+
+class RankPdb(pdb.Pdb):
+    """pdb with the kernel's prompt as its terminal (see the module docstring)."""
+
+    def __init__(self, state: _State) -> None:
+        self.state = state
+        self._output = io.StringIO()
+        super().__init__(stdin=_Prompt(self), stdout=self._output, nosigint=True)  # type: ignore[arg-type]
+        self.prompt = ""  # the kernel writes the prompt: "(Pdb) rank N> "
+
+    def take_output(self) -> str:
+        text = self._output.getvalue()
+        self._output.seek(0)
+        self._output.truncate()
+        return text
+
+    def postcmd(self, stop: Any, line: str) -> Any:
+        stop = super().postcmd(stop, line)
+        if stop:
+            command = line.split(maxsplit=1)[0] if line.strip() else ""
+            state = self.state
+            state.sink.send(Resumed(state.rank, self.take_output(), command not in _ENDING))
+            state.sink.send(Status(state.rank, ""))
+        return stop
+
+    def do_quit(self, arg: str) -> bool:
+        """q(uit) | exit: end the debugging; the rank continues and skips later breakpoints."""
+        self.state.ignoring = True
+        self.clear_all_breaks()
+        self.set_continue()
+        return True
+
+    do_q = do_exit = do_quit
+
+    def do_EOF(self, arg: str) -> bool:
+        """End of input: as q."""
+        return self.do_quit(arg)
+
+
+def _where(frame: FrameType) -> str:
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
