@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -42,13 +43,22 @@ def cluster() -> Iterator[Cluster]:
         cluster.shutdown()
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 def _start_cluster(tries: int = 2) -> Cluster:
     """Ray gives a raylet 30 s to register (fixed): on a loaded 2-core machine that can pass,
     so a failed start is tried once more."""
     for attempt in range(tries):
         cluster = Cluster()
+        cluster.client_port = _free_port()  # the head's Ray Client server (ray://)
         try:
-            cluster.add_node(num_cpus=2, resources={"n0": 1})
+            cluster.add_node(
+                num_cpus=2, resources={"n0": 1}, ray_client_server_port=cluster.client_port
+            )
             cluster.add_node(num_cpus=2, resources={"n1": 1})
             cluster.wait_for_nodes()
             return cluster
@@ -245,6 +255,31 @@ except ImportError as exc:
     assert lines[2].startswith("RuntimeError cluster='ray' found no Ray connection")
     assert "ray.init(address='auto')" in lines[2]
     assert lines[3].startswith("ImportError") and "pip install nbtrain[ray]" in lines[3]
+
+
+# Ray's client proxy keeps the per-client server process it started for this client (a part of
+# the cluster, ended with it at the module's teardown); actors and groups are checked below.
+@pytest.mark.allow_leaks
+def test_from_a_ray_client_outside_the_cluster(cluster, nodes) -> None:
+    """A kernel connected only through Ray Client (ray://): no socket back to it."""
+    port = cluster.client_port
+    script = f"""
+import ray, nbtrain
+ray.init("ray://127.0.0.1:{port}")
+def where():
+    import os
+    print("rank", os.environ["RANK"], "here")
+    return os.environ["NBTRAIN_RAY_NODE_ID"]
+print(nbtrain.notebook_launcher(where, num_processes=2, return_all=True, progress="text",
+                                cluster=nbtrain.RayCluster(placement="spread")))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "[rank 0] rank 0 here" in done.stdout and "[rank 1] rank 1 here" in done.stdout
+    assert repr([nodes["n0"], nodes["n1"]]) in done.stdout or repr(
+        [nodes["n1"], nodes["n0"]]) in done.stdout
+    _nothing_left()
 
 
 def test_a_node_lost_mid_run_names_it_and_stops_the_rest(cluster, nodes, tmp_path) -> None:
