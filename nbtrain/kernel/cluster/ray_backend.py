@@ -93,7 +93,7 @@ class RayRanks:
             ).remote()
             for index in range(count)
         ]
-        places = [Node(*where) for where in ray.get([a.where.remote() for a in self.actors])]
+        places = [Node(*where) for where in self._ask(ray, [a.where.remote() for a in self.actors])]
         # Ranks node by node (nodes in the order of their first bundle): a node's ranks are
         # consecutive, as torchrun numbers them.
         order = list(dict.fromkeys(place.node_id for place in places))
@@ -114,6 +114,17 @@ class RayRanks:
         self.relay = Relay(started, handles)
         self.relay.start()
         return started
+
+    def _ask(self, ray: Any, calls: list[Any]) -> list[Any]:
+        """The actors' first answers; an actor that could not start says why, in words."""
+        try:
+            return list(ray.get(calls))
+        except ray.exceptions.RayActorError as exc:
+            raise RuntimeError(
+                "nbtrain's rank actors could not start on the Ray cluster: check that the "
+                "nodes have the same Python, torch and nbtrain as this kernel (pip install "
+                f"nbtrain[ray] there). Ray said: {str(exc).strip().splitlines()[0]}"
+            ) from None
 
     def _place(self, ray: Any, count: int) -> Any:
         """The placement group, ready; a clear error (naming what is free) after a short wait."""
