@@ -207,6 +207,27 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _stuck_on_a_line() -> None:
+    import time
+
+    time.sleep(600)
+
+
+def test_timeout_names_the_line_each_rank_was_stuck_on(nodes) -> None:
+    """The stack request travels to each node as a signal call, the dump back as stderr."""
+    with pytest.raises(TimeoutError) as caught:
+        nbtrain.notebook_launcher(
+            _stuck_on_a_line, num_processes=2, cluster=SPREAD, timeout=25, progress="off"
+        )
+    line = _stuck_on_a_line.__code__.co_firstlineno + 3
+    text = str(caught.value)
+    for rank in (0, 1):
+        assert f"rank {rank} was in " in text
+        # (a function sent by value, as a notebook's: its file is cloudpickle's)
+        assert f"{line} in _stuck_on_a_line" in text
+    _nothing_left()
+
+
 def test_more_ranks_than_the_cluster_has_fails_before_start(nodes) -> None:
     with pytest.raises(ValueError, match=r"needs 5 CPUs, but the Ray cluster has 4 in all"):
         nbtrain.notebook_launcher(_world, num_processes=5, cluster="ray")
