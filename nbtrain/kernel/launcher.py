@@ -111,7 +111,8 @@ def notebook_launcher(
 
 def _given(options: dict[str, Any]) -> dict[str, Any]:
     """The options a cluster launch does not take (yet), as the user gave them."""
-    names = ("start_method", "gpu_ids", "num_nodes", "node_rank", "rdzv_endpoint", "max_restarts")
+    names = ("start_method", "gpu_ids", "num_nodes", "node_rank", "rdzv_endpoint", "max_restarts",
+             "num_processes")
     return {name: options[name] for name in names}
 
 

@@ -262,6 +262,7 @@ def test_bad_input_without_ray_or_connection() -> None:
 import sys, nbtrain
 def f(): return 1
 for make in (lambda: nbtrain.notebook_launcher(f, num_processes=2, cluster="slurm"),
+             lambda: nbtrain.notebook_launcher(f, cluster="ray"),
              lambda: nbtrain.RayCluster(placement="random"),
              lambda: nbtrain.notebook_launcher(f, num_processes=2, cluster="ray")):
     try:
@@ -278,10 +279,12 @@ except ImportError as exc:
                           timeout=120, check=True)
     lines = done.stdout.splitlines()
     assert lines[0].startswith("ValueError cluster='slurm' is not a cluster nbtrain knows")
-    assert lines[1].startswith("ValueError RayCluster(placement='random') is not a valid")
-    assert lines[2].startswith("RuntimeError cluster='ray' found no Ray connection")
-    assert "ray.init(address='auto')" in lines[2]
-    assert lines[3].startswith("ImportError") and "pip install nbtrain[ray]" in lines[3]
+    assert lines[1] == "ValueError cluster='ray' needs num_processes=: how many ranks Ray " \
+        "should place."
+    assert lines[2].startswith("ValueError RayCluster(placement='random') is not a valid")
+    assert lines[3].startswith("RuntimeError cluster='ray' found no Ray connection")
+    assert "ray.init(address='auto')" in lines[3]
+    assert lines[4].startswith("ImportError") and "pip install nbtrain[ray]" in lines[4]
 
 
 # Ray's client proxy keeps the per-client server process it started for this client (a part of

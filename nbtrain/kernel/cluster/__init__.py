@@ -39,6 +39,10 @@ def launch_on_cluster(
     """Check ``cluster=`` against the launch and the cluster, then run the ranks there."""
     __tracebackhide__ = True
     chosen = as_cluster(cluster)
+    if given.pop("num_processes") is None:  # one per local GPU means nothing on a cluster
+        raise ValueError(
+            f"cluster={cluster!r} needs num_processes=: how many ranks Ray should place."
+        )
     for name, value in given.items():
         if value != _DEFAULTS[name]:
             raise ValueError(
