@@ -92,6 +92,11 @@ def _nothing_left() -> None:
         time.sleep(0.2)
     assert not actors, f"actors left alive: {actors}"
     assert not groups, f"placement groups left: {groups}"
+    # And their CPUs free again: the next test's "spread" must find room on both nodes.
+    while ray.available_resources().get("CPU", 0) < ray.cluster_resources().get("CPU", 0):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"CPUs still held: {ray.available_resources()}")
+        time.sleep(0.2)
 
 
 def _world(data=None) -> dict:
@@ -305,7 +310,7 @@ print(nbtrain.notebook_launcher(where, num_processes=2, return_all=True, progres
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=180)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "[rank 0] rank 0 here" in done.stdout and "[rank 1] rank 1 here" in done.stdout
     assert repr([nodes["n0"], nodes["n1"]]) in done.stdout or repr(
         [nodes["n1"], nodes["n0"]]) in done.stdout
