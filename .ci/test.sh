@@ -10,7 +10,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # constraints.txt pins torch 2.13.0 (pip prefers a CPU build 2.13.0+cpu where one is offered).
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q --no-cache-dir -c constraints.txt -e '.[dev,trackers]'
+.venv/bin/python -m pip install -q --no-cache-dir -c constraints.txt -e '.[dev,trackers,ray]'
 
 # A real browser for the live-view test (Debian's chromium; playwright cannot download one here).
 if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then

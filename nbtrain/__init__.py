@@ -25,6 +25,7 @@ _LAZY = {
     "debug_launcher": "nbtrain.kernel.launcher",
     "start_ranks": "nbtrain.kernel.magics",
     "WorkerError": "nbtrain.shared.errors",
+    "RayCluster": "nbtrain.kernel.cluster.spec",
     "ResultError": "nbtrain.shared.errors",
     "SessionError": "nbtrain.shared.errors",
     "Accelerator": "nbtrain.accelerator.core",
@@ -41,6 +42,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     from nbtrain.accelerator.fsdp_plugin import FullyShardedDataParallelPlugin
     from nbtrain.accelerator.seed import set_seed
     from nbtrain.integrations.transformers import NbtrainCallback
+    from nbtrain.kernel.cluster.spec import RayCluster
     from nbtrain.kernel.launcher import debug_launcher, notebook_launcher
     from nbtrain.kernel.magics import start_ranks
     from nbtrain.rank.reporting import log, progress
@@ -68,6 +70,7 @@ __all__ = [
     "DistributedType",
     "FullyShardedDataParallelPlugin",
     "NbtrainCallback",
+    "RayCluster",
     "ResultError",
     "SessionError",
     "WorkerError",

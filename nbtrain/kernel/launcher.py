@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nbtrain.kernel import accelerate_options, cuda_origin, environment
+from nbtrain.kernel.cluster.spec import RayCluster
 from nbtrain.kernel.config import (
     LaunchConfig,
     OutputMode,
@@ -53,6 +54,7 @@ def notebook_launcher(
     resume_from: str | os.PathLike[str] | None = None,
     project_dir: str | os.PathLike[str] | None = None,
     total_limit: int | None = 3,
+    cluster: str | RayCluster | None = None,
     use_port: str | int | None = None,
     master_addr: str | None = None,
     rdzv_backend: str = "static",
@@ -70,6 +72,9 @@ def notebook_launcher(
     ``resume=True`` has ``prepare()`` load the newest one. Checkpoints go to
     ``<project_dir>/checkpoints/checkpoint_<n>`` (default project_dir:
     ``nbtrain-runs/<function name>``), the newest ``total_limit`` kept.
+
+    ``cluster="ray"`` (or ``nbtrain.RayCluster(...)``): the ranks are placed on the Ray cluster
+    this kernel is connected to (``ray.init(...)`` first); see notebooks/guides/cluster.md.
 
     Accelerate's other parameters (notebooks/guides/launching.md): ``use_port`` and
     ``master_addr`` name node 0 when ``num_nodes > 1`` and no ``rdzv_endpoint`` is given (one
@@ -125,7 +130,18 @@ def notebook_launcher(
         launch=config,
     )
     config = dataclasses.replace(config, stopping=policy)
+    if cluster is not None:
+        from nbtrain.kernel.cluster import launch_on_cluster
+
+        return launch_on_cluster(cluster, config, function, args, kwargs, given=_given(locals()))
     return dispatch(config, function, args, kwargs)
+
+
+def _given(options: dict[str, Any]) -> dict[str, Any]:
+    """The options a cluster launch does not take (yet), as the user gave them."""
+    names = ("start_method", "gpu_ids", "num_nodes", "node_rank", "rdzv_endpoint", "max_restarts",
+             "num_processes")
+    return {name: options[name] for name in names}
 
 
 def dispatch(

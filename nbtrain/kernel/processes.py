@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import Any, Protocol
 
 import torch.multiprocessing as torch_mp
 
@@ -80,10 +80,28 @@ class RankPipes:
                 conn.close()
 
 
+class RemoteProcess(Protocol):
+    """A rank's process on another machine (a cluster backend's): whoever placed it answers.
+
+    Its ``pid`` names a process of its node, so it is never signalled from here: ``send`` asks
+    the node to. ``sentinel`` is a local fd that becomes readable once the rank ended (its
+    output is then in its local pipes); ``join`` returns within a bounded time."""
+
+    pid: int | None
+    sentinel: int
+    exitcode: int | None  # None while the rank runs
+
+    def send(self, signum: int, *, group: bool) -> None: ...
+
+    def join(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
 @dataclass
 class RankProcess:
     rank: int
-    process: BaseProcess
+    process: BaseProcess | RemoteProcess
     pipes: RankPipes
     stop_requested_at: float | None = None
     stop_signalled_at: float | None = None  # wall clock (comparable to events' times)
@@ -210,6 +228,29 @@ def _claim_group(process: BaseProcess, method: StartMethod) -> None:
             os.setpgid(process.pid, process.pid)
 
 
+def remote(rank_process: RankProcess) -> RemoteProcess | None:
+    """The rank's handle if it runs on another machine (a cluster backend), else None."""
+    process = rank_process.process
+    return None if isinstance(process, BaseProcess) else process
+
+
+def send_signal(rank_process: RankProcess, signum: int) -> bool:
+    """Signal the rank alone (not its DataLoader workers), wherever it runs; False if it could
+    not be (gone, not ours)."""
+    handle = remote(rank_process)
+    if handle is not None:
+        handle.send(signum, group=False)
+        return True
+    pid = rank_process.process.pid
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
 def signal_rank(rank_process: RankProcess, signum: int) -> None:
     """Signal the rank's process group (its DataLoader workers) and the rank itself."""
     pid = rank_process.process.pid
@@ -217,6 +258,12 @@ def signal_rank(rank_process: RankProcess, signum: int) -> None:
         return
     if rank_process.stop_signalled_at is None:
         rank_process.stop_signalled_at = time.time()
+    handle = remote(rank_process)
+    if handle is not None:  # its node signals the group, as below
+        rank_process.signals_sent.add(signum)
+        handle.send(signum, group=True)
+        return
+    assert isinstance(rank_process.process, BaseProcess)
     if not hasattr(os, "killpg"):  # Windows: no process groups or POSIX signals
         # Both end in TerminateProcess, which multiprocessing reports as -SIGTERM.
         rank_process.signals_sent.add(signal.SIGTERM)
@@ -262,6 +309,9 @@ def has_exited(rank_process: RankProcess) -> bool:
     """Has the rank ended? Never reaps it: reap() needs its zombie to hold the pid."""
     if rank_process.reaped:
         return True
+    handle = remote(rank_process)
+    if handle is not None:
+        return handle.exitcode is not None
     peeked = _peek_exit(rank_process.process.pid)
     if peeked is not None:
         return peeked
@@ -286,6 +336,11 @@ def reap(rank_process: RankProcess) -> int | None:
     """Collect an exited rank. Stray descendants still in its group (DataLoader workers) are
     killed first, but only while the group id cannot name anyone else's group."""
     if rank_process.reaped:
+        return rank_process.exitcode
+    handle = remote(rank_process)
+    if handle is not None:  # its node reaps it (and its group)
+        handle.join()
+        rank_process.exitcode, rank_process.reaped = handle.exitcode, True
         return rank_process.exitcode
     pid = rank_process.process.pid
     if pid is not None and hasattr(os, "killpg") and _group_is_ours(pid):

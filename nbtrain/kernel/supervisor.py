@@ -11,7 +11,6 @@ loop cannot keep the loop from its other duties (timeout, peers' failures, redra
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import signal
@@ -22,7 +21,14 @@ from multiprocessing.connection import wait
 
 from nbtrain.kernel.outorder import OutputOrder
 from nbtrain.kernel.pdbprompt import Prompts
-from nbtrain.kernel.processes import RankProcess, has_exited, kill_overdue, reap, request_stop
+from nbtrain.kernel.processes import (
+    RankProcess,
+    has_exited,
+    kill_overdue,
+    reap,
+    request_stop,
+    send_signal,
+)
 from nbtrain.shared import stacks
 from nbtrain.shared.errors import signal_name
 from nbtrain.shared.events import (
@@ -147,8 +153,7 @@ class Supervisor:
         self.interrupted = True
         for rank_process in self.ranks:
             if rank_process.rank in self._cell_waiting():
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(rank_process.pid, signal.SIGINT)  # the rank alone, not its workers
+                send_signal(rank_process, signal.SIGINT)  # the rank alone, not its workers
         self._start_grace()
 
     def ask_to_stop(self) -> None:
@@ -168,9 +173,8 @@ class Supervisor:
             if rank_process.reaped:
                 continue
             self._asked.add(rank)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                # The rank alone: its DataLoader workers have no part in it.
-                os.kill(rank_process.pid, STOP_SIGNAL)
+            # The rank alone: its DataLoader workers have no part in it.
+            send_signal(rank_process, STOP_SIGNAL)
 
     def _cell_waiting(self) -> set[int]:
         return (self._cell or set()) - self._reported
@@ -283,10 +287,7 @@ class Supervisor:
             return False
         if rank_process.rank not in self._started:
             return False  # its handler may not be registered yet: the signal would kill it
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, stacks.DUMP_SIGNAL)
-            return True
-        return False
+        return send_signal(rank_process, stacks.DUMP_SIGNAL)
 
     def stuck_frames(self) -> dict[int, list[str]]:
         """After a timeout: each asked rank's innermost user frames (see stacks.user_frames)."""

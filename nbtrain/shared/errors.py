@@ -45,6 +45,7 @@ class WorkerError(RuntimeError, ChildFailedError):
         remote_traceback: str = "",
         node: int = 0,
         other_failures: dict[int, str] | None = None,
+        host: str = "",
     ) -> None:
         self.rank = rank
         self.type_name = type_name
@@ -54,12 +55,17 @@ class WorkerError(RuntimeError, ChildFailedError):
         self.original = original
         self.remote_traceback = remote_traceback
         self.node = node
+        self.host = host  # the root cause's machine, where a cluster placed it
         self.other_failures = dict(other_failures or {})
         # (not ChildFailedError.__init__: ``name`` and ``failures`` are derived, not stored)
         RuntimeError.__init__(self, self._summary())
 
     def _summary(self) -> str:
-        where = f"rank {self.rank}" + (f" (node {self.node})" if self.node else "")
+        host = getattr(self, "host", "")  # pickled before it existed
+        if host:
+            where = f"rank {self.rank} (node {self.node}: {host})"
+        else:
+            where = f"rank {self.rank}" + (f" (node {self.node})" if self.node else "")
         if self.type_name:
             text = f"{where} failed with {self.type_name}: {self.message}".rstrip(": ")
         elif self.signal:

@@ -1,0 +1,351 @@
+"""Ranks on a real two-node Ray cluster on this machine (ray.cluster_utils.Cluster: two raylets,
+each its own node with its own resources). One cluster for the module: two nodes take ~15-45 s
+to start here."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import cloudpickle
+import pytest
+
+import nbtrain
+from nbtrain import RayCluster, WorkerError
+
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+from ray.util.state import list_actors, list_placement_groups  # noqa: E402
+
+SPREAD = RayCluster(placement="spread")
+
+# The nodes' workers do not have tests/ on their path: this module's functions travel by value,
+# as a notebook's do.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    """A head node ("n0") and a second node ("n1"), 2 CPUs each; the kernel connected to it."""
+    cluster = _start_cluster()
+    try:
+        ray.init(address=cluster.address, log_to_driver=False)
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _start_cluster(tries: int = 2) -> Cluster:
+    """Ray gives a raylet 30 s to register (fixed): on a loaded 2-core machine that can pass,
+    so a failed start is tried once more."""
+    for attempt in range(tries):
+        cluster = Cluster()
+        cluster.client_port = _free_port()  # the head's Ray Client server (ray://)
+        try:
+            cluster.add_node(
+                num_cpus=2, resources={"n0": 1}, ray_client_server_port=cluster.client_port
+            )
+            cluster.add_node(num_cpus=2, resources={"n1": 1})
+            cluster.wait_for_nodes()
+            return cluster
+        except Exception:
+            cluster.shutdown()
+            if attempt == tries - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+@pytest.fixture(scope="module")
+def nodes(cluster: Cluster) -> dict[str, str]:
+    """Each node's custom resource name -> its Ray node id."""
+    return {
+        name: node["NodeID"]
+        for node in ray.nodes()
+        for name in ("n0", "n1")
+        if name in node["Resources"] and node["Alive"]
+    }
+
+
+def _nothing_left() -> None:
+    """No actor alive, no placement group kept, whatever the launch's outcome."""
+    deadline = time.monotonic() + 10
+    while True:
+        actors = [a.actor_id for a in list_actors(filters=[("state", "!=", "DEAD")])]
+        groups = [g.placement_group_id for g in list_placement_groups()
+                  if g.state != "REMOVED"]
+        if (not actors and not groups) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert not actors, f"actors left alive: {actors}"
+    assert not groups, f"placement groups left: {groups}"
+    # And their CPUs free again: the next test's "spread" must find room on both nodes.
+    while ray.available_resources().get("CPU", 0) < ray.cluster_resources().get("CPU", 0):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"CPUs still held: {ray.available_resources()}")
+        time.sleep(0.2)
+
+
+def _world(data=None) -> dict:
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    total = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(total)
+    dist.destroy_process_group()
+    print(f"rank {os.environ['RANK']} says hello")
+    names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR",
+             "MASTER_PORT", "NBTRAIN_RAY_NODE_ID")
+    seen = None if data is None else data.sum().item()
+    return {"sum": total.item(), "data": seen, **{name: os.environ[name] for name in names}}
+
+
+def test_ranks_on_both_nodes_form_one_world(nodes, capsys) -> None:
+    import torch
+
+    data = torch.ones(4_000_000)  # 16 MB: put once in Ray's object store, read on each node
+    results = nbtrain.notebook_launcher(
+        _world, (data,), num_processes=2, cluster=SPREAD, return_all=True, progress="text"
+    )
+    assert [r["sum"] for r in results] == [3.0, 3.0]  # a gloo all_reduce across the nodes
+    assert [r["data"] for r in results] == [4_000_000.0, 4_000_000.0]
+    assert {r["NBTRAIN_RAY_NODE_ID"] for r in results} == set(nodes.values())
+    assert [(r["RANK"], r["LOCAL_RANK"], r["NODE_RANK"]) for r in results] == [
+        ("0", "0", "0"), ("1", "0", "1")
+    ]
+    assert {(r["WORLD_SIZE"], r["LOCAL_WORLD_SIZE"]) for r in results} == {("2", "1")}
+    node0_ip = next(n["NodeManagerAddress"] for n in ray.nodes()
+                    if n["NodeID"] == results[0]["NBTRAIN_RAY_NODE_ID"])
+    assert {r["MASTER_ADDR"] for r in results} == {node0_ip}
+    out = capsys.readouterr().out
+    assert "[rank 0] rank 0 says hello" in out and "[rank 1] rank 1 says hello" in out
+    _nothing_left()
+
+
+def _fail_on_n1(node1: str) -> int:
+    import os
+    import time
+
+    if os.environ["NBTRAIN_RAY_NODE_ID"] == node1:
+        raise ValueError("bad batch on the second node")
+    time.sleep(60)  # the peer: stopped once the failure is known
+    return 0
+
+
+def test_failure_on_second_node_names_rank_and_node(nodes) -> None:
+    started = time.monotonic()
+    with pytest.raises(WorkerError) as caught:
+        nbtrain.notebook_launcher(
+            _fail_on_n1, (nodes["n1"],), num_processes=2, cluster=SPREAD, progress="off"
+        )
+    error = caught.value
+    # One rank per node, numbered node by node (Ray picks which node holds bundle 0).
+    assert error.node == error.rank
+    assert "ValueError: bad batch on the second node" in str(error)
+    assert nodes["n1"][:12] in str(error)  # the node, named
+    assert "bad batch" in error.remote_traceback
+    assert time.monotonic() - started < 50  # the sleeping peer was stopped, not waited for
+    _nothing_left()
+
+
+def _sleep_forever(marks: str) -> None:
+    import os
+    import time
+
+    Path(marks, f"{os.environ['RANK']}.pid").write_text(str(os.getpid()))
+    time.sleep(120)
+
+
+def test_interrupt_stops_every_rank_on_every_node(nodes, tmp_path) -> None:
+    pressed: list[float] = []
+
+    def interrupt_once_started() -> None:
+        deadline = time.monotonic() + 90
+        while len(list(tmp_path.glob("*.pid"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        pressed.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGINT)
+
+    pressing = threading.Thread(target=interrupt_once_started)
+    pressing.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            nbtrain.notebook_launcher(
+                _sleep_forever, (str(tmp_path),), num_processes=2, cluster=SPREAD,
+                progress="off",
+            )
+        stopped_at = time.monotonic()
+    finally:
+        pressing.join()
+    # SIGTERM through each rank's actor; SIGKILL after GRACE (2 s); generous under load.
+    assert stopped_at - pressed[0] < 8
+    pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")]
+    assert len(pids) == 2
+    for pid in pids:  # the ranks themselves (this machine holds both "nodes")
+        while _alive(pid) and time.monotonic() - stopped_at < 5:
+            time.sleep(0.1)
+        assert not _alive(pid), f"rank process {pid} still running after the interrupt"
+    _nothing_left()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _stuck_on_a_line() -> None:
+    import time
+
+    time.sleep(600)
+
+
+def test_timeout_names_the_line_each_rank_was_stuck_on(nodes) -> None:
+    """The stack request travels to each node as a signal call, the dump back as stderr."""
+    with pytest.raises(TimeoutError) as caught:
+        nbtrain.notebook_launcher(
+            _stuck_on_a_line, num_processes=2, cluster=SPREAD, timeout=25, progress="off"
+        )
+    line = _stuck_on_a_line.__code__.co_firstlineno + 3
+    text = str(caught.value)
+    for rank in (0, 1):
+        assert f"rank {rank} was in " in text
+        # (a function sent by value, as a notebook's: its file is cloudpickle's)
+        assert f"{line} in _stuck_on_a_line" in text
+    _nothing_left()
+
+
+def test_more_ranks_than_the_cluster_has_fails_before_start(nodes) -> None:
+    with pytest.raises(ValueError, match=r"needs 5 CPUs, but the Ray cluster has 4 in all"):
+        nbtrain.notebook_launcher(_world, num_processes=5, cluster="ray")
+    with pytest.raises(ValueError, match=r"gpus_per_rank=1 needs 2 GPUs.*has 0"):
+        nbtrain.notebook_launcher(_world, num_processes=2, cluster=RayCluster(gpus_per_rank=1))
+    with pytest.raises(ValueError, match=r"max_restarts=1 does not apply to cluster="):
+        nbtrain.notebook_launcher(_world, num_processes=2, cluster="ray", max_restarts=1)
+    _nothing_left()
+
+
+def test_no_room_now_fails_after_a_short_wait(nodes) -> None:
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    busy = placement_group([{"CPU": 2}], strategy="PACK")  # another job holds one node
+    assert busy.wait(timeout_seconds=30)
+    try:
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"no room for num_processes=3 .* free now: 2 CPU"):
+            nbtrain.notebook_launcher(
+                _world, num_processes=3, cluster=RayCluster(placement_wait=1), progress="off"
+            )
+        assert time.monotonic() - started < 15
+    finally:
+        remove_placement_group(busy)
+    _nothing_left()
+
+
+def test_bad_input_without_ray_or_connection() -> None:
+    """In a fresh interpreter: no ray.init (says how to connect), no Ray (says what to
+    install), a bad cluster= value; nothing started."""
+    script = """
+import sys, nbtrain
+def f(): return 1
+for make in (lambda: nbtrain.notebook_launcher(f, num_processes=2, cluster="slurm"),
+             lambda: nbtrain.notebook_launcher(f, cluster="ray"),
+             lambda: nbtrain.RayCluster(placement="random"),
+             lambda: nbtrain.notebook_launcher(f, num_processes=2, cluster="ray")):
+    try:
+        make()
+    except Exception as exc:
+        print(type(exc).__name__, exc)
+sys.modules["ray"] = None  # Ray not installed
+try:
+    nbtrain.notebook_launcher(f, num_processes=2, cluster="ray")
+except ImportError as exc:
+    print("ImportError", exc)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, check=True)
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("ValueError cluster='slurm' is not a cluster nbtrain knows")
+    assert lines[1] == "ValueError cluster='ray' needs num_processes=: how many ranks Ray " \
+        "should place."
+    assert lines[2].startswith("ValueError RayCluster(placement='random') is not a valid")
+    assert lines[3].startswith("RuntimeError cluster='ray' found no Ray connection")
+    assert "ray.init(address='auto')" in lines[3]
+    assert lines[4].startswith("ImportError") and "pip install nbtrain[ray]" in lines[4]
+
+
+# Ray's client proxy keeps the per-client server process it started for this client (a part of
+# the cluster, ended with it at the module's teardown); actors and groups are checked below.
+@pytest.mark.allow_leaks
+def test_from_a_ray_client_outside_the_cluster(cluster, nodes) -> None:
+    """A kernel connected only through Ray Client (ray://): no socket back to it."""
+    port = cluster.client_port
+    script = f"""
+import ray, nbtrain
+ray.init("ray://127.0.0.1:{port}")
+def where():
+    import os
+    print("rank", os.environ["RANK"], "here")
+    return os.environ["NBTRAIN_RAY_NODE_ID"]
+print(nbtrain.notebook_launcher(where, num_processes=2, return_all=True, progress="text",
+                                cluster=nbtrain.RayCluster(placement="spread")))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=180)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "[rank 0] rank 0 here" in done.stdout and "[rank 1] rank 1 here" in done.stdout
+    assert repr([nodes["n0"], nodes["n1"]]) in done.stdout or repr(
+        [nodes["n1"], nodes["n0"]]) in done.stdout
+    _nothing_left()
+
+
+def test_a_node_lost_mid_run_names_it_and_stops_the_rest(cluster, nodes, tmp_path) -> None:
+    """Last in the module: it removes the second node."""
+    second = next(node for node in cluster.worker_nodes)
+
+    def remove_once_started() -> None:
+        deadline = time.monotonic() + 90
+        while len(list(tmp_path.glob("*.pid"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        cluster.remove_node(second)
+
+    removing = threading.Thread(target=remove_once_started)
+    removing.start()
+    try:
+        started = time.monotonic()
+        with pytest.raises(WorkerError) as caught:
+            nbtrain.notebook_launcher(
+                _sleep_forever, (str(tmp_path),), num_processes=2, cluster=SPREAD,
+                progress="off",
+            )
+        took = time.monotonic() - started
+    finally:
+        removing.join()
+    error = caught.value
+    assert nodes["n1"][:12] in str(error)
+    assert "was lost with its node" in error.remote_traceback
+    assert took < 60
+    pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")]
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in pids)
+    _nothing_left()
