@@ -4,17 +4,14 @@ and FSDP2 stop/resume against an uninterrupted run."""
 
 from __future__ import annotations
 
-import os
-import signal
 import tempfile
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 from gpu_report import Results
 from gpu_workloads import fp16_skips, probe, train_fsdp, train_mlp, train_mlp_torch_fp16
+from interrupting import interrupt_when
 
 from nbtrain import WorkerError, notebook_launcher
 
@@ -95,7 +92,7 @@ def check_fsdp_resume(results: Results, gpus: int) -> None:
             tempfile.TemporaryDirectory() as tmp:
         reference = notebook_launcher(train_fsdp, num_processes=gpus, **QUIET)
         marker = Path(tmp) / "marker"
-        thread = _interrupt_when(marker, 0.5)
+        thread = interrupt_when(marker, 0.5)
         message = "not interrupted"
         try:
             notebook_launcher(train_fsdp, kwargs={"marker": str(marker), "slow": 0.02},
@@ -110,18 +107,3 @@ def check_fsdp_resume(results: Results, gpus: int) -> None:
         equal = all(torch.equal(resumed[k], reference[k]) for k in reference)
         results.add("5. FSDP2 stop/resume = uninterrupted", "saved in" in message and equal,
                     f"{message.splitlines()[0][:90]}; resumed weights bitwise equal: {equal}")
-
-
-def _interrupt_when(path: Path, delay: float) -> threading.Thread:
-    """SIGINT this process (the kernel's role) once ``path`` exists, ``delay`` later."""
-
-    def wait_then_interrupt() -> None:
-        deadline = time.monotonic() + 120
-        while not path.exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        time.sleep(delay)
-        os.kill(os.getpid(), signal.SIGINT)
-
-    thread = threading.Thread(target=wait_then_interrupt)
-    thread.start()
-    return thread

@@ -15,13 +15,13 @@ A rank without a debug pipe (torch_xla's host process) says so and continues.
 from __future__ import annotations
 
 import io
-import os
 import pdb
 import sys
 from multiprocessing.connection import Connection
 from types import FrameType
 from typing import Any
 
+from nbtrain.rank import rankenv
 from nbtrain.shared.events import EventSink, Paused, Resumed, Status
 
 _ENDING = frozenset({"c", "cont", "continue", "q", "quit", "exit", "EOF"})
@@ -51,7 +51,7 @@ def begin() -> None:
 
 
 def _breakpointhook(*args: Any, **kwargs: Any) -> Any:
-    chosen = os.environ.get("PYTHONBREAKPOINT", "")
+    chosen = rankenv.variable("PYTHONBREAKPOINT") or ""
     if chosen not in ("", "pdb.set_trace"):  # PYTHONBREAKPOINT=0, or another debugger
         return sys.__breakpointhook__(*args, **kwargs)
     return set_trace(frame=sys._getframe(1))

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -15,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 import torch._dynamo  # (DDP imports it; loading it once here keeps forked ranks fast)
+from interrupting import interrupt_when
 from torch.utils.data import DataLoader, TensorDataset
 
 from nbtrain import Accelerator, WorkerError, log, notebook_launcher, set_seed
@@ -100,23 +99,6 @@ def same(a: dict[str, Any], b: dict[str, Any]) -> bool:
         and a["lr"] == b["lr"]
         and all(torch.equal(a["weights"][k], b["weights"][k]) for k in a["weights"])
     )
-
-
-def interrupt_when(path: Path, delay: float = 0.0, times: int = 1) -> threading.Thread:
-    """SIGINT this process (the kernel's role) once ``path`` exists, then ``delay`` later."""
-
-    def wait_then_interrupt() -> None:
-        deadline = time.monotonic() + 90
-        while not path.exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        time.sleep(delay)
-        for _ in range(times):
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.05)
-
-    thread = threading.Thread(target=wait_then_interrupt)
-    thread.start()
-    return thread
 
 
 def stopped_run(tmp_path: Path, delay: float, **options: Any) -> str:

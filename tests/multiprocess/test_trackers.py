@@ -10,10 +10,8 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,7 @@ from typing import Any
 import psutil
 import pytest
 import torch
+from interrupting import interrupt_when
 from torch.utils.data import DataLoader, TensorDataset
 
 from nbtrain import Accelerator, notebook_launcher
@@ -291,21 +290,6 @@ def test_a_user_tracker_receives_every_call_on_the_main_process(tmp_path: Path) 
         ["log", {"explicit": 2.0}, 40, {}],
         ["finish"],
     ]
-
-
-def interrupt_when(path: Path, delay: float) -> threading.Thread:
-    """SIGINT this process (the kernel's role) once ``path`` exists, ``delay`` later."""
-
-    def wait_then_interrupt() -> None:
-        deadline = time.monotonic() + 120
-        while not path.exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        time.sleep(delay)
-        os.kill(os.getpid(), signal.SIGINT)
-
-    thread = threading.Thread(target=wait_then_interrupt)
-    thread.start()
-    return thread
 
 
 def stop_then_resume(project: str, project_dir: Path, **options: Any) -> dict[str, Any]:

@@ -1,0 +1,30 @@
+"""SIGINT this process once a rank says it is training: the stop button, as the kernel gets it.
+
+Used by the stop/resume tests, the tracker tests and the GPU acceptance check (benchmarks/gpu),
+so that "interrupted mid-run" means the same everywhere."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+
+def interrupt_when(path: Path, delay: float = 0.0, times: int = 1) -> threading.Thread:
+    """SIGINT this process (the kernel's role) once ``path`` exists, then ``delay`` later;
+    ``times`` presses 50 ms apart. Join the returned thread after the launch."""
+
+    def wait_then_interrupt() -> None:
+        deadline = time.monotonic() + 120
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(delay)
+        for _ in range(times):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=wait_then_interrupt)
+    thread.start()
+    return thread
