@@ -166,8 +166,10 @@ def dispatch(
 
         call = prepare_call(function, args, kwargs, config.start.method)
         return run_elastic(config, call)
-    if config.num_processes == 1:
+    if config.num_processes == 1 and config.gpu_ids is None:
         return run_in_process(config, function, args, kwargs)
+    # gpu_ids= limits the ranks to those GPUs (CUDA_VISIBLE_DEVICES), which only a process of
+    # their own can be: the kernel sees every GPU, so even one rank then runs apart from it.
     return run_ranks(config, prepare_call(function, args, kwargs, config.start.method))
 
 

@@ -829,3 +829,20 @@ def test_stopping_a_rank_sends_it_one_sigterm(method, tmp_path):
                           timeout=HANG_TIMEOUT[method], **QUIET)
     for rank in (0, 1):
         assert (tmp_path / f"rank{rank}.terms").read_text() == "SIGTERM\n"
+
+
+def where_am_i() -> tuple[int, str | None]:
+    return os.getpid(), os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def test_one_rank_with_gpu_ids_runs_apart_from_the_kernel(monkeypatch):
+    """The kernel sees every GPU and cannot be limited to gpu_ids: one rank with gpu_ids= runs in
+    a process of its own that sees only those (GPUs mocked: CI has none; benchmarks/gpu runs the
+    real thing). Without gpu_ids one rank still runs in the kernel's own process."""
+    from nbtrain.kernel import environment
+
+    monkeypatch.setattr(environment, "cuda_device_count", lambda: 2)
+    pid, visible = notebook_launcher(where_am_i, num_processes=1, gpu_ids=[1], **QUIET)
+    assert pid != os.getpid() and visible == "1"
+    monkeypatch.setattr(environment, "cuda_device_count", lambda: 0)
+    assert notebook_launcher(where_am_i, num_processes=1, **QUIET)[0] == os.getpid()
