@@ -68,9 +68,6 @@ DIFF_REPLACE = (
     ("/cells/*/outputs/*/traceback", r"^\x1b\[36mFile \x1b\[39m\x1b\[32m[^\x1b]*/"
      r"(nbtrain|site-packages)/[\s\S]*", "LIBRARY FRAME"),
     ("/cells/*/outputs/*/traceback", r"skipping hidden \d+ frame", "skipping hidden N frame"),
-    # The ranks that failed as a consequence of the root cause (a peer's lost connection) are
-    # listed when their reports beat the root cause's exit to the kernel: a race, by nature.
-    ("/cells/*/outputs", r"\n  then, as a consequence: .*", ""),
 )
 
 
