@@ -50,9 +50,15 @@ def begin() -> None:
         _state.ignoring = False
 
 
+# What PYTHONBREAKPOINT may say and still mean "the notebook's prompt": unset, pdb, and what
+# ray.init writes into every process that uses Ray (a kernel connected to a cluster, Ray's
+# workers): not the user's choice, and Ray's own debugger has no way to this cell.
+_OURS = ("", "pdb.set_trace", "ray.util.rpdb.set_trace", "ray.util.rpdb._driver_set_trace")
+
+
 def _breakpointhook(*args: Any, **kwargs: Any) -> Any:
     chosen = rankenv.variable("PYTHONBREAKPOINT") or ""
-    if chosen not in ("", "pdb.set_trace"):  # PYTHONBREAKPOINT=0, or another debugger
+    if chosen not in _OURS:  # PYTHONBREAKPOINT=0, or another debugger the user chose
         return sys.__breakpointhook__(*args, **kwargs)
     return set_trace(frame=sys._getframe(1))
 

@@ -34,6 +34,7 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     """A head node ("n0") and a second node ("n1"), 2 CPUs each; the kernel connected to it."""
+    environment = dict(os.environ)  # ray.init sets PYTHONBREAKPOINT (and more) in this process
     cluster = _start_cluster()
     try:
         ray.init(address=cluster.address, log_to_driver=False)
@@ -41,6 +42,8 @@ def cluster() -> Iterator[Cluster]:
     finally:
         ray.shutdown()
         cluster.shutdown()
+        os.environ.clear()
+        os.environ.update(environment)
 
 
 def _free_port() -> int:

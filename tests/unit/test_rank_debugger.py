@@ -102,6 +102,19 @@ def test_pythonbreakpoint_0_is_respected(rank_3, monkeypatch):
     assert events == []
 
 
+@pytest.mark.parametrize("rays", ["ray.util.rpdb._driver_set_trace", "ray.util.rpdb.set_trace"])
+def test_the_breakpoint_ray_sets_in_every_process_still_opens_our_prompt(rank_3, monkeypatch, rays):
+    """ray.init writes PYTHONBREAKPOINT into the kernel (and Ray's workers): ranks inherit it,
+    but it is Ray's default, not the user's choice, and Ray's debugger cannot reach the cell."""
+    events, writer = rank_3
+    monkeypatch.setenv("PYTHONBREAKPOINT", rays)
+    prompts = Prompts({3: writer}, ask=lambda prompt: "c", say=lambda text: None)
+    prompts.no_input = False
+    thread = _in_a_rank(lambda: breakpoint())
+    _serve(prompts, events, thread)
+    assert sum(isinstance(e, Paused) for e in events) == 1
+
+
 def test_a_rank_without_a_channel_says_so_and_continues(capsys):
     saved = sys.breakpointhook, pdb.set_trace
     events: list[object] = []
