@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from gpu_report import Results
 from gpu_workloads import fp16_skips, probe, train_fsdp, train_mlp, train_mlp_torch_fp16
-from interrupting import interrupt_when
+from stopresume import interrupt_when
 
 from nbtrain import WorkerError, notebook_launcher
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 import torch._dynamo  # (DDP imports it; loading it once here keeps forked ranks fast)
-from interrupting import interrupt_when
+from stopresume import Seen, interrupt_when
 from torch.utils.data import DataLoader, TensorDataset
 
 from nbtrain import Accelerator, WorkerError, log, notebook_launcher, set_seed
@@ -25,18 +25,6 @@ pytestmark = pytest.mark.timeout(240)
 QUIET: dict[str, Any] = {"progress": "off", "output": "none"}
 EPOCHS = 3
 
-
-class Seen:
-    """A user object registered for checkpointing (registered after prepare())."""
-
-    def __init__(self) -> None:
-        self.batches = 0
-
-    def state_dict(self) -> dict:
-        return {"batches": self.batches}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.batches = state["batches"]
 
 
 def train(

@@ -19,7 +19,7 @@ from typing import Any
 import psutil
 import pytest
 import torch
-from interrupting import interrupt_when
+from stopresume import Seen, interrupt_when
 from torch.utils.data import DataLoader, TensorDataset
 
 from nbtrain import Accelerator, notebook_launcher
@@ -53,18 +53,6 @@ def offline(
     monkeypatch.setenv("TRACKIO_DIR", str(_TRACKIO_DIR[0]))
     return uri
 
-
-class Seen:
-    """The user's own count of batches, checkpointed: each logged value names its step."""
-
-    def __init__(self) -> None:
-        self.batches = 0
-
-    def state_dict(self) -> dict:
-        return {"batches": self.batches}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.batches = state["batches"]
 
 
 def train(

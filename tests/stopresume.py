@@ -1,4 +1,5 @@
-"""SIGINT this process once a rank says it is training: the stop button, as the kernel gets it.
+"""What stop/resume checks share: the stop button as the kernel gets it (SIGINT once a rank says
+it is training) and a user object that a checkpoint must carry.
 
 Used by the stop/resume tests, the tracker tests and the GPU acceptance check (benchmarks/gpu),
 so that "interrupted mid-run" means the same everywhere."""
@@ -28,3 +29,17 @@ def interrupt_when(path: Path, delay: float = 0.0, times: int = 1) -> threading.
     thread = threading.Thread(target=wait_then_interrupt)
     thread.start()
     return thread
+
+
+class Seen:
+    """A user object registered for checkpointing (after prepare()): its count of batches must
+    survive a stop and resume."""
+
+    def __init__(self) -> None:
+        self.batches = 0
+
+    def state_dict(self) -> dict:
+        return {"batches": self.batches}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.batches = state["batches"]
