@@ -28,7 +28,7 @@ def prepare(close_fds: tuple[int, ...], stdout: Connection, stderr: Connection) 
     redirect_output(stdout.fileno(), stderr.fileno())
     stdout.close()
     stderr.close()
-    faulthandler.enable(file=sys.stderr, all_threads=True)
+    enable_crash_stacks()
     reset_signals()
     stacks.enable_dumps()
 
@@ -50,6 +50,18 @@ def die_with_parent() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     pr_set_pdeathsig = 1
     libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+
+
+def enable_crash_stacks() -> None:
+    """A crash (SIGSEGV, SIGABRT...) writes every thread's stack to the kernel's stderr pipe.
+
+    A forked rank inherits faulthandler's "enabled" flag with the kernel's memory, and enable()
+    on an enabled faulthandler only swaps the file: it does not install its signal handlers again.
+    A library that replaced them in the kernel after faulthandler (Ray's core worker does, on
+    ray.init) would then get the rank's crash and its stack would be lost: disable first, so
+    enable() installs the handlers anew."""
+    faulthandler.disable()
+    faulthandler.enable(file=sys.stderr, all_threads=True)
 
 
 def reset_signals() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -211,6 +212,37 @@ def test_hard_exits_and_signals_name_the_right_rank(
     out = capsys.readouterr().out
     assert "[rank 2] about to exit" in out, "a line printed just before the crash was lost"
     assert "[rank 2] printed by C just before" in out, "C's stdout lost its last line"
+
+
+CRASH_AFTER_ANOTHER_HANDLER = """
+import ctypes, faulthandler, signal
+import torch, torch.distributed as dist
+from nbtrain import WorkerError, notebook_launcher
+
+faulthandler.enable()
+signal.signal(signal.SIGSEGV, signal.SIG_DFL)  # as Ray's ray.init does: its own crash handler
+
+def crash():
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        ctypes.string_at(0)
+    dist.all_reduce(torch.ones(1))
+
+try:
+    notebook_launcher(crash, num_processes=2, start_method="fork", progress="off")
+except WorkerError as err:
+    print("segfault stack:", "Segmentation fault" in err.remote_traceback)
+"""
+
+
+def test_a_fork_rank_crash_keeps_its_stack_when_the_kernel_replaced_the_handler():
+    # faulthandler enabled in the kernel and then displaced by another library: a forked rank
+    # inherits "enabled", so a bare enable() would not reinstall the handler (found with Ray).
+    done = subprocess.run(
+        [sys.executable, "-c", CRASH_AFTER_ANOTHER_HANDLER],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert "segfault stack: True" in done.stdout, done.stdout + done.stderr[-2000:]
 
 
 def test_rank_zero_failure_is_root_cause_too(method):
