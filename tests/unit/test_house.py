@@ -35,11 +35,13 @@ ALLOWED = {
     "": {"shared", "kernel", "rank", "accelerator", "integrations", "display", ""},  # nbtrain/*
 }
 # Documented exceptions: the kernel module that runs rank logic (num_processes=1: the kernel is
-# rank 0), the command that names the rank-side script runner as the function its ranks run,
-# and torch_xla's host process, which keeps the XLA backend's per-ordinal bookkeeping.
+# rank 0), the commands that name the rank-side script runner and the demo's training as the
+# function their ranks run, and torch_xla's host process, which keeps the XLA backend's
+# per-ordinal bookkeeping.
 EXCEPTIONS = {
     "nbtrain.kernel.inprocess": {"rank"},
     "nbtrain.kernel.cli": {"rank.script"},
+    "nbtrain.kernel.demo": {"rank.demo_training"},
     "nbtrain.rank.xla_host": {"accelerator"},
 }
 
