@@ -480,6 +480,20 @@ def test_a_missing_library_an_unknown_name_and_a_missing_directory_are_named(
     assert {"mlflow", "trackio"} <= set(chosen) and not {"wandb", "tensorboard"} & set(chosen)
 
 
+def test_trackers_write_under_the_project_configurations_logging_dir(tmp_path: Path) -> None:
+    """Accelerate's ProjectConfiguration(logging_dir=...): the trackers' directory, apart from
+    project_dir's checkpoints (outside a launch: this process is the main one)."""
+    from accelerate.utils import ProjectConfiguration
+
+    config = ProjectConfiguration(project_dir=str(tmp_path / "p"), logging_dir=str(tmp_path / "l"))
+    accelerator = Accelerator(log_with="tensorboard", project_config=config)
+    accelerator.init_trackers("here")
+    accelerator.log({"a": 2.0}, step=3)
+    accelerator.end_training()
+    assert tensorboard_scalars(tmp_path / "l" / "here", "a") == [(3, 2.0)]
+    assert not (tmp_path / "p").exists()
+
+
 def fail_after_logging() -> None:
     accelerator = Accelerator(log_with="mlflow")
     accelerator.init_trackers("failing")
