@@ -9,7 +9,8 @@ Each is the one implementation nbtrain already has, re-exported (nothing is defi
   that do not match, gets ``DistributedOperationException`` instead of a hang;
 - ``send_to_device``, ``set_seed``;
 - configuration: ``ProjectConfiguration``, ``DataLoaderConfiguration``,
-  ``GradientAccumulationPlugin``, ``FullyShardedDataParallelPlugin``, ``DistributedType``;
+  ``GradientAccumulationPlugin``, ``FullyShardedDataParallelPlugin``, ``DistributedType``,
+  ``LoggerType`` (``log_with``'s names; the trackers themselves: ``nbtrain.tracking``);
 - kwargs handlers: ``DistributedDataParallelKwargs``, ``GradScalerKwargs``,
   ``InitProcessGroupKwargs``, ``AutocastKwargs``.
 
@@ -61,6 +62,7 @@ _LAZY: dict[str, tuple[str, str]] = {
         "FullyShardedDataParallelPlugin",
     ),
     "DistributedType": ("nbtrain.accelerator.parallel", "DistributedType"),
+    "LoggerType": ("nbtrain.accelerator.tracking.choose", "LoggerType"),
 }
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
@@ -87,6 +89,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     )
     from nbtrain.accelerator.parallel import DistributedType
     from nbtrain.accelerator.seed import set_seed
+    from nbtrain.accelerator.tracking.choose import LoggerType
 
 
 def __getattr__(name: str) -> Any:
@@ -114,6 +117,7 @@ __all__ = [
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
     "InitProcessGroupKwargs",
+    "LoggerType",
     "ProjectConfiguration",
     "broadcast",
     "broadcast_object_list",

@@ -56,10 +56,14 @@ def run_in_process(
             runtime.activate(rank_runtime),
             _graceful(config),
         ):
+            raised: BaseException | None = None
             try:
                 value = function(*args, **kwargs)
+            except BaseException as exc:
+                raised = exc
+                raise
             finally:
-                runtime.end_tracker_run()
+                runtime.end_tracker_run(raised)
     except TrainingStopped as stop:
         emit(Stopped(0, stop.step, stop.path))
         emit(Exited(0, 0, None, stopped_by_launcher=False))

@@ -61,10 +61,11 @@ def activate(runtime: Runtime, *, thread_only: bool = False) -> Iterator[Runtime
         _process_runtime = previous_process
 
 
-def end_tracker_run() -> None:
+def end_tracker_run(error: BaseException | None = None) -> None:
     """The launch's function is over (or its warm session): finish the experiment tracker run
-    it started, so what it logged is on disk before the rank reports its end. The tracking
-    module is looked up, not imported: a launch without trackers never loads it."""
+    it started, so what it logged is on disk before the rank reports its end; ``error``: what
+    the function raised (the run is recorded as stopped or failed). The tracking module is
+    looked up, not imported: a launch without trackers never loads it."""
     runs = sys.modules.get("nbtrain.accelerator.tracking.runs")
     if runs is not None:
-        runs.end_launch()
+        runs.end_launch(error)

@@ -37,11 +37,15 @@ def call_and_report(rank: int, payload: bytes, sink: EventSink, send_result: boo
         function, args, kwargs = unpack_call(payload)
         inherited.forget_cached_devices(function, args, kwargs)
         sink.send(Status(rank, ""))
+        raised: BaseException | None = None
         try:
             value = function(*args, **kwargs)
+        except BaseException as exc:
+            raised = exc
+            raise
         finally:
             reporting.flush()  # metrics progress()/log() still hold go out before the verdict
-            runtime.end_tracker_run()
+            runtime.end_tracker_run(raised)
         data = pack_result(value) if send_result else None
     except TrainingStopped as stop:  # a graceful stop: its checkpoint is saved
         sink.send(Stopped(rank, stop.step, stop.path))

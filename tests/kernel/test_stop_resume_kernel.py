@@ -20,14 +20,11 @@ TRIALS = 20
 
 # The same cell in every kernel: shuffling, dropout, Adam, a scheduler, a registered object.
 SETUP = """
-import os, time, torch
+import os, sys, time, torch
 from pathlib import Path
 from nbtrain import Accelerator, notebook_launcher, set_seed
-
-class Seen:
-    def __init__(self): self.batches = 0
-    def state_dict(self): return {"batches": self.batches}
-    def load_state_dict(self, state): self.batches = state["batches"]
+sys.path.insert(0, TESTS_DIR)
+from stopresume import Seen  # the tests' shared registered object (tests/stopresume.py)
 
 def train(marker=None, slow=0.0, epochs=3):
     set_seed(0)
@@ -60,7 +57,7 @@ def same(a, b):
         torch.equal(a["weights"][k], b["weights"][k]) for k in a["weights"])
 
 reference = notebook_launcher(train, num_processes=2, progress="off")
-"""
+""".replace("TESTS_DIR", repr(str(Path(__file__).resolve().parent.parent)))
 
 
 @pytest.fixture(scope="module")

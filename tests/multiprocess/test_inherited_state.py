@@ -42,25 +42,8 @@ def kernel_args_world() -> tuple[int, int, str]:
 
 def kernel_args_trainer() -> tuple[int, int, int]:
     """Transformers' real Trainer, trained on the rank with the launching process's arguments."""
-    import torch
+    from tinytrainer import Pairs, Regression
     from transformers import Trainer
-
-    class Pairs(torch.utils.data.Dataset):
-        def __len__(self) -> int:
-            return 16
-
-        def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-            x = torch.tensor([float(index)])
-            return {"x": x, "labels": 2 * x}
-
-    class Regression(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.linear = torch.nn.Linear(1, 1)
-
-        def forward(self, x, labels=None):
-            out = self.linear(x)
-            return {"loss": torch.nn.functional.mse_loss(out, labels), "logits": out}
 
     trainer = Trainer(model=Regression(), args=KERNEL_ARGS, train_dataset=Pairs())
     trainer.train()

@@ -29,26 +29,8 @@ def accelerate_world() -> dict[str, Any]:
 
 
 def trainer_world(directory: str) -> dict[str, Any]:
-    import torch
-    from torch.utils.data import Dataset
+    from tinytrainer import Pairs, Regression
     from transformers import Trainer, TrainingArguments
-
-    class Pairs(Dataset):
-        def __len__(self) -> int:
-            return 16
-
-        def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-            x = torch.tensor([float(index)])
-            return {"x": x, "labels": 2 * x}
-
-    class Regression(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.linear = torch.nn.Linear(1, 1)
-
-        def forward(self, x, labels=None):
-            out = self.linear(x)
-            return {"loss": torch.nn.functional.mse_loss(out, labels), "logits": out}
 
     args = TrainingArguments(
         output_dir=directory,

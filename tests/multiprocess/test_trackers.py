@@ -1,8 +1,10 @@
 """Experiment trackers on real ranks, with the real libraries, offline: TensorBoard, MLflow (a
-sqlite store), W&B (offline mode) and trackio (local) record the main process's values at the
-run's optimizer steps, read back with each library's own reader; a user's GeneralTracker gets
-every call; a stopped-then-resumed launch continues the same run with contiguous steps; a
-missing library is named with its pip install; nothing of the trackers outlives the launch."""
+sqlite store), W&B (offline mode), trackio (local), Aim and Comet (offline) record the main
+process's values at the run's optimizer steps, read back with each library's own reader; a
+user's GeneralTracker gets every call; a stopped-then-resumed launch continues the same run with
+contiguous steps, and the stopped launch is recorded as stopped where the library has a run
+status (MLflow KILLED, W&B exit code 255); a missing library is named with its pip install;
+nothing of the trackers outlives the launch."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +26,8 @@ from stopresume import Seen, interrupt_when
 from torch.utils.data import DataLoader, TensorDataset
 
 from nbtrain import Accelerator, notebook_launcher
-from nbtrain.accelerator.tracking import GeneralTracker
+from nbtrain.tracking import GeneralTracker, on_main_process
+from nbtrain.utils import LoggerType
 
 pytest.importorskip("tensorboard")
 pytest.importorskip("mlflow")
@@ -38,13 +42,21 @@ EPOCHS, PER_EPOCH = 3, 12  # 36 optimizer steps in all
 _TRACKIO_DIR: list[Path] = []
 
 
+@pytest.fixture(scope="module")
+def mlflow_store(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One sqlite store for the module: MLflow takes seconds to create one (its schema
+    migrations); each test's runs are in experiments of their own names."""
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow')}/mlflow.db"
+
+
 @pytest.fixture(autouse=True)
 def offline(
-    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+    mlflow_store: str, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> str:
     """Every library local and offline; the ranks inherit the environment."""
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = mlflow_store
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")  # (it would also set a variable)
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     # trackio reads TRACKIO_DIR once, at import: one directory for the session's reader
@@ -52,7 +64,6 @@ def offline(
         _TRACKIO_DIR.append(tmp_path_factory.mktemp("trackio"))
     monkeypatch.setenv("TRACKIO_DIR", str(_TRACKIO_DIR[0]))
     return uri
-
 
 
 def train(
@@ -112,6 +123,12 @@ def mlflow_runs(uri: str, project: str) -> list[Any]:
     return client.search_runs([experiment.experiment_id])
 
 
+def mlflow_status(uri: str, run_id: str) -> str:
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=uri).get_run(run_id).info.status
+
+
 def mlflow_history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
     from mlflow.tracking import MlflowClient
 
@@ -135,6 +152,33 @@ def wandb_history(run_dir: Path, key: str) -> list[tuple[int, float]]:
         for record in wandb_records(run_dir)
         if record["type"] == "history" and key in record["history"]["item"]
     ]
+
+
+def wandb_exit_code(run_dir: Path) -> int:
+    (code,) = [r["exit"].get("exit_code", 0) for r in wandb_records(run_dir) if r["type"] == "exit"]
+    return code
+
+
+def aim_runs(repo: Path) -> list[Any]:
+    """The runs of an Aim repository, read with Aim's own SDK. Aim 3.29's reader sees only the
+    runs in the repository's index, which `aim up`'s background indexer fills, or Aim's
+    `aim storage reindex` command: a training process's runs are not in it until then."""
+    from aim import Repo
+
+    aim_cli = Path(sys.executable).with_name("aim")
+    subprocess.run(
+        [str(aim_cli), "storage", "--repo", str(repo), "reindex", "--yes"],
+        capture_output=True, text=True, timeout=120, check=True,
+    )
+    return list(Repo.from_path(str(repo)).iter_runs())
+
+
+def aim_history(run: Any, key: str) -> list[tuple[int, float]]:
+    for metric in run.metrics():
+        if metric.name == key:
+            steps, (values, *_) = metric.data.items_list()
+            return list(zip(steps, values, strict=True))
+    return []
 
 
 def trackio_history(project: str, key: str) -> dict[str, list[tuple[int, float]]]:
@@ -161,7 +205,7 @@ def tracker_processes() -> list[str]:
     return [
         " ".join(proc.cmdline())
         for proc in psutil.Process().children(recursive=True)
-        if re.search(r"wandb|trackio|mlflow|tensorboard", " ".join(proc.cmdline()))
+        if re.search(r"wandb|trackio|mlflow|tensorboard|aim", " ".join(proc.cmdline()))
     ]
 
 
@@ -195,6 +239,7 @@ def test_the_main_process_records_one_run_per_launch_in_every_library(
 
     (wandb_dir,) = (tmp_path / "project" / "wandb").glob("offline-run-*")
     assert wandb_history(wandb_dir, "seen") == steps_1_to(total)
+    assert wandb_exit_code(wandb_dir) == 0
     config = [r["config"] for r in wandb_records(wandb_dir) if r["type"] == "config"]
     assert any('"lr"' in json.dumps(item) for item in config), config
 
@@ -211,14 +256,18 @@ def test_the_main_process_records_one_run_per_launch_in_every_library(
 
 
 class Recorder(GeneralTracker):
-    """A user's tracker: writes every call it gets to a file of its process."""
+    """A user's tracker, written as Accelerate's guide writes one (built on every rank, its
+    methods decorated with on_main_process): writes every call it gets to a file of its
+    process."""
 
     name = "recorder"
     requires_logging_directory = False
 
+    @on_main_process
     def __init__(self, folder: str) -> None:
         super().__init__()
         self.folder = folder
+        self._note("init")
 
     @property
     def tracker(self) -> str:
@@ -266,9 +315,11 @@ def test_a_user_tracker_receives_every_call_on_the_main_process(tmp_path: Path) 
     assert unwrapped[0] == "the recorder"
     # rank 1, as in Accelerate: a blank tracker, whose calls do nothing (even unwrapped)
     assert isinstance(unwrapped[1], GeneralTracker) and unwrapped[1].log({"a": 1}) is None
-    (calls_file,) = tmp_path.glob("calls-*.jsonl")  # one process made calls: the main one
+    # one process made calls, the main one: rank 1 built its Recorder too (on_main_process)
+    (calls_file,) = tmp_path.glob("calls-*.jsonl")
     calls = [json.loads(line) for line in calls_file.read_text().splitlines()]
     assert calls == [
+        ["init"],
         ["start"],
         ["config", {"depth": 3}],
         ["log", {"before": 0.5}, 0, {}],
@@ -280,9 +331,14 @@ def test_a_user_tracker_receives_every_call_on_the_main_process(tmp_path: Path) 
     ]
 
 
-def stop_then_resume(project: str, project_dir: Path, **options: Any) -> dict[str, Any]:
+def stop_then_resume(
+    project: str,
+    project_dir: Path,
+    after_stop: Callable[[dict[str, Any]], None] | None = None,
+    **options: Any,
+) -> dict[str, Any]:
     """A launch stopped by an interrupt (checkpoint saved), then resumed; the checkpoint's
-    meta."""
+    meta. ``after_stop(meta)`` checks the runs between the two launches."""
     marker = project_dir.parent / "marker"
     thread = interrupt_when(marker, 0.5)
     try:
@@ -302,6 +358,8 @@ def stop_then_resume(project: str, project_dir: Path, **options: Any) -> dict[st
         (project_dir / "checkpoints" / "checkpoint_0" / "nbtrain_checkpoint.json").read_text()
     )
     assert 0 < meta["steps"] < EPOCHS * PER_EPOCH, "stopped mid-run"
+    if after_stop is not None:
+        after_stop(meta)
     notebook_launcher(
         train,
         args=(project, str(project_dir)),
@@ -319,15 +377,24 @@ def test_stop_and_resume_continue_the_same_run_in_every_library(
 ) -> None:
     project = f"resume-{os.getpid()}-{time.monotonic_ns()}"
     project_dir = tmp_path / "project"
-    meta = stop_then_resume(project, project_dir)
+    libraries = [*LIBRARIES, "aim"]
+
+    def recorded_as_stopped(meta: dict[str, Any]) -> None:
+        """MLflow's and W&B's own record of the stopped launch: killed, as for a Ctrl-C."""
+        assert mlflow_status(offline, meta["trackers"]["mlflow"]["run_id"]) == "KILLED"
+        (stopped,) = (project_dir / "wandb").glob("offline-run-*")
+        assert wandb_exit_code(stopped) == 255
+
+    meta = stop_then_resume(project, project_dir, recorded_as_stopped, log_with=libraries)
     total = EPOCHS * PER_EPOCH
-    assert set(meta["trackers"]) == set(LIBRARIES)
+    assert set(meta["trackers"]) == set(libraries)
     log_dir = project_dir / project
     assert tensorboard_scalars(log_dir, "seen") == steps_1_to(total)
 
     (run,) = mlflow_runs(offline, project)
     assert run.info.run_id == meta["trackers"]["mlflow"]["run_id"]
     assert mlflow_history(offline, run.info.run_id, "seen") == steps_1_to(total)
+    assert run.info.status == "FINISHED", "the resumed launch finished the run"
 
     runs = sorted((project_dir / "wandb").glob("offline-run-*"))
     assert len(runs) == 2, "one directory per launch"
@@ -335,6 +402,12 @@ def test_stop_and_resume_continue_the_same_run_in_every_library(
     assert ids == {meta["trackers"]["wandb"]["id"]}, "one W&B run id"
     history = wandb_history(runs[0], "seen") + wandb_history(runs[1], "seen")
     assert sorted(history) == steps_1_to(total)
+    assert sorted(map(wandb_exit_code, runs)) == [0, 255]
+
+    (aim_run,) = aim_runs(project_dir)
+    assert aim_run.hash == meta["trackers"]["aim"]["run_hash"]
+    assert (aim_run.experiment, aim_run["hparams"]) == (project, {"lr": 0.5, "batch_size": 4})
+    assert aim_history(aim_run, "seen") == steps_1_to(total)
 
     assert trackio_history(project, "seen") == {
         meta["trackers"]["trackio"]["name"]: steps_1_to(total)
@@ -401,9 +474,54 @@ def test_a_missing_library_an_unknown_name_and_a_missing_directory_are_named(
         Accelerator(log_with="neptune")
     with pytest.raises(ValueError, match=r"log_with='tensorboard'.*pass project_dir="):
         Accelerator(log_with="tensorboard")
+    assert Accelerator(log_with=[LoggerType.MLFLOW])._tracking.chosen == ["mlflow"]
     # "all": the installed ones (W&B now is not) that need no directory (none was given)
     chosen = Accelerator(log_with="all")._tracking.chosen
     assert {"mlflow", "trackio"} <= set(chosen) and not {"wandb", "tensorboard"} & set(chosen)
+
+
+def test_trackers_write_under_the_project_configurations_logging_dir(tmp_path: Path) -> None:
+    """Accelerate's ProjectConfiguration(logging_dir=...): the trackers' directory, apart from
+    project_dir's checkpoints (outside a launch: this process is the main one)."""
+    from accelerate.utils import ProjectConfiguration
+
+    config = ProjectConfiguration(project_dir=str(tmp_path / "p"), logging_dir=str(tmp_path / "l"))
+    accelerator = Accelerator(log_with="tensorboard", project_config=config)
+    accelerator.init_trackers("here")
+    accelerator.log({"a": 2.0}, step=3)
+    accelerator.end_training()
+    assert tensorboard_scalars(tmp_path / "l" / "here", "a") == [(3, 2.0)]
+    assert not (tmp_path / "p").exists()
+
+
+def fail_after_logging() -> None:
+    accelerator = Accelerator(log_with="mlflow")
+    accelerator.init_trackers("failing")
+    accelerator.log({"a": 1.0}, step=1)
+    raise RuntimeError("the user's code failed")
+
+
+def test_a_launch_that_raised_is_recorded_as_failed(offline: str) -> None:
+    """In the kernel's own process (num_processes=1): cheap, and the same ending as a rank's."""
+    with pytest.raises(RuntimeError, match="the user's code failed"):
+        notebook_launcher(fail_after_logging, num_processes=1, **QUIET)
+    (run,) = mlflow_runs(offline, "failing")
+    assert run.info.status == "FAILED"
+    assert mlflow_history(offline, run.info.run_id, "a") == [(1, 1.0)]
+
+
+def test_nbtrain_tracking_has_accelerates_names() -> None:
+    """``from accelerate.tracking import X`` -> ``from nbtrain.tracking import X``."""
+    import accelerate.tracking
+
+    import nbtrain.tracking
+
+    for name in nbtrain.tracking.__all__:
+        theirs = getattr(accelerate.tracking, name)
+        if isinstance(theirs, type) and name != "GeneralTracker":
+            assert getattr(nbtrain.tracking, name).name == theirs.name
+    with pytest.raises(AttributeError, match=r"ClearMLTracker.*GeneralTracker subclass"):
+        nbtrain.tracking.ClearMLTracker  # noqa: B018
 
 
 def comet_metrics(archive: Path, key: str) -> list[tuple[int, float]]:
@@ -536,7 +654,7 @@ def test_the_end_of_a_launch_finishes_a_run_left_open(tmp_path: Path, processes:
                       **QUIET)
     (calls_file,) = tmp_path.glob("calls-*.jsonl")
     calls = [json.loads(line) for line in calls_file.read_text().splitlines()]
-    assert calls == [["start"], ["log", {"a": 1.0}, 7, {}], ["finish"]]
+    assert calls == [["init"], ["start"], ["log", {"a": 1.0}, 7, {}], ["finish"]]
 
 
 def count_steps(folder: str) -> None:

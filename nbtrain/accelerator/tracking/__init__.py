@@ -6,9 +6,11 @@
 - ``choose``: ``log_with`` checked when the Accelerator is built;
 - ``runs``: the process's run (one per launch, spanning warm cells, continued on resume);
 - ``front``: what the Accelerator delegates to.
+
+Users import these names from ``nbtrain.tracking`` (Accelerate's ``accelerate.tracking``).
 """
 
-from nbtrain.accelerator.tracking.base import GeneralTracker
+from nbtrain.accelerator.tracking.base import GeneralTracker, on_main_process
 from nbtrain.accelerator.tracking.front import Tracking
 from nbtrain.accelerator.tracking.library import (
     AimTracker,
@@ -28,4 +30,5 @@ __all__ = [
     "Tracking",
     "TrackioTracker",
     "WandBTracker",
+    "on_main_process",
 ]

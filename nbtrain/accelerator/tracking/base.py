@@ -11,7 +11,13 @@ line the dashboard shows).
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from nbtrain.rank import runtime
+
+Method = TypeVar("Method", bound=Callable[..., Any])
 
 
 class GeneralTracker:
@@ -47,6 +53,22 @@ class GeneralTracker:
 
     def finish(self) -> None:
         """Close the run (``end_training()``, or the end of the launch)."""
+
+
+def on_main_process(function: Method) -> Method:
+    """Accelerate's decorator for a tracker's methods (``__init__`` too): the method runs only
+    on the main process when the tracker's ``main_process_only`` is true, and does nothing (returns
+    None) on the others. Checked at each call, as in Accelerate: a tracker built outside a launch
+    is on the main process."""
+
+    @functools.wraps(function)
+    def on_main_only(self: Any, *args: Any, **kwargs: Any) -> Any:
+        current = runtime.current()
+        if getattr(self, "main_process_only", False) and current and current.info.rank != 0:
+            return None
+        return function(self, *args, **kwargs)
+
+    return on_main_only  # type: ignore[return-value]
 
 
 class BlankTracker(GeneralTracker):

@@ -7,12 +7,29 @@ from __future__ import annotations
 import importlib.util
 import sys
 import warnings
+from enum import Enum
 from typing import Any
 
 from nbtrain.accelerator.tracking.base import is_user_tracker
 from nbtrain.accelerator.tracking.library import TRACKERS, LibraryTracker
 
 Choice = Any  # a tracker's name (str) or the user's tracker instance
+
+
+class LoggerType(str, Enum):
+    """Accelerate's ``accelerate.utils.LoggerType``: ``log_with``'s names, for those nbtrain
+    records to (``nbtrain.utils.LoggerType``)."""
+
+    ALL = "all"
+    AIM = "aim"
+    TENSORBOARD = "tensorboard"
+    WANDB = "wandb"
+    TRACKIO = "trackio"
+    COMETML = "comet_ml"
+    MLFLOW = "mlflow"
+
+    def __str__(self) -> str:  # as Accelerate's: the tracker's name
+        return self.value
 
 
 def choose(log_with: Any, logging_dir: str | None) -> list[Choice]:
@@ -53,7 +70,7 @@ def _name_of(item: Any, log_with: Any) -> str:
     raise ValueError(
         f"Accelerator(log_with={log_with!r}): nbtrain has no tracker {item!r}. Use one of "
         f"{', '.join(repr(n) for n in TRACKERS)}, 'all' (every installed one), or an instance of "
-        "your own GeneralTracker subclass (nbtrain.accelerator.tracking.GeneralTracker)."
+        "your own GeneralTracker subclass (from nbtrain.tracking import GeneralTracker)."
     )
 
 

@@ -6,7 +6,10 @@ Each runs on the main process only and adds to Accelerate's interface:
   that saved ``identity``: reopen that run (same W&B run id, MLflow run id, TensorBoard
   directory, trackio run, Aim run hash, Comet experiment key) at optimizer step ``steps``;
 - ``identity()``: what a checkpoint saves to find the run again;
-- ``where()``: where the run is recorded, for the dashboard's summary.
+- ``where()``: where the run is recorded, for the dashboard's summary;
+- ``finish(ending)``: how the launch ended, in the library's own terms where it has them
+  (MLflow's run status FINISHED / KILLED / FAILED, W&B's exit code 0 / 255 / 1); the others
+  (TensorBoard, trackio, Aim, Comet) have no run status to set.
 
 A library that is not installed is reported when the Accelerator is built (``choose.py``),
 with the pip command that installs it.
@@ -16,10 +19,12 @@ from __future__ import annotations
 
 import numbers
 import os
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from nbtrain.accelerator.tracking.base import GeneralTracker
 from nbtrain.rank import rankenv
+
+Ending = Literal["finished", "killed", "failed"]  # returned / stopped by the user / raised
 
 
 class LibraryTracker(GeneralTracker):
@@ -46,6 +51,9 @@ class LibraryTracker(GeneralTracker):
 
     def where(self) -> str:
         return self.name
+
+    def finish(self, ending: Ending = "finished") -> None:
+        """Close the run; ``ending``: how the launch's function ended."""
 
 
 def scalars(values: dict[str, Any]) -> dict[str, float | int]:
@@ -100,7 +108,7 @@ class TensorBoardTracker(LibraryTracker):
                 self.writer.add_scalars(key, scalars(value), global_step=step, **kwargs)
         self.writer.flush()
 
-    def finish(self) -> None:
+    def finish(self, ending: Ending = "finished") -> None:
         self.writer.close()
 
     def identity(self) -> dict[str, Any]:
@@ -108,6 +116,11 @@ class TensorBoardTracker(LibraryTracker):
 
     def where(self) -> str:
         return f"TensorBoard {self.log_dir}"
+
+
+# MLflow's RunStatus names; W&B's exit codes (255: what wandb records for Ctrl-C itself)
+_MLFLOW_STATUS = {"finished": "FINISHED", "killed": "KILLED", "failed": "FAILED"}
+_WANDB_EXIT_CODE = {"finished": 0, "killed": 255, "failed": 1}
 
 
 class MLflowTracker(LibraryTracker):
@@ -152,10 +165,10 @@ class MLflowTracker(LibraryTracker):
 
         mlflow.log_metrics(scalars(values), step=step, **kwargs)
 
-    def finish(self) -> None:
+    def finish(self, ending: Ending = "finished") -> None:
         import mlflow
 
-        mlflow.end_run()
+        mlflow.end_run(status=_MLFLOW_STATUS[ending])
 
     def identity(self) -> dict[str, Any]:
         return {"run_id": self.run.info.run_id, "tracking_uri": self.tracking_uri}
@@ -195,10 +208,10 @@ class WandBTracker(LibraryTracker):
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
         self.run.log(values, step=step, **kwargs)
 
-    def finish(self) -> None:
+    def finish(self, ending: Ending = "finished") -> None:
         import wandb
 
-        self.run.finish()
+        self.run.finish(exit_code=_WANDB_EXIT_CODE[ending])
         if wandb.run is None:  # no other run uses it: end W&B's service process, which would
             wandb.teardown()  # outlive the launch in the kernel (num_processes=1) or a warm rank
 
@@ -240,7 +253,7 @@ class TrackioTracker(LibraryTracker):
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
         self.run.log(values, step=step, **kwargs)
 
-    def finish(self) -> None:
+    def finish(self, ending: Ending = "finished") -> None:
         self.run.finish()
 
     def identity(self) -> dict[str, Any]:
@@ -280,7 +293,7 @@ class AimTracker(LibraryTracker):
         for key, value in scalars(values).items():
             self.writer.track(value, name=key, step=step, **kwargs)
 
-    def finish(self) -> None:
+    def finish(self, ending: Ending = "finished") -> None:
         self.writer.close()
 
     def identity(self) -> dict[str, Any]:
@@ -321,7 +334,7 @@ class CometMLTracker(LibraryTracker):
             if isinstance(value, str):
                 self.writer.log_other(key, value)
 
-    def finish(self) -> None:
+    def finish(self, ending: Ending = "finished") -> None:
         self.writer.end()
 
     def identity(self) -> dict[str, Any]:

@@ -3,7 +3,9 @@
 The run belongs to the process, not to one Accelerator: a warm rank's later cells (a new
 Accelerator each) log into the run their first cell started, until ``end_training()`` or the
 end of the session (``ranks.stop()``); a launch's run ends with its function (``end_launch``,
-called by the rank's worker), whether the function returned, failed or stopped for a checkpoint.
+called by the rank's worker), whether the function returned, failed or stopped for a checkpoint;
+the library trackers record which (``ending_of``: MLflow's KILLED for a stopped launch, FAILED
+for one that raised).
 
 Continuing on resume: every checkpoint saves the trackers' identities (``identities``, into the
 checkpoint's meta); a launch with ``resume=True`` reopens those runs at the checkpoint's step.
@@ -18,8 +20,9 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from nbtrain.accelerator.tracking.base import BlankTracker, is_user_tracker
 from nbtrain.accelerator.tracking.choose import Choice
-from nbtrain.accelerator.tracking.library import TRACKERS, LibraryTracker
+from nbtrain.accelerator.tracking.library import TRACKERS, Ending, LibraryTracker
 from nbtrain.rank import runtime
+from nbtrain.rank.failures import exit_code_of
 from nbtrain.shared.events import Tracked
 
 
@@ -42,11 +45,14 @@ class TrackerRun:
             if isinstance(tracker, LibraryTracker):
                 current.sink.send(Tracked(current.info.rank, tracker.where()))
 
-    def finish(self) -> None:
+    def finish(self, ending: Ending = "finished") -> None:
         errors = []
         for tracker in self.trackers:
             try:
-                tracker.finish()
+                if isinstance(tracker, LibraryTracker):
+                    tracker.finish(ending)
+                else:  # Accelerate's interface: finish() without arguments
+                    tracker.finish()
             except Exception as exc:  # every tracker gets its finish, whatever one raised
                 errors.append(exc)
         if errors:
@@ -135,23 +141,32 @@ def identities() -> dict[str, Any]:
     }
 
 
-def end() -> None:
+def end(ending: Ending = "finished") -> None:
     """Finish the run (``end_training()``); a later ``init_trackers`` starts a new one."""
     global _active
     run, _active = _active, None
     _counter.forget()
     if run is not None:
-        run.finish()
+        run.finish(ending)
 
 
-def end_launch() -> None:
-    """The launch's function is over: finish its run, so everything logged is on disk before
-    the rank reports its end. A tracker's error is printed, not raised over the rank's own
-    outcome."""
+def end_launch(error: BaseException | None = None) -> None:
+    """The launch's function is over (``error``: what it raised, if anything): finish its run,
+    so everything logged is on disk before the rank reports its end. A tracker's error is
+    printed, not raised over the rank's own outcome."""
     try:
-        end()
+        end(ending_of(error))
     except Exception as exc:
         print(f"nbtrain: finishing the tracker run failed: {exc!r}", file=sys.stderr)
+
+
+def ending_of(error: BaseException | None) -> Ending:
+    """How a launch's function ended, as the trackers' libraries name it: stopped by the user
+    (the stop button, an interrupt, the stop after an interrupt's checkpoint, all
+    KeyboardInterrupts) is killed, as MLflow and W&B record Ctrl-C; sys.exit(0) is finished."""
+    if error is None or (isinstance(error, SystemExit) and exit_code_of(error) == 0):
+        return "finished"
+    return "killed" if isinstance(error, KeyboardInterrupt) else "failed"
 
 
 class _OptimizerSteps:

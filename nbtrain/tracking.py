@@ -1,0 +1,43 @@
+"""``from accelerate.tracking import X`` becomes ``from nbtrain.tracking import X``: the names of
+Accelerate's ``accelerate.tracking`` that nbtrain supports, re-exported from
+``nbtrain.accelerator.tracking`` (nothing is defined here):
+
+- ``GeneralTracker`` and ``on_main_process``, to write a tracker of your own and pass an instance
+  in ``Accelerator(log_with=...)``;
+- the trackers of the libraries nbtrain records to, under Accelerate's class names.
+
+``log_with``'s names as an enum: ``nbtrain.utils.LoggerType`` (Accelerate's
+``accelerate.utils.LoggerType``).
+"""
+
+from __future__ import annotations
+
+from nbtrain.accelerator.tracking import (
+    AimTracker,
+    CometMLTracker,
+    GeneralTracker,
+    MLflowTracker,
+    TensorBoardTracker,
+    TrackioTracker,
+    WandBTracker,
+    on_main_process,
+)
+
+__all__ = [
+    "AimTracker",
+    "CometMLTracker",
+    "GeneralTracker",
+    "MLflowTracker",
+    "TensorBoardTracker",
+    "TrackioTracker",
+    "WandBTracker",
+    "on_main_process",
+]
+
+
+def __getattr__(name: str) -> object:
+    raise AttributeError(
+        f"module 'nbtrain.tracking' has no attribute {name!r} (nbtrain has these of "
+        f"accelerate.tracking: {', '.join(__all__)}; a library nbtrain has no tracker for can "
+        "be recorded to with a GeneralTracker subclass of your own)"
+    )
