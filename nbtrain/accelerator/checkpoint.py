@@ -28,7 +28,7 @@ from torch import nn
 
 from nbtrain.accelerator import checkpoint_dirs as files
 from nbtrain.accelerator import rng
-from nbtrain.accelerator.collectives import Collectives, Op, tag_of
+from nbtrain.accelerator.comm.collectives import Collectives, Op, tag_of
 from nbtrain.shared.checkpoints import (
     automatic_checkpoints,
     automatic_name,

@@ -28,7 +28,6 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from nbtrain.accelerator import (
-    collectives,
     compat,
     data,
     devices,
@@ -43,6 +42,7 @@ from nbtrain.accelerator import (
     tracking,
 )
 from nbtrain.accelerator.accumulation import GradientAccumulationPlugin, GradientState, check_steps
+from nbtrain.accelerator.comm import collectives
 from nbtrain.accelerator.front_base import PREPARED_MODELS
 from nbtrain.accelerator.front_processes import ProcessMethods
 from nbtrain.accelerator.front_state import StateMethods

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
-from nbtrain.accelerator import nested, sharding
+from nbtrain.accelerator import sharding
 from nbtrain.accelerator.accumulation import GradientState
 from nbtrain.accelerator.batches import (
     WORKER_SEED_SALT,
@@ -39,6 +39,7 @@ from nbtrain.accelerator.batches import (
     seeding_for,
     uniform_batches,
 )
+from nbtrain.accelerator.comm import nested
 from nbtrain.accelerator.sharding import ShardSpec
 from nbtrain.accelerator.shuffling import Shuffling
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler
 
-from nbtrain.accelerator import data, nested, sharding
+from nbtrain.accelerator import data, sharding
 from nbtrain.accelerator.accumulation import GradientState
 from nbtrain.accelerator.batches import (
     batches_of,
@@ -32,7 +32,8 @@ from nbtrain.accelerator.batches import (
     sample_count,
     uniform_batches,
 )
-from nbtrain.accelerator.collectives import Collectives
+from nbtrain.accelerator.comm import nested
+from nbtrain.accelerator.comm.collectives import Collectives
 from nbtrain.accelerator.sharding import ShardSpec
 from nbtrain.accelerator.shuffling import Shuffling
 

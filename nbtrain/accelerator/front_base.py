@@ -10,14 +10,9 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from nbtrain.accelerator import (
-    collectives,
-    data,
-    loaderconfig,
-    precision,
-    stopping,
-)
+from nbtrain.accelerator import data, loaderconfig, precision, stopping
 from nbtrain.accelerator.accumulation import GradientState, check_steps
+from nbtrain.accelerator.comm import collectives
 from nbtrain.accelerator.optim import PreparedOptimizer, PreparedScheduler
 from nbtrain.accelerator.parallel import DistributedType
 from nbtrain.rank import rankenv

@@ -11,11 +11,8 @@ from typing import Any, TypeVar
 
 import torch
 
-from nbtrain.accelerator import (
-    collectives,
-    nested,
-)
-from nbtrain.accelerator.collectives import Op
+from nbtrain.accelerator.comm import collectives, nested
+from nbtrain.accelerator.comm.collectives import Op
 from nbtrain.accelerator.front_base import AcceleratorBase
 from nbtrain.accelerator.splitting import share
 

@@ -29,8 +29,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from nbtrain.accelerator.backends import LocalBackend, ProcessGroupBackend
-from nbtrain.accelerator.collectives import Collectives, Op
+from nbtrain.accelerator.comm.backends import LocalBackend, ProcessGroupBackend
+from nbtrain.accelerator.comm.collectives import Collectives, Op
 from nbtrain.accelerator.fsdp_plugin import Settings
 from nbtrain.accelerator.parallel import DistributedType, ensure_process_group
 

@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from nbtrain.accelerator import batches
-from nbtrain.accelerator.collectives import Collectives
+from nbtrain.accelerator.comm.collectives import Collectives
 
 
 @dataclass

@@ -14,12 +14,12 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from nbtrain.accelerator import nested
+from nbtrain.accelerator.comm import nested
 
 if TYPE_CHECKING:
     import torch
 
-    from nbtrain.accelerator.collectives import Collectives
+    from nbtrain.accelerator.comm.collectives import Collectives
     from nbtrain.accelerator.core import Accelerator
 
 _process: tuple[int, Accelerator] | None = None  # (pid, its Accelerator): a fork forms its own

@@ -19,8 +19,8 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from nbtrain.accelerator.backends import LocalBackend, ProcessGroupBackend
-from nbtrain.accelerator.collectives import Collectives
+from nbtrain.accelerator.comm.backends import LocalBackend, ProcessGroupBackend
+from nbtrain.accelerator.comm.collectives import Collectives
 
 
 class DistributedType(str, Enum):

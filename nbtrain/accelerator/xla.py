@@ -43,8 +43,8 @@ import torch
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-from nbtrain.accelerator.backends import LocalBackend, Pending
-from nbtrain.accelerator.collectives import Collectives
+from nbtrain.accelerator.comm.backends import LocalBackend, Pending
+from nbtrain.accelerator.comm.collectives import Collectives
 from nbtrain.accelerator.data import PreparedDataLoader
 from nbtrain.accelerator.parallel import DistributedType
 from nbtrain.rank import rankenv

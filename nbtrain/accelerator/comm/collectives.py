@@ -30,9 +30,9 @@ from typing import Any
 
 import torch
 
-from nbtrain.accelerator import nested
-from nbtrain.accelerator.backends import Backend, Pending
-from nbtrain.accelerator.handshake import (
+from nbtrain.accelerator.comm import nested
+from nbtrain.accelerator.comm.backends import Backend, Pending
+from nbtrain.accelerator.comm.handshake import (
     DTYPES,
     HEAD_FIELDS,
     SLOTS,
