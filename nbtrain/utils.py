@@ -53,18 +53,17 @@ _LAZY: dict[str, tuple[str, str]] = {
     "ProjectConfiguration": ("nbtrain.accelerator.compat", "ProjectConfiguration"),
     "DataLoaderConfiguration": ("nbtrain.accelerator.loaderconfig", "DataLoaderConfiguration"),
     "GradientAccumulationPlugin": (
-        "nbtrain.accelerator.accumulation",
+        "nbtrain.accelerator.training.accumulation",
         "GradientAccumulationPlugin",
     ),
     "FullyShardedDataParallelPlugin": (
         "nbtrain.accelerator.fsdp_plugin",
         "FullyShardedDataParallelPlugin",
     ),
-    "DistributedType": ("nbtrain.accelerator.parallel", "DistributedType"),
+    "DistributedType": ("nbtrain.accelerator.training.parallel", "DistributedType"),
 }
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
-    from nbtrain.accelerator.accumulation import GradientAccumulationPlugin
     from nbtrain.accelerator.comm.handshake import CollectiveError as DistributedOperationException
     from nbtrain.accelerator.compat import ProjectConfiguration
     from nbtrain.accelerator.fsdp_plugin import FullyShardedDataParallelPlugin
@@ -85,8 +84,9 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
         send_to_device,
         wait_for_everyone,
     )
-    from nbtrain.accelerator.parallel import DistributedType
     from nbtrain.accelerator.seed import set_seed
+    from nbtrain.accelerator.training.accumulation import GradientAccumulationPlugin
+    from nbtrain.accelerator.training.parallel import DistributedType
 
 
 def __getattr__(name: str) -> Any:

@@ -33,22 +33,24 @@ from nbtrain.accelerator import (
     devices,
     fsdp_setup,
     handlers,
-    join,
     loaderconfig,
     loaders,
-    parallel,
-    precision,
     stopping,
     tracking,
 )
-from nbtrain.accelerator.accumulation import GradientAccumulationPlugin, GradientState, check_steps
 from nbtrain.accelerator.comm import collectives
 from nbtrain.accelerator.front_base import PREPARED_MODELS
 from nbtrain.accelerator.front_processes import ProcessMethods
 from nbtrain.accelerator.front_state import StateMethods
 from nbtrain.accelerator.front_training import TrainingStep
-from nbtrain.accelerator.optim import PreparedOptimizer, PreparedScheduler
-from nbtrain.accelerator.parallel import DistributedType
+from nbtrain.accelerator.training import join, parallel, precision
+from nbtrain.accelerator.training.accumulation import (
+    GradientAccumulationPlugin,
+    GradientState,
+    check_steps,
+)
+from nbtrain.accelerator.training.optim import PreparedOptimizer, PreparedScheduler
+from nbtrain.accelerator.training.parallel import DistributedType
 from nbtrain.rank import rankenv
 from nbtrain.shared.options import MixedPrecision
 

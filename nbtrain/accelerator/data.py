@@ -24,7 +24,6 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 from nbtrain.accelerator import sharding
-from nbtrain.accelerator.accumulation import GradientState
 from nbtrain.accelerator.batches import (
     WORKER_SEED_SALT,
     IterableShard,
@@ -42,6 +41,7 @@ from nbtrain.accelerator.batches import (
 from nbtrain.accelerator.comm import nested
 from nbtrain.accelerator.sharding import ShardSpec
 from nbtrain.accelerator.shuffling import Shuffling
+from nbtrain.accelerator.training.accumulation import GradientState
 
 _NOTHING = object()
 

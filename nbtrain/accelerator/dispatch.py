@@ -24,7 +24,6 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler
 
 from nbtrain.accelerator import data, sharding
-from nbtrain.accelerator.accumulation import GradientState
 from nbtrain.accelerator.batches import (
     batches_of,
     last_batch_size,
@@ -36,6 +35,7 @@ from nbtrain.accelerator.comm import nested
 from nbtrain.accelerator.comm.collectives import Collectives
 from nbtrain.accelerator.sharding import ShardSpec
 from nbtrain.accelerator.shuffling import Shuffling
+from nbtrain.accelerator.training.accumulation import GradientState
 
 Row = tuple[int, int]  # (batch number in the epoch, row in that batch)
 

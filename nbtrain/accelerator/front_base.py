@@ -10,11 +10,12 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from nbtrain.accelerator import data, loaderconfig, precision, stopping
-from nbtrain.accelerator.accumulation import GradientState, check_steps
+from nbtrain.accelerator import data, loaderconfig, stopping
 from nbtrain.accelerator.comm import collectives
-from nbtrain.accelerator.optim import PreparedOptimizer, PreparedScheduler
-from nbtrain.accelerator.parallel import DistributedType
+from nbtrain.accelerator.training import precision
+from nbtrain.accelerator.training.accumulation import GradientState, check_steps
+from nbtrain.accelerator.training.optim import PreparedOptimizer, PreparedScheduler
+from nbtrain.accelerator.training.parallel import DistributedType
 from nbtrain.rank import rankenv
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -10,9 +10,9 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from nbtrain.accelerator.accumulation import GradientState
 from nbtrain.accelerator.front_base import PREPARED_MODELS, AcceleratorBase
-from nbtrain.accelerator.optim import PreparedOptimizer
+from nbtrain.accelerator.training.accumulation import GradientState
+from nbtrain.accelerator.training.optim import PreparedOptimizer
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -32,7 +32,7 @@ from torch import nn
 from nbtrain.accelerator.comm.backends import LocalBackend, ProcessGroupBackend
 from nbtrain.accelerator.comm.collectives import Collectives, Op
 from nbtrain.accelerator.fsdp_plugin import Settings
-from nbtrain.accelerator.parallel import DistributedType, ensure_process_group
+from nbtrain.accelerator.training.parallel import DistributedType, ensure_process_group
 
 STRATEGY_NAME = "fsdp2"
 MMAP_THRESHOLD = 4 << 20  # bytes; see return_large_buffers_to_the_system()

@@ -10,11 +10,11 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from nbtrain.accelerator.accumulation import GradientState
 from nbtrain.accelerator.batches import batch_size_of, drop_last_of
 from nbtrain.accelerator.data import PreparedDataLoader
 from nbtrain.accelerator.sharding import ShardSpec
 from nbtrain.accelerator.shuffling import Shuffling
+from nbtrain.accelerator.training.accumulation import GradientState
 
 
 def prepare_data_loader(

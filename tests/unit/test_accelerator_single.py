@@ -19,9 +19,9 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from nbtrain import Accelerator, DistributedType, set_seed
 from nbtrain.accelerator import checkpoint, checkpoint_dirs
-from nbtrain.accelerator.accumulation import GradientState
 from nbtrain.accelerator.core import GradientAccumulationPlugin
 from nbtrain.accelerator.front_training import MicroStep
+from nbtrain.accelerator.training.accumulation import GradientState
 
 
 @pytest.fixture(autouse=True)

@@ -9,8 +9,8 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
 from nbtrain.accelerator import loaders
-from nbtrain.accelerator.accumulation import GradientState
 from nbtrain.accelerator.permuted import PermutedBatches, batched, matches_torch
+from nbtrain.accelerator.training.accumulation import GradientState
 
 
 def _pair(length: int, size: int, drop_last: bool) -> tuple[BatchSampler, BatchSampler]:

@@ -165,7 +165,7 @@ def test_a_short_batch_mid_epoch_still_ends_the_epoch_on_every_rank():
     (as in Accelerate), every later step is handed out, and the last batch of each rank is
     flagged as the end of the dataloader (the final accumulation sync, gather_for_metrics)."""
     from nbtrain.accelerator import loaders
-    from nbtrain.accelerator.accumulation import GradientState
+    from nbtrain.accelerator.training.accumulation import GradientState
 
     dataset = TensorDataset(torch.arange(9))
     seen = []

@@ -22,8 +22,8 @@ from torch.utils.data import (
 )
 
 from nbtrain.accelerator import loaders
-from nbtrain.accelerator.accumulation import GradientState
 from nbtrain.accelerator.data import PreparedDataLoader
+from nbtrain.accelerator.training.accumulation import GradientState
 
 SAMPLERS = [
     "sequential",

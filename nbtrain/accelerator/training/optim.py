@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from nbtrain.accelerator.accumulation import GradientState
+from nbtrain.accelerator.training.accumulation import GradientState
 
 
 class PreparedOptimizer(torch.optim.Optimizer):

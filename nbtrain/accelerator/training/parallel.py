@@ -146,9 +146,9 @@ class DataParallel:
 
 
 STRATEGIES: dict[DistributedType, str] = {
-    DistributedType.NO: "nbtrain.accelerator.parallel:SingleProcess",
-    DistributedType.MULTI_CPU: "nbtrain.accelerator.parallel:DataParallel",
-    DistributedType.MULTI_GPU: "nbtrain.accelerator.parallel:DataParallel",
+    DistributedType.NO: "nbtrain.accelerator.training.parallel:SingleProcess",
+    DistributedType.MULTI_CPU: "nbtrain.accelerator.training.parallel:DataParallel",
+    DistributedType.MULTI_GPU: "nbtrain.accelerator.training.parallel:DataParallel",
     DistributedType.XLA: "nbtrain.accelerator.xla:XlaStrategy",
 }
 

@@ -18,7 +18,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from nbtrain.accelerator.parallel import DistributedType
+from nbtrain.accelerator.training.parallel import DistributedType
 
 _DDP_TYPES = (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
 
