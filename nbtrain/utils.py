@@ -51,7 +51,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "DistributedOperationException": ("nbtrain.accelerator.comm.handshake", "CollectiveError"),
     "set_seed": ("nbtrain.accelerator.seed", "set_seed"),
     "ProjectConfiguration": ("nbtrain.accelerator.compat", "ProjectConfiguration"),
-    "DataLoaderConfiguration": ("nbtrain.accelerator.loaderconfig", "DataLoaderConfiguration"),
+    "DataLoaderConfiguration": ("nbtrain.accelerator.data.loaderconfig", "DataLoaderConfiguration"),
     "GradientAccumulationPlugin": (
         "nbtrain.accelerator.training.accumulation",
         "GradientAccumulationPlugin",
@@ -66,6 +66,7 @@ _LAZY: dict[str, tuple[str, str]] = {
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
     from nbtrain.accelerator.comm.handshake import CollectiveError as DistributedOperationException
     from nbtrain.accelerator.compat import ProjectConfiguration
+    from nbtrain.accelerator.data.loaderconfig import DataLoaderConfiguration
     from nbtrain.accelerator.fsdp_plugin import FullyShardedDataParallelPlugin
     from nbtrain.accelerator.handlers import (
         AutocastKwargs,
@@ -73,7 +74,6 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
         GradScalerKwargs,
         InitProcessGroupKwargs,
     )
-    from nbtrain.accelerator.loaderconfig import DataLoaderConfiguration
     from nbtrain.accelerator.operations import (
         broadcast,
         broadcast_object_list,

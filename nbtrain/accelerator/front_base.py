@@ -10,8 +10,10 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from nbtrain.accelerator import data, loaderconfig, stopping
+from nbtrain.accelerator import stopping
 from nbtrain.accelerator.comm import collectives
+from nbtrain.accelerator.data import loaderconfig
+from nbtrain.accelerator.data import prepared as data
 from nbtrain.accelerator.training import precision
 from nbtrain.accelerator.training.accumulation import GradientState, check_steps
 from nbtrain.accelerator.training.optim import PreparedOptimizer, PreparedScheduler

@@ -11,12 +11,9 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from nbtrain.accelerator import (
-    batches,
-    checkpoint,
-    data,
-    fsdp_setup,
-)
+from nbtrain.accelerator import checkpoint, fsdp_setup
+from nbtrain.accelerator.data import batches
+from nbtrain.accelerator.data import prepared as data
 from nbtrain.accelerator.front_base import AcceleratorBase
 from nbtrain.accelerator.tracking import runs as tracking_runs
 

@@ -45,7 +45,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from nbtrain.accelerator.comm.backends import LocalBackend, Pending
 from nbtrain.accelerator.comm.collectives import Collectives
-from nbtrain.accelerator.data import PreparedDataLoader
+from nbtrain.accelerator.data.prepared import PreparedDataLoader
 from nbtrain.accelerator.training.parallel import DistributedType
 from nbtrain.rank import rankenv
 

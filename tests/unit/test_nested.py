@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from nbtrain.accelerator.comm import nested
-from nbtrain.accelerator.loaders import prepare_data_loader
+from nbtrain.accelerator.data.loaders import prepare_data_loader
 from nbtrain.accelerator.training.accumulation import GradientState
 from nbtrain.accelerator.training.precision import outputs_to_float32
 

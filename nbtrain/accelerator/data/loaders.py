@@ -10,10 +10,10 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from nbtrain.accelerator.batches import batch_size_of, drop_last_of
-from nbtrain.accelerator.data import PreparedDataLoader
-from nbtrain.accelerator.sharding import ShardSpec
-from nbtrain.accelerator.shuffling import Shuffling
+from nbtrain.accelerator.data.batches import batch_size_of, drop_last_of
+from nbtrain.accelerator.data.prepared import PreparedDataLoader
+from nbtrain.accelerator.data.sharding import ShardSpec
+from nbtrain.accelerator.data.shuffling import Shuffling
 from nbtrain.accelerator.training.accumulation import GradientState
 
 
@@ -58,7 +58,7 @@ def prepare_data_loader(
         share=share if world_size > 1 and not dispatch else None,  # (dispatching: one reader)
     )
     if dispatch:
-        from nbtrain.accelerator.dispatch import DispatchingDataLoader
+        from nbtrain.accelerator.data.dispatch import DispatchingDataLoader
 
         return DispatchingDataLoader(
             loader, spec=spec, seed=seed, device=device, gradient_state=gradient_state,

@@ -18,10 +18,10 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler
 
-from nbtrain.accelerator import sharding
-from nbtrain.accelerator.permuted import PermutedBatches, batched
-from nbtrain.accelerator.sharding import ShardSpec
-from nbtrain.accelerator.shuffling import Shuffling
+from nbtrain.accelerator.data import sharding
+from nbtrain.accelerator.data.permuted import PermutedBatches, batched
+from nbtrain.accelerator.data.sharding import ShardSpec
+from nbtrain.accelerator.data.shuffling import Shuffling
 
 WORKER_SEED_SALT = 0x5EED  # keeps the worker-seed stream apart from the shuffle stream
 

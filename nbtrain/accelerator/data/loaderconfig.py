@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from nbtrain.accelerator import batches
 from nbtrain.accelerator.comm.collectives import Collectives
+from nbtrain.accelerator.data import batches
 
 
 @dataclass

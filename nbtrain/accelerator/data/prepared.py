@@ -23,8 +23,9 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
-from nbtrain.accelerator import sharding
-from nbtrain.accelerator.batches import (
+from nbtrain.accelerator.comm import nested
+from nbtrain.accelerator.data import sharding
+from nbtrain.accelerator.data.batches import (
     WORKER_SEED_SALT,
     IterableShard,
     ShardedBatchSampler,
@@ -38,9 +39,8 @@ from nbtrain.accelerator.batches import (
     seeding_for,
     uniform_batches,
 )
-from nbtrain.accelerator.comm import nested
-from nbtrain.accelerator.sharding import ShardSpec
-from nbtrain.accelerator.shuffling import Shuffling
+from nbtrain.accelerator.data.sharding import ShardSpec
+from nbtrain.accelerator.data.shuffling import Shuffling
 from nbtrain.accelerator.training.accumulation import GradientState
 
 _NOTHING = object()

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from nbtrain.accelerator.sharding import padded_share, process_slice
+from nbtrain.accelerator.data.sharding import padded_share, process_slice
 
 _SEQUENCES = (list, tuple, torch.Tensor)
 

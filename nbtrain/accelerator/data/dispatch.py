@@ -23,18 +23,19 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler
 
-from nbtrain.accelerator import data, sharding
-from nbtrain.accelerator.batches import (
+from nbtrain.accelerator.comm import nested
+from nbtrain.accelerator.comm.collectives import Collectives
+from nbtrain.accelerator.data import prepared as data
+from nbtrain.accelerator.data import sharding
+from nbtrain.accelerator.data.batches import (
     batches_of,
     last_batch_size,
     loader_options,
     sample_count,
     uniform_batches,
 )
-from nbtrain.accelerator.comm import nested
-from nbtrain.accelerator.comm.collectives import Collectives
-from nbtrain.accelerator.sharding import ShardSpec
-from nbtrain.accelerator.shuffling import Shuffling
+from nbtrain.accelerator.data.sharding import ShardSpec
+from nbtrain.accelerator.data.shuffling import Shuffling
 from nbtrain.accelerator.training.accumulation import GradientState
 
 Row = tuple[int, int]  # (batch number in the epoch, row in that batch)
