@@ -27,10 +27,11 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from nbtrain.accelerator import compat, devices, fsdp_setup, handlers, stopping, tracking
+from nbtrain.accelerator import compat, fsdp_setup, handlers, stopping, tracking
 from nbtrain.accelerator.comm import collectives
 from nbtrain.accelerator.data import loaderconfig, loaders
 from nbtrain.accelerator.data import prepared as data
+from nbtrain.accelerator.devices import choice as devices
 from nbtrain.accelerator.front_base import PREPARED_MODELS
 from nbtrain.accelerator.front_processes import ProcessMethods
 from nbtrain.accelerator.front_state import StateMethods

@@ -8,8 +8,8 @@ import importlib.util
 import pytest
 import torch
 
-from nbtrain.accelerator import devices
-from nbtrain.accelerator.devices import Availability, choose_device
+from nbtrain.accelerator.devices import choice as devices
+from nbtrain.accelerator.devices.choice import Availability, choose_device
 from nbtrain.accelerator.training import parallel
 from nbtrain.accelerator.training.parallel import DistributedType
 from nbtrain.rank import rankenv, runtime
@@ -63,8 +63,8 @@ def test_strategies_are_chosen_by_enum_and_xla_is_a_clean_gap():
     single = parallel.create(DistributedType.NO, torch.device("cpu"), backend="gloo", timeout=5)
     assert single.distributed_type is DistributedType.NO
     assert single.collectives.world_size == 1
-    # The XLA strategy (nbtrain.accelerator.xla) fills the seam; without torch_xla it says so.
-    assert parallel.STRATEGIES[DistributedType.XLA] == "nbtrain.accelerator.xla:XlaStrategy"
+    # The XLA strategy (accelerator/devices/xla.py) fills the seam; without torch_xla it says so.
+    assert parallel.STRATEGIES[DistributedType.XLA] == "nbtrain.accelerator.devices.xla:XlaStrategy"
     if importlib.util.find_spec("torch_xla") is None:
         with pytest.raises(ImportError, match=r"DistributedType\.XLA needs torch_xla"):
             parallel.create(DistributedType.XLA, torch.device("cpu"), backend="gloo", timeout=5)

@@ -1,10 +1,9 @@
 """How ranks train together: the process group, model wrapping and gradient sync.
 
 A strategy per ``DistributedType``, found in ``STRATEGIES``. The TPU issue adds
-``DistributedType.XLA: "nbtrain.accelerator.xla:XlaStrategy"`` there, one module that implements
-the same
-small ``Strategy`` protocol (device, collectives backend, wrap/unwrap, no_sync); nothing else
-changes. Strategy modules are imported only when chosen.
+``DistributedType.XLA: "nbtrain.accelerator.devices.xla:XlaStrategy"`` there, one module that
+implements the same small ``Strategy`` protocol (device, collectives backend, wrap/unwrap,
+no_sync); nothing else changes. Strategy modules are imported only when chosen.
 """
 
 from __future__ import annotations
@@ -149,7 +148,7 @@ STRATEGIES: dict[DistributedType, str] = {
     DistributedType.NO: "nbtrain.accelerator.training.parallel:SingleProcess",
     DistributedType.MULTI_CPU: "nbtrain.accelerator.training.parallel:DataParallel",
     DistributedType.MULTI_GPU: "nbtrain.accelerator.training.parallel:DataParallel",
-    DistributedType.XLA: "nbtrain.accelerator.xla:XlaStrategy",
+    DistributedType.XLA: "nbtrain.accelerator.devices.xla:XlaStrategy",
 }
 
 
