@@ -30,7 +30,7 @@ _LAZY = {
     "SessionError": "nbtrain.shared.errors",
     "Accelerator": "nbtrain.accelerator.core",
     "DistributedType": "nbtrain.accelerator.core",
-    "set_seed": "nbtrain.accelerator.seed",
+    "set_seed": "nbtrain.accelerator.checkpoint.seed",
     "progress": "nbtrain.rank.reporting",
     "log": "nbtrain.rank.reporting",
     "NbtrainCallback": "nbtrain.integrations.transformers",
@@ -38,9 +38,9 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
+    from nbtrain.accelerator.checkpoint.seed import set_seed
     from nbtrain.accelerator.core import Accelerator, DistributedType
     from nbtrain.accelerator.fsdp_plugin import FullyShardedDataParallelPlugin
-    from nbtrain.accelerator.seed import set_seed
     from nbtrain.integrations.transformers import NbtrainCallback
     from nbtrain.kernel.cluster.spec import RayCluster
     from nbtrain.kernel.launcher import debug_launcher, notebook_launcher

@@ -49,7 +49,7 @@ _LAZY: dict[str, tuple[str, str]] = {
         )
     },
     "DistributedOperationException": ("nbtrain.accelerator.comm.handshake", "CollectiveError"),
-    "set_seed": ("nbtrain.accelerator.seed", "set_seed"),
+    "set_seed": ("nbtrain.accelerator.checkpoint.seed", "set_seed"),
     "ProjectConfiguration": ("nbtrain.accelerator.compat", "ProjectConfiguration"),
     "DataLoaderConfiguration": ("nbtrain.accelerator.data.loaderconfig", "DataLoaderConfiguration"),
     "GradientAccumulationPlugin": (
@@ -64,6 +64,7 @@ _LAZY: dict[str, tuple[str, str]] = {
 }
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
+    from nbtrain.accelerator.checkpoint.seed import set_seed
     from nbtrain.accelerator.comm.handshake import CollectiveError as DistributedOperationException
     from nbtrain.accelerator.compat import ProjectConfiguration
     from nbtrain.accelerator.data.loaderconfig import DataLoaderConfiguration
@@ -84,7 +85,6 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
         send_to_device,
         wait_for_everyone,
     )
-    from nbtrain.accelerator.seed import set_seed
     from nbtrain.accelerator.training.accumulation import GradientAccumulationPlugin
     from nbtrain.accelerator.training.parallel import DistributedType
 

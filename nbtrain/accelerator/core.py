@@ -27,7 +27,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from nbtrain.accelerator import compat, fsdp_setup, handlers, stopping, tracking
+from nbtrain.accelerator import compat, fsdp_setup, handlers, tracking
+from nbtrain.accelerator.checkpoint import stopping
 from nbtrain.accelerator.comm import collectives
 from nbtrain.accelerator.data import loaderconfig, loaders
 from nbtrain.accelerator.data import prepared as data

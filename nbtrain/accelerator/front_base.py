@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from nbtrain.accelerator import stopping
+from nbtrain.accelerator.checkpoint import stopping
 from nbtrain.accelerator.comm import collectives
 from nbtrain.accelerator.data import loaderconfig
 from nbtrain.accelerator.data import prepared as data

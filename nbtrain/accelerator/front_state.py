@@ -11,7 +11,8 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from nbtrain.accelerator import checkpoint, fsdp_setup
+from nbtrain.accelerator import fsdp_setup
+from nbtrain.accelerator.checkpoint import state as checkpoint
 from nbtrain.accelerator.data import batches
 from nbtrain.accelerator.data import prepared as data
 from nbtrain.accelerator.front_base import AcceleratorBase

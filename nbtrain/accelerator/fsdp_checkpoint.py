@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from nbtrain.accelerator import checkpoint, checkpoint_dirs
+from nbtrain.accelerator.checkpoint import dirs as checkpoint_dirs
+from nbtrain.accelerator.checkpoint import state as checkpoint
 
 if TYPE_CHECKING:
     from nbtrain.accelerator.fsdp import FsdpStrategy

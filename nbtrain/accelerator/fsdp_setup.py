@@ -59,7 +59,7 @@ def save_full(
     state: dict[str, torch.Tensor], directory: str | os.PathLike[str], safe: bool
 ) -> Path:
     """(Main process.) save_model's file from a gathered full state dict."""
-    from nbtrain.accelerator.checkpoint import model_file
+    from nbtrain.accelerator.checkpoint.state import model_file
     from nbtrain.accelerator.fsdp_checkpoint import write_state_dict
 
     path, safe = model_file(directory, safe)

@@ -18,7 +18,8 @@ from torch.nn.functional import mse_loss
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from nbtrain import Accelerator, DistributedType, set_seed
-from nbtrain.accelerator import checkpoint, checkpoint_dirs
+from nbtrain.accelerator.checkpoint import dirs as checkpoint_dirs
+from nbtrain.accelerator.checkpoint import state as checkpoint
 from nbtrain.accelerator.core import GradientAccumulationPlugin
 from nbtrain.accelerator.front_training import MicroStep
 from nbtrain.accelerator.training.accumulation import GradientState

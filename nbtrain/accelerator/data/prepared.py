@@ -232,7 +232,7 @@ class PreparedDataLoader(DataLoader):
                 if total is not None
                 else self._looking_ahead(batches, skip)
             )
-            if self.stop_point is not None:  # a stop policy (accelerator/stopping.py)
+            if self.stop_point is not None:  # a stop policy (accelerator/checkpoint/stopping.py)
                 handed = _with_stop_points(handed, self)
             yield from handed
             self.position.finish()

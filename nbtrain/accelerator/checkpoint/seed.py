@@ -8,7 +8,7 @@ import random
 import numpy as np
 import torch
 
-from nbtrain.accelerator import rng
+from nbtrain.accelerator.checkpoint import rng
 from nbtrain.rank import rankenv
 
 

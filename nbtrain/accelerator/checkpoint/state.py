@@ -26,8 +26,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from nbtrain.accelerator import checkpoint_dirs as files
-from nbtrain.accelerator import rng
+from nbtrain.accelerator.checkpoint import dirs as files
+from nbtrain.accelerator.checkpoint import rng
 from nbtrain.accelerator.comm.collectives import Collectives, Op, tag_of
 from nbtrain.shared.checkpoints import (
     automatic_checkpoints,
@@ -182,7 +182,7 @@ def load_state(
     ``model_kwargs`` go to the model loading (e.g. ``strict=False``), ``load_kwargs`` to the
     ``torch.load`` of optimizer, scheduler and registered-object states (Accelerate's
     ``load_state(dir, load_kwargs=..., **load_model_func_kwargs)``). ``later`` (a resume at
-    prepare(), accelerator/resume.py): registered objects and the RNG states are not restored
+    prepare(), checkpoint/resume.py): registered objects and the RNG states are not restored
     but returned, for objects registered after prepare() and for the loop's first batch."""
     slots = files.Slots.of(directory)
     shared, tag = _agree_on_directory(collectives, Op.LOAD_STATE, slots.final)

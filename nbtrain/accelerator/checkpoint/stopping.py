@@ -27,8 +27,8 @@ import torch
 import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from nbtrain.accelerator import checkpoint
-from nbtrain.accelerator.resume import Resume
+from nbtrain.accelerator.checkpoint import state as checkpoint
+from nbtrain.accelerator.checkpoint.resume import Resume
 from nbtrain.rank import interrupts, runtime
 from nbtrain.shared.checkpoints import automatic_name
 from nbtrain.shared.events import Status

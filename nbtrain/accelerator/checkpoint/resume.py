@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nbtrain.accelerator import checkpoint, rng
+from nbtrain.accelerator.checkpoint import rng
+from nbtrain.accelerator.checkpoint import state as checkpoint
 from nbtrain.rank import reporting
 from nbtrain.shared.checkpoints import read_meta
 
