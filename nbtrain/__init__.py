@@ -34,13 +34,13 @@ _LAZY = {
     "progress": "nbtrain.rank.reporting",
     "log": "nbtrain.rank.reporting",
     "NbtrainCallback": "nbtrain.integrations.transformers",
-    "FullyShardedDataParallelPlugin": "nbtrain.accelerator.fsdp_plugin",
+    "FullyShardedDataParallelPlugin": "nbtrain.accelerator.fsdp.plugin",
 }
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
     from nbtrain.accelerator.checkpoint.seed import set_seed
     from nbtrain.accelerator.core import Accelerator, DistributedType
-    from nbtrain.accelerator.fsdp_plugin import FullyShardedDataParallelPlugin
+    from nbtrain.accelerator.fsdp.plugin import FullyShardedDataParallelPlugin
     from nbtrain.integrations.transformers import NbtrainCallback
     from nbtrain.kernel.cluster.spec import RayCluster
     from nbtrain.kernel.launcher import debug_launcher, notebook_launcher

@@ -57,7 +57,7 @@ _LAZY: dict[str, tuple[str, str]] = {
         "GradientAccumulationPlugin",
     ),
     "FullyShardedDataParallelPlugin": (
-        "nbtrain.accelerator.fsdp_plugin",
+        "nbtrain.accelerator.fsdp.plugin",
         "FullyShardedDataParallelPlugin",
     ),
     "DistributedType": ("nbtrain.accelerator.training.parallel", "DistributedType"),
@@ -68,7 +68,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     from nbtrain.accelerator.comm.handshake import CollectiveError as DistributedOperationException
     from nbtrain.accelerator.compat import ProjectConfiguration
     from nbtrain.accelerator.data.loaderconfig import DataLoaderConfiguration
-    from nbtrain.accelerator.fsdp_plugin import FullyShardedDataParallelPlugin
+    from nbtrain.accelerator.fsdp.plugin import FullyShardedDataParallelPlugin
     from nbtrain.accelerator.handlers import (
         AutocastKwargs,
         DistributedDataParallelKwargs,

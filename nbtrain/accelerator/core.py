@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from nbtrain.accelerator import compat, fsdp_setup, handlers, tracking
+from nbtrain.accelerator import compat, handlers, tracking
 from nbtrain.accelerator.checkpoint import stopping
 from nbtrain.accelerator.comm import collectives
 from nbtrain.accelerator.data import loaderconfig, loaders
@@ -37,6 +37,7 @@ from nbtrain.accelerator.front_base import PREPARED_MODELS
 from nbtrain.accelerator.front_processes import ProcessMethods
 from nbtrain.accelerator.front_state import StateMethods
 from nbtrain.accelerator.front_training import TrainingStep
+from nbtrain.accelerator.fsdp import setup as fsdp_setup
 from nbtrain.accelerator.training import join, parallel, precision
 from nbtrain.accelerator.training.accumulation import (
     GradientAccumulationPlugin,
@@ -61,7 +62,7 @@ class Accelerator(StateMethods, ProcessMethods, TrainingStep):
     launch on the main process, continued on resume). Accepted with a one-time warning saying
     what nbtrain does instead: ``rng_types``,
     ``dynamo_backend`` / ``dynamo_plugin``; ``fsdp_plugin`` (FSDP2, see
-    accelerator/fsdp_plugin.py; also turned on by ACCELERATE_USE_FSDP=true, as
+    accelerator/fsdp/plugin.py; also turned on by ACCELERATE_USE_FSDP=true, as
     ``accelerate launch --use_fsdp`` sets it). Refused: DeepSpeed, Megatron-LM and
     tensor-parallel plugins.
 

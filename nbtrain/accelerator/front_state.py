@@ -11,11 +11,11 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from nbtrain.accelerator import fsdp_setup
 from nbtrain.accelerator.checkpoint import state as checkpoint
 from nbtrain.accelerator.data import batches
 from nbtrain.accelerator.data import prepared as data
 from nbtrain.accelerator.front_base import AcceleratorBase
+from nbtrain.accelerator.fsdp import setup as fsdp_setup
 from nbtrain.accelerator.tracking import runs as tracking_runs
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -31,7 +31,7 @@ from torch import nn
 
 from nbtrain.accelerator.comm.backends import LocalBackend, ProcessGroupBackend
 from nbtrain.accelerator.comm.collectives import Collectives, Op
-from nbtrain.accelerator.fsdp_plugin import Settings
+from nbtrain.accelerator.fsdp.plugin import Settings
 from nbtrain.accelerator.training.parallel import DistributedType, ensure_process_group
 
 STRATEGY_NAME = "fsdp2"
@@ -169,7 +169,7 @@ class FsdpStrategy:
     def checkpoint_state(self, state: Any) -> Any:
         """save_state/load_state: the FSDP models and their optimizers go through
         torch.distributed.checkpoint; everything else stays with checkpoint.py."""
-        from nbtrain.accelerator.fsdp_checkpoint import split_training_state
+        from nbtrain.accelerator.fsdp.checkpoint import split_training_state
 
         return split_training_state(state, self)
 

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from nbtrain.accelerator import fsdp_plugin
+from nbtrain.accelerator.fsdp import plugin as fsdp_plugin
 
 
 def plugin_for(
@@ -36,7 +36,7 @@ def create(
     backend: str,
     timeout: float,
 ) -> Any:
-    from nbtrain.accelerator.fsdp import FsdpStrategy
+    from nbtrain.accelerator.fsdp.strategy import FsdpStrategy
 
     return FsdpStrategy(device, world_size, plugin.settings(), backend=backend, timeout=timeout)
 
@@ -60,7 +60,7 @@ def save_full(
 ) -> Path:
     """(Main process.) save_model's file from a gathered full state dict."""
     from nbtrain.accelerator.checkpoint.state import model_file
-    from nbtrain.accelerator.fsdp_checkpoint import write_state_dict
+    from nbtrain.accelerator.fsdp.checkpoint import write_state_dict
 
     path, safe = model_file(directory, safe)
     write_state_dict(state, path, safe)

@@ -28,7 +28,7 @@ from nbtrain.accelerator.checkpoint import dirs as checkpoint_dirs
 from nbtrain.accelerator.checkpoint import state as checkpoint
 
 if TYPE_CHECKING:
-    from nbtrain.accelerator.fsdp import FsdpStrategy
+    from nbtrain.accelerator.fsdp.strategy import FsdpStrategy
 
 SHARDED, FULL = "SHARDED_STATE_DICT", "FULL_STATE_DICT"
 

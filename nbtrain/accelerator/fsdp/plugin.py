@@ -4,7 +4,7 @@ nbtrain shards with FSDP2 (``torch.distributed.fsdp.fully_shard``) only. The plu
 Accelerate's field names so Accelerate code runs after changing the import; the options FSDP2
 has no equivalent for are refused here, when the plugin is made (before any process starts),
 with what to do instead. ``settings()`` turns a checked plugin into the plain values the
-strategy (``nbtrain.accelerator.fsdp``) uses.
+strategy (``nbtrain.accelerator.fsdp.strategy``) uses.
 
 As in Accelerate, unset fields fall back to the ``FSDP_*`` environment variables ``accelerate
 launch --use_fsdp`` exports, and ``ACCELERATE_USE_FSDP=true`` makes ``Accelerator()`` build a
