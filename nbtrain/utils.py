@@ -21,8 +21,8 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-_OPERATIONS = "nbtrain.accelerator.operations"
-_HANDLERS = "nbtrain.accelerator.handlers"
+_OPERATIONS = "nbtrain.accelerator.front.operations"
+_HANDLERS = "nbtrain.accelerator.front.handlers"
 
 # name -> (module, its name there)
 _LAZY: dict[str, tuple[str, str]] = {
@@ -50,7 +50,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     },
     "DistributedOperationException": ("nbtrain.accelerator.comm.handshake", "CollectiveError"),
     "set_seed": ("nbtrain.accelerator.checkpoint.seed", "set_seed"),
-    "ProjectConfiguration": ("nbtrain.accelerator.compat", "ProjectConfiguration"),
+    "ProjectConfiguration": ("nbtrain.accelerator.front.compat", "ProjectConfiguration"),
     "DataLoaderConfiguration": ("nbtrain.accelerator.data.loaderconfig", "DataLoaderConfiguration"),
     "GradientAccumulationPlugin": (
         "nbtrain.accelerator.training.accumulation",
@@ -66,16 +66,15 @@ _LAZY: dict[str, tuple[str, str]] = {
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
     from nbtrain.accelerator.checkpoint.seed import set_seed
     from nbtrain.accelerator.comm.handshake import CollectiveError as DistributedOperationException
-    from nbtrain.accelerator.compat import ProjectConfiguration
     from nbtrain.accelerator.data.loaderconfig import DataLoaderConfiguration
-    from nbtrain.accelerator.fsdp.plugin import FullyShardedDataParallelPlugin
-    from nbtrain.accelerator.handlers import (
+    from nbtrain.accelerator.front.compat import ProjectConfiguration
+    from nbtrain.accelerator.front.handlers import (
         AutocastKwargs,
         DistributedDataParallelKwargs,
         GradScalerKwargs,
         InitProcessGroupKwargs,
     )
-    from nbtrain.accelerator.operations import (
+    from nbtrain.accelerator.front.operations import (
         broadcast,
         broadcast_object_list,
         gather,
@@ -85,6 +84,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
         send_to_device,
         wait_for_everyone,
     )
+    from nbtrain.accelerator.fsdp.plugin import FullyShardedDataParallelPlugin
     from nbtrain.accelerator.training.accumulation import GradientAccumulationPlugin
     from nbtrain.accelerator.training.parallel import DistributedType
 

@@ -50,7 +50,7 @@ def barrier_on_main_only() -> None:
 
 def barrier_while_peers_are_busy() -> None:
     from nbtrain import Accelerator
-    from nbtrain.accelerator.handlers import (
+    from nbtrain.accelerator.front.handlers import (
         InitProcessGroupKwargs,  # Accelerate's handler, same fields
     )
 

@@ -25,7 +25,7 @@ from nbtrain.rank import reporting
 from nbtrain.shared.checkpoints import read_meta
 
 if TYPE_CHECKING:
-    from nbtrain.accelerator.core import Accelerator
+    from nbtrain.accelerator.front.core import Accelerator
 
 _COUNTED = ("models", "optimizers", "schedulers", "dataloaders")
 

@@ -35,7 +35,7 @@ from nbtrain.shared.events import Status
 from nbtrain.shared.stopping import StopPolicy, TrainingStopped
 
 if TYPE_CHECKING:
-    from nbtrain.accelerator.core import Accelerator
+    from nbtrain.accelerator.front.core import Accelerator
 
 NOTHING, SAVE, STOP = 0, 1, 2
 

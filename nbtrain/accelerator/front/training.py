@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from nbtrain.accelerator.front_base import PREPARED_MODELS, AcceleratorBase
+from nbtrain.accelerator.front.base import PREPARED_MODELS, AcceleratorBase
 from nbtrain.accelerator.training.accumulation import GradientState
 from nbtrain.accelerator.training.optim import PreparedOptimizer
 

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     import torch
 
     from nbtrain.accelerator.comm.collectives import Collectives
-    from nbtrain.accelerator.core import Accelerator
+    from nbtrain.accelerator.front.core import Accelerator
 
 _process: tuple[int, Accelerator] | None = None  # (pid, its Accelerator): a fork forms its own
 
@@ -28,7 +28,7 @@ _process: tuple[int, Accelerator] | None = None  # (pid, its Accelerator): a for
 def _accelerator() -> Accelerator:
     global _process
     if _process is None or _process[0] != os.getpid():
-        from nbtrain.accelerator.core import Accelerator
+        from nbtrain.accelerator.front.core import Accelerator
 
         _process = (os.getpid(), Accelerator())
     return _process[1]

@@ -14,7 +14,7 @@ import torch
 from nbtrain.accelerator.comm import collectives, nested
 from nbtrain.accelerator.comm.collectives import Op
 from nbtrain.accelerator.data.splitting import share
-from nbtrain.accelerator.front_base import AcceleratorBase
+from nbtrain.accelerator.front.base import AcceleratorBase
 
 F = TypeVar("F", bound=Callable[..., Any])
 

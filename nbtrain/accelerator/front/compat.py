@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from nbtrain.accelerator.core import Accelerator
+    from nbtrain.accelerator.front.core import Accelerator
 
 _WARNED: set[str] = set()
 
@@ -107,7 +107,7 @@ def project_configuration(project_dir: Any, config: Any) -> Any:
         if not hasattr(config, name):
             raise TypeError(
                 f"Accelerator(project_config={config!r}) needs a ProjectConfiguration (from "
-                f"accelerate.utils or nbtrain.accelerator.compat); this object has no {name!r}."
+                f"accelerate.utils or nbtrain.utils); this object has no {name!r}."
             )
     if project_dir is not None and config.project_dir is None:
         config.project_dir = str(project_dir)

@@ -14,7 +14,7 @@ from torch import nn
 from nbtrain.accelerator.checkpoint import state as checkpoint
 from nbtrain.accelerator.data import batches
 from nbtrain.accelerator.data import prepared as data
-from nbtrain.accelerator.front_base import AcceleratorBase
+from nbtrain.accelerator.front.base import AcceleratorBase
 from nbtrain.accelerator.fsdp import setup as fsdp_setup
 from nbtrain.accelerator.tracking import runs as tracking_runs
 

@@ -128,7 +128,7 @@ def _not_used(name: str) -> None:
     if name in _REFUSED:
         raise ValueError(f"kwargs_handlers got {name}: {_REFUSED[name]}.")
     if name in _IGNORED:
-        from nbtrain.accelerator.compat import warn_once
+        from nbtrain.accelerator.front.compat import warn_once
 
         # warn_once <- _not_used <- collect <- Accelerator.__init__ <- the user's line
         text = f"kwargs_handlers: {name} is not used ({_IGNORED[name]})."
@@ -136,7 +136,7 @@ def _not_used(name: str) -> None:
         return
     raise TypeError(
         f"kwargs_handlers got {name}, which nbtrain does not use; it accepts "
-        f"{', '.join(_KINDS)} (from accelerate.utils or nbtrain.accelerator.handlers)."
+        f"{', '.join(_KINDS)} (from accelerate.utils or nbtrain.utils)."
     )
 
 

@@ -27,16 +27,17 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from nbtrain.accelerator import compat, handlers, tracking
+from nbtrain.accelerator import tracking
 from nbtrain.accelerator.checkpoint import stopping
 from nbtrain.accelerator.comm import collectives
 from nbtrain.accelerator.data import loaderconfig, loaders
 from nbtrain.accelerator.data import prepared as data
 from nbtrain.accelerator.devices import choice as devices
-from nbtrain.accelerator.front_base import PREPARED_MODELS
-from nbtrain.accelerator.front_processes import ProcessMethods
-from nbtrain.accelerator.front_state import StateMethods
-from nbtrain.accelerator.front_training import TrainingStep
+from nbtrain.accelerator.front import compat, handlers
+from nbtrain.accelerator.front.base import PREPARED_MODELS
+from nbtrain.accelerator.front.processes import ProcessMethods
+from nbtrain.accelerator.front.state import StateMethods
+from nbtrain.accelerator.front.training import TrainingStep
 from nbtrain.accelerator.fsdp import setup as fsdp_setup
 from nbtrain.accelerator.training import join, parallel, precision
 from nbtrain.accelerator.training.accumulation import (
