@@ -70,7 +70,7 @@ def leave_right_after_a_barrier(slow: float) -> str:
     import threading
 
     from nbtrain import Accelerator
-    from nbtrain.accelerator.devices import xla as xla_accel
+    from nbtrain.accelerator.devices import xla_collectives as xla_accel
 
     support.install()
     accelerator = Accelerator()

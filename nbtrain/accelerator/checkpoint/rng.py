@@ -37,7 +37,7 @@ def capture() -> dict[str, Any]:
         state["cuda"] = torch.cuda.get_rng_state_all()
     xm = xla_model()
     if xm is not None:
-        from nbtrain.accelerator.devices.xla import sync
+        from nbtrain.accelerator.devices.xla_runtime import sync
 
         sync()  # the step boundary: the seed stops depending on the step's pending random ops
         state["xla"] = int(xm.get_rng_state())

@@ -334,7 +334,7 @@ def write_model(model: nn.Module, path: Path, safe: bool) -> None:
     """Write ``model``'s weights to ``path`` atomically (aside, then rename)."""
     with files.written_aside(path) as aside:
         if safe and _on_xla(model):
-            from nbtrain.accelerator.devices.xla import write_safetensors
+            from nbtrain.accelerator.devices.xla_runtime import write_safetensors
 
             write_safetensors(model, str(aside))
         elif safe:
@@ -357,7 +357,7 @@ def read_model(
     safetensors files and torch's load_state_dict alike)."""
     options = dict(options or {})
     if safe and _on_xla(model):
-        from nbtrain.accelerator.devices.xla import read_safetensors
+        from nbtrain.accelerator.devices.xla_runtime import read_safetensors
 
         read_safetensors(model, str(path), **options)  # strict=; loads where the model is
     elif safe:

@@ -24,7 +24,7 @@ def detect() -> Availability:
     cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
     mps_backend = getattr(torch.backends, "mps", None)
     mps = bool(mps_backend is not None and mps_backend.is_available())
-    from nbtrain.accelerator.devices.xla import (
+    from nbtrain.accelerator.devices.xla_runtime import (
         current_device,  # no torch_xla import unless it is already loaded
     )
 
