@@ -44,10 +44,10 @@ from nbtrain.accelerator.comm.handshake import (
     PeerLostError,
     decode_head,
     decode_leaves,
-    dtype_code,
     encode_head,
     tag_of,
 )
+from nbtrain.accelerator.comm.padding import has_dim, pad, pad_meta
 from nbtrain.rank import runtime
 
 DEFAULT_TIMEOUT = 1800.0  # seconds: torch's own default process-group timeout
@@ -255,12 +255,12 @@ class Collectives:
         tensors = nested.tensor_leaves_only(data, "pad_across_processes()")
         if self.world_size == 1:
             return data
-        metas = [_pad_meta(t, dim) for t in tensors]
+        metas = [pad_meta(t, dim) for t in tensors]
         calls = self.handshake(Op.PAD, tag_of(dim), metas)
         self._check_leaves(calls, Op.PAD, same_size=False)
         padded = [
-            _pad(t, dim, max(call.leaves[i].size for call in calls), pad_index, pad_first)
-            if _has_dim(t, dim)
+            pad(t, dim, max(call.leaves[i].size for call in calls), pad_index, pad_first)
+            if has_dim(t, dim)
             else t
             for i, t in enumerate(tensors)
         ]
@@ -333,31 +333,6 @@ class Collectives:
                     f"dimension: {[m.size for m in metas]}, dims: {[m.ndim for m in metas]}). "
                     + hint
                 )
-
-
-def _has_dim(tensor: torch.Tensor, dim: int) -> bool:
-    return -tensor.ndim <= dim < tensor.ndim
-
-
-def _pad_meta(tensor: torch.Tensor, dim: int) -> LeafMeta:
-    if _has_dim(tensor, dim):
-        return LeafMeta.of(tensor, dim % tensor.ndim)
-    # Not padded: only its number of dimensions must agree across ranks (a tensor with the dim
-    # on one rank and without it on another is an error), not its sizes.
-    return LeafMeta(dtype_code(tensor.dtype), tensor.ndim, 0, 0)
-
-
-def _pad(
-    tensor: torch.Tensor, dim: int, size: int, pad_index: Any, pad_first: bool
-) -> torch.Tensor:
-    if tensor.shape[dim] >= size:
-        return tensor
-    dim = dim % tensor.ndim
-    shape = list(tensor.shape)
-    shape[dim] = size - tensor.shape[dim]
-    filler = tensor.new_full(shape, pad_index)
-    parts = [filler, tensor] if pad_first else [tensor, filler]
-    return torch.cat(parts, dim=dim)
 
 
 def truncate_for_metrics(data: Any, remainder: int, as_objects: bool = False) -> Any:
