@@ -56,7 +56,7 @@ def choose_device(
             f"MPS serves a single process only; with {world_size} ranks every rank trains on the "
             "CPU. Launch with num_processes=1 to use the Apple GPU.",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=4,  # <- Accelerator._set_up_device <- __init__ <- the user's line
         )
     return torch.device("cpu")
 

@@ -25,10 +25,11 @@ if TYPE_CHECKING:
 _WARNED: set[str] = set()
 
 
-def warn_once(key: str, text: str, stacklevel: int = 4) -> None:
+def warn_once(key: str, text: str, stacklevel: int = 5) -> None:
     """A warning shown once per process (a notebook builds many Accelerators). ``stacklevel``
-    counts from this function: the default, 4, names the caller of ``Accelerator(...)`` when
-    called from check_unsupported; other call sites pass their own depth."""
+    counts from this function: the default, 5, names the caller of ``Accelerator(...)`` when
+    called from check_unsupported (<- setup.check_arguments <- Accelerator.__init__); other call
+    sites pass their own depth."""
     if key in _WARNED:
         return
     _WARNED.add(key)

@@ -130,9 +130,10 @@ def _not_used(name: str) -> None:
     if name in _IGNORED:
         from nbtrain.accelerator.front.compat import warn_once
 
-        # warn_once <- _not_used <- collect <- Accelerator.__init__ <- the user's line
+        # warn_once <- _not_used <- collect <- setup.check_arguments <- Accelerator.__init__ <-
+        # the user's line
         text = f"kwargs_handlers: {name} is not used ({_IGNORED[name]})."
-        warn_once(f"handler:{name}", text, stacklevel=5)
+        warn_once(f"handler:{name}", text, stacklevel=6)
         return
     raise TypeError(
         f"kwargs_handlers got {name}, which nbtrain does not use; it accepts "
