@@ -1,5 +1,5 @@
 """A checkpoint directory on disk: its file names, files written aside then renamed, and the
-two ways a save replaces a directory atomically (checkpoint.py decides what goes in it).
+two ways a save replaces a directory atomically (state.py decides what goes in it).
 
 A directory is a checkpoint once it holds the completion marker (``nbtrain_checkpoint.json``),
 which the main process writes after every other file; a directory without it is never loaded.

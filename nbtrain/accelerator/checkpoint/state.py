@@ -1,6 +1,6 @@
 """Training state on disk: written atomically, loaded only when complete.
 
-How a directory is written atomically (swap or in place) is checkpoint_dirs.py's job.
+How a directory is written atomically (swap or in place) is dirs.py's job.
 
 Collective calls: save_state makes 3 barriers and a broadcast, load_state 3 barriers (through
 ``Collectives``, so a rank calling them alone, e.g. under ``if accelerator.is_main_process:``,

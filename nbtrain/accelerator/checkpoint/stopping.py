@@ -3,7 +3,7 @@
 A *stop point* is a prepared DataLoader about to hand out its next batch right after an
 optimizer step: the user's whole iteration (step, scheduler, zero_grad, their own counters) is
 done and the next batch not yet drawn, so a checkpoint taken there resumes bitwise (the loader
-continues at that batch, data.py). Steps are seen through torch's global optimizer step hook
+continues at that batch, data/). Steps are seen through torch's global optimizer step hook
 (every optimizer counts, prepared or not).
 
 Agreement: the ranks must save and stop at the *same* step, or one would wait in a collective for

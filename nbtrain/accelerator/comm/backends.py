@@ -1,6 +1,6 @@
 """The transports collectives run over: a ``Backend`` (all_gather, all_reduce, broadcast and
 their object forms) with waits that can be polled (``Pending``). torch.distributed's process
-group here, a local one for one process; XLA adds its own (xla.py)."""
+group here, a local one for one process; XLA adds its own (devices/xla_collectives.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """How the batches of a user's DataLoader are found, seeded and sharded: its samplers, batch
 sampler and generator, as nbtrain reads them, and the samplers that hand each rank its share.
 
-Shared by the prepared loader (data.py) and the dispatching one (dispatch.py).
+Shared by the prepared loader (prepared.py) and the dispatching one (dispatch.py).
 """
 
 

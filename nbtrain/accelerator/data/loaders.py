@@ -1,5 +1,5 @@
 """``prepare_data_loader``: a user's DataLoader made into the loader each rank iterates: the
-prepared loader (data.py), a strategy's subclass of it (XLA), or the dispatching one (dispatch.py)
+prepared loader (prepared.py), a strategy's subclass of it (XLA), or the dispatching one (dispatch)
 when the main process reads for every rank."""
 
 

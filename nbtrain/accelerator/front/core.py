@@ -1,19 +1,20 @@
 """The Accelerator: Hugging Face Accelerate's training API, inside nbtrain's ranks.
 
-A thin front end, assembled from parts: ``front_base`` (state and where this rank sits),
-``front_training`` (backward, accumulation, clipping), ``front_processes`` (calls across ranks),
-``front_state`` (checkpoints, saved models); this module holds construction and ``prepare``.
-Each concern lives in its own module and is only delegated to from there:
-``rankenv`` (where this rank sits), ``devices``, ``parallel`` (process group, DDP, strategy per
-DistributedType), ``collectives``, ``precision``, ``accumulation``, ``optim``, ``data``,
-``checkpoint``, ``splitting``, ``compat`` (Accelerate's state view, project configuration and
-the arguments nbtrain has no feature for), ``tracking`` (experiment trackers); live progress and
-metrics go to ``reporting``.
+A thin front end, assembled from parts (front/): ``base`` (state and where this rank sits),
+``prepare`` (what prepare() makes of each object), ``training`` (backward, accumulation,
+clipping), ``processes`` (calls across ranks), ``state`` (checkpoints, saved models); this module
+holds construction (its arguments are checked in ``setup``), trackers and logging.
+Each concern lives in its own sub-package of nbtrain.accelerator and is only delegated to from
+here: ``rankenv`` (where this rank sits), ``devices/`` (which device, XLA), ``training/``
+(process group, DDP, strategy per DistributedType, precision, accumulation, optimizer),
+``comm/`` (collectives), ``data/``, ``checkpoint/``, ``fsdp/``, ``compat`` (Accelerate's state
+view, project configuration and the arguments nbtrain has no feature for), ``tracking/``
+(experiment trackers); live progress and metrics go to ``reporting``.
 
 Collective calls (every rank must make them, in the same order): prepare() of a model or a
 dataloader, gather, gather_for_metrics, reduce, broadcast, pad_across_processes,
 wait_for_everyone, main_process_first, check_trigger, save_state, load_state. A rank calling
-one of nbtrain's collectives alone gets an error rather than a hang (see collectives.py).
+one of nbtrain's collectives alone gets an error rather than a hang (see comm/collectives.py).
 """
 
 from __future__ import annotations

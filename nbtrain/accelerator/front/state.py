@@ -1,5 +1,5 @@
 """The Accelerator's checkpoints and saved models: save_state / load_state (atomic, see
-checkpoint.py), save_model, get_state_dict, memory release, skipping batches."""
+checkpoint/state.py), save_model, get_state_dict, memory release, skipping batches."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The FSDP part of save_state / load_state: sharded models and their optimizers.
 
-checkpoint.py keeps doing everything else (atomic directories, the completion marker, schedulers,
+checkpoint/ keeps doing everything else (atomic directories, the completion marker, schedulers,
 RNG states, dataloader positions); it calls ``save`` / ``load`` here on every rank, inside the
 directory it is writing or has verified complete, so an FSDP checkpoint is exactly as atomic as
 any other.

@@ -5,7 +5,7 @@ It implements parallel.py's ``Strategy`` protocol, plus the hooks the Accelerato
 ``prepare_optimizer`` (the user's optimizer, made before prepare over the full parameters, is
 pointed at the sharded ones), ``trigger_sync``, ``clip_grad_norm`` (the global norm over every
 rank's shards), ``full_state_dict`` and ``checkpoint_state`` (save_state/load_state through
-torch.distributed.checkpoint, see fsdp_checkpoint.py).
+torch.distributed.checkpoint, see fsdp/checkpoint.py).
 
 Sharding (``wrap_model``): the layers the wrap policy picks get ``fully_shard`` first, innermost
 first, then the root, so each layer's full weights exist only while it runs. ``fully_shard``
@@ -168,7 +168,7 @@ class FsdpStrategy:
 
     def checkpoint_state(self, state: Any) -> Any:
         """save_state/load_state: the FSDP models and their optimizers go through
-        torch.distributed.checkpoint; everything else stays with checkpoint.py."""
+        torch.distributed.checkpoint; everything else stays with checkpoint/state.py."""
         from nbtrain.accelerator.fsdp.checkpoint import split_training_state
 
         return split_training_state(state, self)
