@@ -84,7 +84,7 @@ class PeakUss:
 def train(strategy: str, steps: int) -> dict[str, Any]:
     torch.set_num_threads(1)
     if strategy == "ddp+mmap":
-        from nbtrain.accelerator.fsdp import return_large_buffers_to_the_system
+        from nbtrain.accelerator.fsdp.strategy import return_large_buffers_to_the_system
 
         assert return_large_buffers_to_the_system()
     memory = PeakUss()

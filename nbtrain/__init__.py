@@ -28,19 +28,19 @@ _LAZY = {
     "RayCluster": "nbtrain.kernel.cluster.spec",
     "ResultError": "nbtrain.shared.errors",
     "SessionError": "nbtrain.shared.errors",
-    "Accelerator": "nbtrain.accelerator.core",
-    "DistributedType": "nbtrain.accelerator.core",
-    "set_seed": "nbtrain.accelerator.seed",
+    "Accelerator": "nbtrain.accelerator.front.core",
+    "DistributedType": "nbtrain.accelerator.front.core",
+    "set_seed": "nbtrain.accelerator.checkpoint.seed",
     "progress": "nbtrain.rank.reporting",
     "log": "nbtrain.rank.reporting",
     "NbtrainCallback": "nbtrain.integrations.transformers",
-    "FullyShardedDataParallelPlugin": "nbtrain.accelerator.fsdp_plugin",
+    "FullyShardedDataParallelPlugin": "nbtrain.accelerator.fsdp.plugin",
 }
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
-    from nbtrain.accelerator.core import Accelerator, DistributedType
-    from nbtrain.accelerator.fsdp_plugin import FullyShardedDataParallelPlugin
-    from nbtrain.accelerator.seed import set_seed
+    from nbtrain.accelerator.checkpoint.seed import set_seed
+    from nbtrain.accelerator.front.core import Accelerator, DistributedType
+    from nbtrain.accelerator.fsdp.plugin import FullyShardedDataParallelPlugin
     from nbtrain.integrations.transformers import NbtrainCallback
     from nbtrain.kernel.cluster.spec import RayCluster
     from nbtrain.kernel.launcher import debug_launcher, notebook_launcher

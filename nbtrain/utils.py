@@ -22,8 +22,8 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-_OPERATIONS = "nbtrain.accelerator.operations"
-_HANDLERS = "nbtrain.accelerator.handlers"
+_OPERATIONS = "nbtrain.accelerator.front.operations"
+_HANDLERS = "nbtrain.accelerator.front.handlers"
 
 # name -> (module, its name there)
 _LAZY: dict[str, tuple[str, str]] = {
@@ -49,35 +49,34 @@ _LAZY: dict[str, tuple[str, str]] = {
             "InitProcessGroupKwargs",
         )
     },
-    "DistributedOperationException": ("nbtrain.accelerator.handshake", "CollectiveError"),
-    "set_seed": ("nbtrain.accelerator.seed", "set_seed"),
-    "ProjectConfiguration": ("nbtrain.accelerator.compat", "ProjectConfiguration"),
-    "DataLoaderConfiguration": ("nbtrain.accelerator.loaderconfig", "DataLoaderConfiguration"),
+    "DistributedOperationException": ("nbtrain.accelerator.comm.handshake", "CollectiveError"),
+    "set_seed": ("nbtrain.accelerator.checkpoint.seed", "set_seed"),
+    "ProjectConfiguration": ("nbtrain.accelerator.front.compat", "ProjectConfiguration"),
+    "DataLoaderConfiguration": ("nbtrain.accelerator.data.loaderconfig", "DataLoaderConfiguration"),
     "GradientAccumulationPlugin": (
-        "nbtrain.accelerator.accumulation",
+        "nbtrain.accelerator.training.accumulation",
         "GradientAccumulationPlugin",
     ),
     "FullyShardedDataParallelPlugin": (
-        "nbtrain.accelerator.fsdp_plugin",
+        "nbtrain.accelerator.fsdp.plugin",
         "FullyShardedDataParallelPlugin",
     ),
-    "DistributedType": ("nbtrain.accelerator.parallel", "DistributedType"),
+    "DistributedType": ("nbtrain.accelerator.training.parallel", "DistributedType"),
     "LoggerType": ("nbtrain.accelerator.tracking.choose", "LoggerType"),
 }
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
-    from nbtrain.accelerator.accumulation import GradientAccumulationPlugin
-    from nbtrain.accelerator.compat import ProjectConfiguration
-    from nbtrain.accelerator.fsdp_plugin import FullyShardedDataParallelPlugin
-    from nbtrain.accelerator.handlers import (
+    from nbtrain.accelerator.checkpoint.seed import set_seed
+    from nbtrain.accelerator.comm.handshake import CollectiveError as DistributedOperationException
+    from nbtrain.accelerator.data.loaderconfig import DataLoaderConfiguration
+    from nbtrain.accelerator.front.compat import ProjectConfiguration
+    from nbtrain.accelerator.front.handlers import (
         AutocastKwargs,
         DistributedDataParallelKwargs,
         GradScalerKwargs,
         InitProcessGroupKwargs,
     )
-    from nbtrain.accelerator.handshake import CollectiveError as DistributedOperationException
-    from nbtrain.accelerator.loaderconfig import DataLoaderConfiguration
-    from nbtrain.accelerator.operations import (
+    from nbtrain.accelerator.front.operations import (
         broadcast,
         broadcast_object_list,
         gather,
@@ -87,9 +86,10 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
         send_to_device,
         wait_for_everyone,
     )
-    from nbtrain.accelerator.parallel import DistributedType
-    from nbtrain.accelerator.seed import set_seed
+    from nbtrain.accelerator.fsdp.plugin import FullyShardedDataParallelPlugin
     from nbtrain.accelerator.tracking.choose import LoggerType
+    from nbtrain.accelerator.training.accumulation import GradientAccumulationPlugin
+    from nbtrain.accelerator.training.parallel import DistributedType
 
 
 def __getattr__(name: str) -> Any:

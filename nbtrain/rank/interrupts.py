@@ -1,5 +1,5 @@
 """A rank's side of a graceful stop: ``STOP_SIGNAL`` from the kernel sets a flag that the
-training loop reads at its next optimizer step (accelerator/stopping.py).
+training loop reads at its next optimizer step (accelerator/checkpoint/stopping.py).
 
 A rank with nowhere to stop at (no prepared DataLoader under a stop policy: a raw loop, or still
 setting up) is interrupted at once instead, as a plain interrupt would. Between calls (a warm

@@ -128,7 +128,7 @@ def run_ordinal(index: int, spec: HostSpec, payload: bytes) -> None:
     import torch_xla
     import torch_xla.runtime as xr
 
-    from nbtrain.accelerator import xla as xla_accel
+    from nbtrain.accelerator.devices import xla_collectives as xla_accel
 
     ordinal, world = xr.global_ordinal(), xr.world_size()
     sink = process_sink()
@@ -176,7 +176,7 @@ class _Verdict:
 
     def send(self, event: Event) -> None:
         if isinstance(event, Finished):
-            from nbtrain.accelerator import xla as xla_accel
+            from nbtrain.accelerator.devices import xla_collectives as xla_accel
 
             error = xla_accel.abandoned(self.ordinal, "returned")
             if error is not None:

@@ -2,7 +2,7 @@
 Accelerate's automatic naming (``<project_dir>/checkpoints/checkpoint_<n>``).
 
 The kernel reads them before a launch (resume checks); the Accelerator writes and loads them
-(accelerator/checkpoint.py)."""
+(accelerator/checkpoint/state.py)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ end. Periodic checkpoints (``checkpoint_every``) and ``resume`` use the same fol
 from the highest number already there, so the newest checkpoint is always the highest number.
 
 The kernel decides the policy (kernel/stopping.py); the Accelerator in each rank carries it out
-(accelerator/stopping.py, accelerator/resume.py).
+(accelerator/checkpoint/stopping.py, accelerator/checkpoint/resume.py).
 """
 
 from __future__ import annotations

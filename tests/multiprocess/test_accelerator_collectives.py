@@ -190,7 +190,7 @@ def every_collective(markers: str):
     acc.broadcast(values, from_process=world - 1)
     out["broadcast"] = values
     # objects, barriers, main-process helpers
-    from nbtrain.accelerator.collectives import Collectives
+    from nbtrain.accelerator.comm.collectives import Collectives
 
     assert isinstance(acc._collectives, Collectives)
     out["objects"] = acc._collectives.gather_object([f"r{rank}"])
@@ -309,8 +309,8 @@ def test_misuse_fails_at_once_with_a_clear_error(tmp_path):
 
 
 def slow_and_absent_peers():
-    from nbtrain.accelerator.backends import ProcessGroupBackend
-    from nbtrain.accelerator.collectives import Collectives, CollectiveTimeoutError
+    from nbtrain.accelerator.comm.backends import ProcessGroupBackend
+    from nbtrain.accelerator.comm.collectives import Collectives, CollectiveTimeoutError
 
     acc = Accelerator()  # initialises the process group
     notes: list[str] = []

@@ -93,7 +93,7 @@ def test_fp16_with_grad_scaler_under_forkserver():
     fp16 forward, no loss scaling) clipped the same way."""
 
     def run():
-        from nbtrain.accelerator.handlers import GradScalerKwargs
+        from nbtrain.accelerator.front.handlers import GradScalerKwargs
 
         # A power-of-two scale small enough not to overflow: scaling is then exact in fp16.
         acc = Accelerator(kwargs_handlers=[GradScalerKwargs(init_scale=256.0)])

@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from nbtrain import Accelerator, notebook_launcher
-from nbtrain.accelerator.loaderconfig import DataLoaderConfiguration
+from nbtrain.accelerator.data.loaderconfig import DataLoaderConfiguration
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -118,7 +118,7 @@ def test_a_mismatched_call_raises_distributed_operation_exception():
 
 
 def test_the_ddp_handler_takes_accelerates_comm_fields():
-    from nbtrain.accelerator import handlers
+    from nbtrain.accelerator.front import handlers
     from nbtrain.utils import DistributedDataParallelKwargs
 
     handler = DistributedDataParallelKwargs(find_unused_parameters=True, comm_state_option={"a": 1})

@@ -18,7 +18,7 @@ from torch.nn.functional import mse_loss
 from torch.utils.data import DataLoader, TensorDataset
 
 from nbtrain import Accelerator, DistributedType, set_seed
-from nbtrain.accelerator import compat
+from nbtrain.accelerator.front import compat
 
 
 @pytest.fixture(autouse=True)

@@ -18,10 +18,11 @@ from torch.nn.functional import mse_loss
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from nbtrain import Accelerator, DistributedType, set_seed
-from nbtrain.accelerator import checkpoint, checkpoint_dirs
-from nbtrain.accelerator.accumulation import GradientState
-from nbtrain.accelerator.core import GradientAccumulationPlugin
-from nbtrain.accelerator.front_training import MicroStep
+from nbtrain.accelerator.checkpoint import dirs as checkpoint_dirs
+from nbtrain.accelerator.checkpoint import state as checkpoint
+from nbtrain.accelerator.front.core import GradientAccumulationPlugin
+from nbtrain.accelerator.front.training import MicroStep
+from nbtrain.accelerator.training.accumulation import GradientState
 
 
 @pytest.fixture(autouse=True)
@@ -106,7 +107,8 @@ def test_backward_before_prepare_is_explained(monkeypatch):
     # Accelerator made later may train: the registry is per process, as Accelerate's state).
     import weakref
 
-    from nbtrain.accelerator import front_base, front_training
+    from nbtrain.accelerator.front import base as front_base
+    from nbtrain.accelerator.front import training as front_training
 
     nothing: weakref.WeakSet = weakref.WeakSet()
     monkeypatch.setattr(front_base, "PREPARED_MODELS", nothing)
@@ -481,7 +483,7 @@ def test_kwargs_handlers_from_nbtrain_and_from_accelerate():
 
     import accelerate.utils
 
-    from nbtrain.accelerator import handlers
+    from nbtrain.accelerator.front import handlers
 
     options = handlers.collect(
         [

@@ -8,9 +8,10 @@ import importlib.util
 import pytest
 import torch
 
-from nbtrain.accelerator import devices, parallel
-from nbtrain.accelerator.devices import Availability, choose_device
-from nbtrain.accelerator.parallel import DistributedType
+from nbtrain.accelerator.devices import choice as devices
+from nbtrain.accelerator.devices.choice import Availability, choose_device
+from nbtrain.accelerator.training import parallel
+from nbtrain.accelerator.training.parallel import DistributedType
 from nbtrain.rank import rankenv, runtime
 from nbtrain.rank.runtime import RankInfo, Runtime
 from nbtrain.shared.events import CallbackSink
@@ -57,13 +58,13 @@ def test_backend_and_distributed_type_follow_the_device():
 
 
 def test_strategies_are_chosen_by_enum_and_xla_is_a_clean_gap():
-    expected = "nbtrain.accelerator.parallel:DataParallel"
+    expected = "nbtrain.accelerator.training.parallel:DataParallel"
     assert parallel.STRATEGIES[DistributedType.MULTI_GPU] == expected
     single = parallel.create(DistributedType.NO, torch.device("cpu"), backend="gloo", timeout=5)
     assert single.distributed_type is DistributedType.NO
     assert single.collectives.world_size == 1
-    # The XLA strategy (nbtrain.accelerator.xla) fills the seam; without torch_xla it says so.
-    assert parallel.STRATEGIES[DistributedType.XLA] == "nbtrain.accelerator.xla:XlaStrategy"
+    # The XLA strategy (accelerator/devices/xla.py) fills the seam; without torch_xla it says so.
+    assert parallel.STRATEGIES[DistributedType.XLA] == "nbtrain.accelerator.devices.xla:XlaStrategy"
     if importlib.util.find_spec("torch_xla") is None:
         with pytest.raises(ImportError, match=r"DistributedType\.XLA needs torch_xla"):
             parallel.create(DistributedType.XLA, torch.device("cpu"), backend="gloo", timeout=5)
@@ -105,7 +106,7 @@ def test_mixed_precision_default_outside_launches(monkeypatch):
 
 
 def test_bf16_needs_a_gpu_that_supports_it(monkeypatch):
-    from nbtrain.accelerator.precision import Precision
+    from nbtrain.accelerator.training.precision import Precision
     from nbtrain.kernel.config import MixedPrecision
 
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: False)

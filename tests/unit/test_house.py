@@ -6,7 +6,7 @@ interpreters: which side a module runs on is visible from its folder, and import
 - Importing the kernel side loads no rank logic: the kernel names rank entry points through
   shared/specs.py trampolines; only the in-process path runs rank code, and imports it at call time.
 - No import cycles among nbtrain's modules (type-only imports aside), and each package imports
-  only the packages allowed beneath it.
+  only the packages allowed beneath it; the Accelerator's sub-packages form layers.
 """
 
 from __future__ import annotations
@@ -44,6 +44,20 @@ EXCEPTIONS = {
     "nbtrain.kernel.demo": {"rank.demo_training"},
     "nbtrain.rank.xla_host": {"accelerator"},
 }
+
+# The Accelerator's sub-packages (README: Layout), lowest first: each imports only itself and
+# those before it (besides shared and rank), so they form layers. The modules directly in
+# accelerator/ (logging) import none of them.
+ACCELERATOR_LAYERS = [
+    "comm",
+    "training",
+    "data",
+    "devices",
+    "checkpoint",
+    "tracking",
+    "fsdp",
+    "front",
+]
 
 
 def module_name(path: Path) -> str:
@@ -93,6 +107,30 @@ def test_every_import_stays_within_what_its_side_may_use():
             if target == f"nbtrain.{package}" and package:
                 package = f"{package}.__init__"  # the package itself, not one of its modules
             if package not in allowed and ".".join(target.split(".")[1:3]) not in allowed:
+                wrong.append(f"{module} imports {target}")
+    assert not wrong, "\n".join(wrong)
+
+
+def accelerator_layer(module: str) -> str | None:
+    """The sub-package of nbtrain.accelerator that ``module`` is in ("" directly in it)."""
+    parts = module.split(".")
+    if parts[:2] != ["nbtrain", "accelerator"] or len(parts) < 3:
+        return None
+    return parts[2] if (PACKAGE / "accelerator" / parts[2]).is_dir() else ""
+
+
+def test_the_accelerator_sub_packages_form_layers():
+    assert sorted(ACCELERATOR_LAYERS) == sorted(
+        p.name for p in (PACKAGE / "accelerator").iterdir() if (p / "__init__.py").exists()
+    )
+    wrong = []
+    for module, targets in graph().items():
+        layer = accelerator_layer(module)
+        if layer is None:
+            continue
+        allowed = ACCELERATOR_LAYERS[: ACCELERATOR_LAYERS.index(layer) + 1] if layer else []
+        for target in targets:
+            if accelerator_layer(target) not in (None, *allowed):
                 wrong.append(f"{module} imports {target}")
     assert not wrong, "\n".join(wrong)
 
@@ -157,15 +195,15 @@ import nbtrain.rank.xla_host
 import nbtrain.rank.session
 import nbtrain.integrations.transformers
 import pkgutil, importlib, nbtrain.accelerator
-for info in pkgutil.iter_modules(nbtrain.accelerator.__path__):
-    importlib.import_module(f"nbtrain.accelerator.{info.name}")
+for info in pkgutil.walk_packages(nbtrain.accelerator.__path__, "nbtrain.accelerator."):
+    importlib.import_module(info.name)
 acc = Accelerator(cpu=True)
 """
 
 
 def test_a_rank_imports_nothing_of_the_kernel_side():
     loaded = loaded_after(RANK_IMPORTS)
-    assert "nbtrain.accelerator.core" in loaded and "nbtrain.rank.worker" in loaded  # it ran
+    assert "nbtrain.accelerator.front.core" in loaded and "nbtrain.rank.worker" in loaded  # it ran
     kernel = sorted(m for m in loaded if m.startswith(("nbtrain.kernel", "nbtrain.display")))
     assert kernel == []
     assert "ipywidgets" not in loaded

@@ -8,10 +8,10 @@ from collections import OrderedDict, namedtuple
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from nbtrain.accelerator import nested
-from nbtrain.accelerator.accumulation import GradientState
-from nbtrain.accelerator.loaders import prepare_data_loader
-from nbtrain.accelerator.precision import outputs_to_float32
+from nbtrain.accelerator.comm import nested
+from nbtrain.accelerator.data.loaders import prepare_data_loader
+from nbtrain.accelerator.training.accumulation import GradientState
+from nbtrain.accelerator.training.precision import outputs_to_float32
 
 Pair = namedtuple("Pair", ["left", "right"])
 META = torch.device("meta")

@@ -1,4 +1,4 @@
-"""The shuffled loader's fast path (accelerator/permuted.py) gives torch's batches exactly and
+"""The shuffled loader's fast path (accelerator/data/permuted.py) gives torch's batches exactly and
 leaves the generator as torch leaves it: over several epochs, after a pass left early, and on
 every rank of a prepared loader; and it steps aside when it cannot promise that."""
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
-from nbtrain.accelerator import loaders
-from nbtrain.accelerator.accumulation import GradientState
-from nbtrain.accelerator.permuted import PermutedBatches, batched, matches_torch
+from nbtrain.accelerator.data import loaders
+from nbtrain.accelerator.data.permuted import PermutedBatches, batched, matches_torch
+from nbtrain.accelerator.training.accumulation import GradientState
 
 
 def _pair(length: int, size: int, drop_last: bool) -> tuple[BatchSampler, BatchSampler]:

@@ -12,9 +12,9 @@ import pytest
 import torch
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset
 
-from nbtrain.accelerator import sharding
-from nbtrain.accelerator.sharding import ShardSpec
-from nbtrain.accelerator.splitting import share
+from nbtrain.accelerator.data import sharding
+from nbtrain.accelerator.data.sharding import ShardSpec
+from nbtrain.accelerator.data.splitting import share
 
 CASES = [
     (length, batch, world, drop_last)
@@ -164,8 +164,8 @@ def test_a_short_batch_mid_epoch_still_ends_the_epoch_on_every_rank():
     """World 2, batches [0,1] [2] [3,4] [5,6] [7,8]: the step holding the short batch is dropped
     (as in Accelerate), every later step is handed out, and the last batch of each rank is
     flagged as the end of the dataloader (the final accumulation sync, gather_for_metrics)."""
-    from nbtrain.accelerator import loaders
-    from nbtrain.accelerator.accumulation import GradientState
+    from nbtrain.accelerator.data import loaders
+    from nbtrain.accelerator.training.accumulation import GradientState
 
     dataset = TensorDataset(torch.arange(9))
     seen = []

@@ -21,9 +21,9 @@ from torch.utils.data import (
     WeightedRandomSampler,
 )
 
-from nbtrain.accelerator import loaders
-from nbtrain.accelerator.accumulation import GradientState
-from nbtrain.accelerator.data import PreparedDataLoader
+from nbtrain.accelerator.data import loaders
+from nbtrain.accelerator.data.prepared import PreparedDataLoader
+from nbtrain.accelerator.training.accumulation import GradientState
 
 SAMPLERS = [
     "sequential",

@@ -50,7 +50,7 @@ def barrier_on_main_only() -> None:
 
 def barrier_while_peers_are_busy() -> None:
     from nbtrain import Accelerator
-    from nbtrain.accelerator.handlers import (
+    from nbtrain.accelerator.front.handlers import (
         InitProcessGroupKwargs,  # Accelerate's handler, same fields
     )
 
@@ -70,7 +70,7 @@ def leave_right_after_a_barrier(slow: float) -> str:
     import threading
 
     from nbtrain import Accelerator
-    from nbtrain.accelerator import xla as xla_accel
+    from nbtrain.accelerator.devices import xla_collectives as xla_accel
 
     support.install()
     accelerator = Accelerator()

@@ -8,7 +8,7 @@ from nbtrain.accelerator.tracking import runs
 from nbtrain.accelerator.tracking.choose import choose
 
 if TYPE_CHECKING:
-    from nbtrain.accelerator.stopping import Stops
+    from nbtrain.accelerator.checkpoint.stopping import Stops
 
 
 class Tracking:
