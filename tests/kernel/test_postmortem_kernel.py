@@ -104,3 +104,24 @@ def test_debug_true_without_an_input_box_fails_before_any_rank_starts(kernel):
     assert out.error and out.error["ename"] == "ValueError", out
     assert "debug=True: this run has no input to type pdb commands in" in out.error["evalue"]
     assert "[rank" not in out.stdout  # nothing started
+
+
+def test_debug_true_when_every_rank_fails_opens_one_prompt(kernel):
+    code = """
+def train():
+    import signal
+    rank = int(os.environ["RANK"])
+    mine = rank + 100
+    if rank == 0:  # fails too, after the launcher asked it to stop (it ignores SIGTERM)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        time.sleep(1)
+    raise ValueError("the same bug on every rank")
+
+notebook_launcher(train, num_processes=2, progress="text", debug=True)
+"""
+    talk = converse(kernel, code, ["p mine", "c"])
+    # The first rank to fail has the prompt; the later one is told q and exits as usual.
+    assert talk.prompts == ["(Pdb) rank 1> "] * 2, talk.prompts
+    assert "101" in talk.seen[1]
+    assert talk.error["ename"] == "WorkerError" and "rank 1" in talk.error["evalue"], talk
+    assert kernel.live_children() == []
