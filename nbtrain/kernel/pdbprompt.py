@@ -17,7 +17,7 @@ import builtins
 import contextlib
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import Connection
 
 from nbtrain.shared.events import Paused, Resumed
@@ -79,6 +79,24 @@ class Prompts:
         self.waiting.pop(rank, None)
         if self.holder == rank:
             self.holder = None
+
+    @contextlib.contextmanager
+    def scripted(self, lines: Sequence[str]) -> Iterator[None]:
+        """Inside: the prompts are answered with ``lines`` (shown as if typed), then ``c``; for
+        a post-mortem in a run nobody types in (a notebook run by nbclient, a report)."""
+        answers = iter([*lines, "c"])
+
+        def ask(prompt: str) -> str:
+            line = next(answers, "c")
+            self.say(f"{prompt}{line}")
+            return line
+
+        saved = self.ask, self.no_input
+        self.ask, self.no_input = ask, False
+        try:
+            yield
+        finally:
+            self.ask, self.no_input = saved
 
     def holds(self, rank: int) -> bool:
         """The rank's pdb waits for a line, or holds the prompt."""

@@ -214,13 +214,16 @@ class Ranks:
         pairs = zip(selected, values, strict=True)
         return {rank: value for rank, value in pairs if value is not None}
 
-    def debug(self, rank: int | None = None) -> None:
+    def debug(self, rank: int | None = None, *, commands: Sequence[str] | None = None) -> None:
         """Post-mortem (``%ranks_debug``): pdb in ``rank`` (default: the rank that failed first
         in the last failed command) at the frame that raised, with its locals, as IPython's
-        ``%debug``: ``p``, ``up``, ``down``, ``l``; ``c`` or ``q`` ends it, the rank stays warm."""
+        ``%debug``: ``p``, ``up``, ``down``, ``l``; ``c`` or ``q`` ends it, the rank stays warm.
+        ``commands``: run these pdb commands instead of asking (shown as typed), then ``c``;
+        works where nobody can type (a notebook run by nbclient or papermill)."""
         __tracebackhide__ = True
         chosen = self._failures.choose(rank)
-        if not can_ask():
+        script = _pdb_commands(commands)
+        if script is None and not can_ask():
             raise SessionError(
                 f"ranks.debug(): {NO_INPUT}. Run the cell from Jupyter, or look at the rank's "
                 "names with %%ranks / ranks.pull(...)."
@@ -231,10 +234,12 @@ class Ranks:
                 f"ranks.debug(): rank {chosen}'s failure is gone: the ranks were just restarted "
                 "(see the message above), and new ranks hold no frames."
             )
-        self._execute(
-            world, lambda rank: Debug(), [chosen], title=f"post-mortem of rank {chosen}",
-            return_all=True, quiet=True, keep_failures=False,
-        )
+        prompts = world.group.channel.prompts
+        with contextlib.nullcontext() if script is None else prompts.scripted(script):
+            self._execute(
+                world, lambda rank: Debug(), [chosen], title=f"post-mortem of rank {chosen}",
+                return_all=True, quiet=True, keep_failures=False,
+            )
 
     def restart(self) -> None:
         """Stop every rank and start a fresh set: namespaces and process group are gone."""
@@ -500,6 +505,19 @@ def _check_expression(expression: object) -> None:
             f"pull({expression!r}) is not a Python expression ({exc.msg}); pull takes one "
             "expression, e.g. ranks.pull('model.weight.sum()')."
         ) from None
+
+
+def _pdb_commands(commands: object) -> list[str] | None:
+    if commands is None:
+        return None
+    if isinstance(commands, str) or not isinstance(commands, (list, tuple)) or not all(
+        isinstance(line, str) for line in commands
+    ):
+        raise TypeError(
+            f"debug(commands={commands!r}): give a list of pdb commands, e.g. "
+            "ranks.debug(commands=['p loss', 'up', 'p batch.shape'])."
+        )
+    return list(commands)
 
 
 def _unpicklable(values: dict[str, Any], exc: Exception) -> str:

@@ -71,6 +71,12 @@ def test_post_mortem_of_a_failed_warm_cell(kernel):
             assert says in out.error["evalue"], out.error["evalue"]
         out = kernel.collect(kernel.client.execute("%ranks_debug", allow_stdin=False))
         assert out.error and "no input to type pdb commands in" in out.error["evalue"], out
+        # ... where commands given in advance still run (as a notebook run by nbclient can)
+        code = "ranks.debug(commands=['p parts', 'up', 'p rank'])"
+        out = kernel.collect(kernel.client.execute(code, allow_stdin=False))
+        assert out.error is None, out.traceback_text
+        assert "(Pdb) rank 0> p parts\n0\n(Pdb) rank 0> up\n" in out.stdout, out.stdout
+        assert "(Pdb) rank 0> p rank\n0\n(Pdb) rank 0> c" in out.stdout, out.stdout
     finally:
         kernel.run("ranks.stop()")
 

@@ -126,3 +126,25 @@ def test_debug_true_opens_no_prompt_for_a_peer_loss_or_an_interrupt(rank_3):  # 
     interrupted = _raised(KeyboardInterrupt())
     debugger.after_failure(interrupted, failure_event(3, interrupted, 1))
     assert events == []  # no pause: the rank exits at once
+
+
+def test_commands_given_in_advance_answer_the_prompt_then_c(rank_3, no_last_failure):  # noqa: F811
+    events, writer = rank_3
+    try:
+        _fails(0)
+    except ZeroDivisionError as exc:
+        debugger.keep(exc)
+    said: list[str] = []
+    prompts = Prompts({3: writer}, ask=lambda prompt: "never asked", say=said.append)
+    prompts.no_input = True  # (nobody could type: a notebook run by nbclient)
+    with prompts.scripted(["p parts"]):
+        _serve(prompts, events, _in_a_rank(debugger.debug_last))
+    assert said[1:] == ["(Pdb) rank 3> p parts", "0", "(Pdb) rank 3> c"]
+    assert prompts.no_input  # as it was
+
+
+def test_commands_must_be_a_list_of_strings():
+    from nbtrain.kernel.session import _pdb_commands
+
+    with pytest.raises(TypeError, match=r"debug\(commands='p x'\): give a list of pdb commands"):
+        _pdb_commands("p x")
