@@ -81,7 +81,8 @@ class KeptFailures:
         for rank in ranks:
             failure = outcome.records[rank].failure
             if failure is not None and failure.traceback.startswith("Traceback"):
-                self.kept[rank] = f"{failure.type_name}: {failure.message}".rstrip(": ")
+                first = failure.message.splitlines()[0] if failure.message else ""
+                self.kept[rank] = f"{failure.type_name}: {first}" if first else failure.type_name
         root = outcome.root_cause()
         if root is not None and root in self.kept:
             self.last = root

@@ -90,8 +90,9 @@ def set_trace(*, header: str | None = None, frame: FrameType | None = None) -> N
 
 
 def keep(exc: BaseException) -> None:
-    """A warm rank's command failed: keep its frames for ``%ranks_debug`` (where Python keeps
-    them, so ``sys.last_traceback = None`` frees them); the next failure replaces them."""
+    """A warm rank's command failed: keep its frames for ``%ranks_debug`` where Python keeps
+    them (``sys.last_value = sys.last_traceback = None`` frees them, and their tensors); the
+    next failure replaces them."""
     tb = users_traceback(exc.__traceback__)
     sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, tb
 
@@ -103,7 +104,8 @@ def debug_last() -> None:
     if exc is None or tb is None:
         error = RuntimeError(
             f"rank {rank} has no failure to debug (none since it started, or its frames were "
-            "freed with sys.last_traceback = None); %ranks_debug follows a failed %%ranks cell."
+            "freed through sys.last_value / sys.last_traceback); %ranks_debug follows a failed "
+            "%%ranks cell."
         )
         error.nbtrain_bad_input = True  # type: ignore[attr-defined]
         raise error
