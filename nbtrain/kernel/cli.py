@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -41,6 +42,7 @@ def _launch(options: argparse.Namespace) -> int:
     from nbtrain.kernel.config import build_config, check_function
     from nbtrain.kernel.launcher import dispatch
     from nbtrain.kernel.option_names import command_line
+    from nbtrain.kernel.postmortem import check_debug
     from nbtrain.rank.script import run_script  # what each rank runs (rank side)
     from nbtrain.shared.errors import LaunchError, WorkerError
 
@@ -51,6 +53,7 @@ def _launch(options: argparse.Namespace) -> int:
         )
         with command_line():  # messages name --timeout, not notebook_launcher(timeout=)
             config = build_config(**_launch_keywords(options), return_all=False)
+            config = replace(config, debug=check_debug(options.debug))
             dispatch(config, run_script, args, kwargs, elastic=True)
     except WorkerError as err:
         _report_failure(err, str(script.resolve()))
@@ -153,6 +156,10 @@ def _add_launch_parser(commands: Any) -> None:
     parser.add_argument("--progress", choices=["text", "off"], default="text",
                         help="the live text view of every rank's progress and metrics "
                         "(default text), or none (off)")
+    parser.add_argument("--debug", action="store_true",
+                        help="a rank that fails stays alive (the others are stopped) and opens "
+                        "a (Pdb) rank N> prompt on this terminal at the failing line, before the "
+                        "failure is reported (needs a terminal on stdin)")
     parser.add_argument("script", help="the Python script every rank runs")
     script_args = parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS",
                                       help="arguments passed to the script (optional)")

@@ -46,6 +46,7 @@ class LaunchConfig:
     xla_device: str = ""  # "TPU" or "CPU": XLA ordinals run by torch_xla (kernel/xla.py)
     xla_counted: str = ""  # how num_processes was counted for XLA (tpu.check_launch), in words
     stopping: StopPolicy | None = None  # on_interrupt / checkpoint_every / resume (stopping.py)
+    debug: bool = False  # a failed rank opens a post-mortem prompt first (postmortem.py)
 
     @property
     def world_size(self) -> int:

@@ -80,6 +80,8 @@ def run_in_process(
             value = None
         else:
             emit(failure_event(0, exc, code))
+            if config.debug:  # the frames are in this process: the kernel's own pdb
+                in_kernel(exc)
             emit(Exited(0, code, None, stopped_by_launcher=False))
             error = run.outcome.error()
             error.original = exc
@@ -89,6 +91,25 @@ def run_in_process(
     emit(Finished(0, None))
     emit(Exited(0, 0, None, stopped_by_launcher=False))
     return run.deliver({0: _to_cpu(value)})  # (return_all: a list, as from ranks)
+
+
+def in_kernel(exc: BaseException) -> None:
+    """debug=True with num_processes=1: pdb on the function's frames, here, before the error
+    is raised (the prompt and commands of a rank's post-mortem)."""
+    import pdb
+
+    from nbtrain.rank.failures import users_traceback
+
+    tb = users_traceback(exc.__traceback__)
+    if tb is None or isinstance(exc, KeyboardInterrupt):
+        return
+    debugger = pdb.Pdb()
+    debugger.prompt = "(Pdb) rank 0> "
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    print(f"[nbtrain] post-mortem of rank 0: {type(exc).__qualname__}: {first}. c or q ends "
+          "it; then the launch raises the error.", flush=True)
+    debugger.reset()
+    debugger.interaction(None, tb)
 
 
 def _graceful(config: LaunchConfig) -> contextlib.AbstractContextManager[None]:

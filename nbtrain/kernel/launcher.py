@@ -26,6 +26,7 @@ from nbtrain.kernel.config import (
 from nbtrain.kernel.inprocess import run_in_process
 from nbtrain.kernel.local import run_ranks
 from nbtrain.kernel.payload import prepare_call
+from nbtrain.kernel.postmortem import check_debug
 from nbtrain.kernel.stopping import build_policy
 from nbtrain.shared.options import StartMethod
 
@@ -55,6 +56,7 @@ def notebook_launcher(
     project_dir: str | os.PathLike[str] | None = None,
     total_limit: int | None = 3,
     cluster: str | RayCluster | None = None,
+    debug: bool = False,
     use_port: str | int | None = None,
     master_addr: str | None = None,
     rdzv_backend: str = "static",
@@ -75,6 +77,10 @@ def notebook_launcher(
 
     ``cluster="ray"`` (or ``nbtrain.RayCluster(...)``): the ranks are placed on the Ray cluster
     this kernel is connected to (``ray.init(...)`` first); see notebooks/guides/cluster.md.
+
+    ``debug=True``: a failed rank stays alive (the others are stopped) and opens a
+    ``(Pdb) rank N>`` prompt at its failing frame before the error is raised (post-mortem, see
+    notebooks/guides/debugging.md); it needs an input box or a terminal.
 
     Accelerate's other parameters (notebooks/guides/launching.md): ``use_port`` and
     ``master_addr`` name node 0 when ``num_nodes > 1`` and no ``rdzv_endpoint`` is given (one
@@ -129,7 +135,8 @@ def notebook_launcher(
         total_limit=total_limit,
         launch=config,
     )
-    config = dataclasses.replace(config, stopping=policy)
+    debug = check_debug(debug, cluster=cluster, xla=bool(config.xla_device))
+    config = dataclasses.replace(config, stopping=policy, debug=debug)
     if cluster is not None:
         from nbtrain.kernel.cluster import launch_on_cluster
 

@@ -94,6 +94,7 @@ def rank_specs(config: LaunchConfig, rendezvous: LocalRendezvous) -> dict[int, R
             # fork and forkserver children end in os._exit: no interpreter finalization.
             finalizes=config.start.method is StartMethod.SPAWN,
             stopping=config.stopping,
+            debug=config.debug,
         )
     return specs
 

@@ -9,6 +9,9 @@ options; everything is checked before the cell is sent anywhere::
 
 The value of the cell's last expression is shown for each rank, labelled ``Out[rank N]``.
 The cell is plain Python: IPython's own syntax (``%magic``, ``!shell``) runs in the kernel only.
+
+``%ranks_debug [RANK]``, after a failed cell: pdb in the failing rank at its failing frame
+(``Ranks.debug``), as ``%debug`` after a failure in the kernel.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ def start_ranks(*args: Any, **kwargs: Any) -> session.Ranks:
 
 def load_ipython_extension(shell: Any) -> None:
     shell.register_magic_function(ranks_magic, magic_kind="cell", magic_name="ranks")
+    shell.register_magic_function(ranks_debug_magic, magic_kind="line", magic_name="ranks_debug")
     _registered.add(id(shell))
 
 
@@ -56,6 +60,25 @@ def ranks_magic(line: str, cell: str) -> None:
     code = "\n" + cell
     values = handle.run_cell(code, selected, filename=_cell_filename(cell), timeout=timeout)
     show_values(values)
+
+
+def ranks_debug_magic(line: str) -> None:
+    """``%ranks_debug`` (the rank that failed first in the last failed command) or
+    ``%ranks_debug 1``."""
+    __tracebackhide__ = True
+    handle = session.current()
+    word = line.strip()
+    if not word:
+        handle.debug()
+        return
+    try:
+        rank = int(word)
+    except ValueError:
+        raise session.SessionError(
+            f"%ranks_debug {word}: give one rank number, e.g. %ranks_debug 1 (or nothing: the "
+            "rank that failed first)."
+        ) from None
+    handle.debug(rank)
 
 
 def parse_line(line: str, world_size: int) -> tuple[list[int], float | None]:

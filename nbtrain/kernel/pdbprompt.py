@@ -17,7 +17,7 @@ import builtins
 import contextlib
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import Connection
 
 from nbtrain.shared.events import Paused, Resumed
@@ -29,13 +29,13 @@ NO_INPUT = (
 )
 
 
-def _can_ask() -> bool:
-    """An IPython kernel asks its frontend (and raises if that has no stdin); elsewhere only
-    a terminal can answer."""
+def can_ask() -> bool:
+    """An IPython kernel asks its frontend, if this execution allows stdin (nbclient's does
+    not); elsewhere only a terminal can answer."""
     ipython = sys.modules.get("IPython")
     shell = ipython.get_ipython() if ipython is not None else None
     if shell is not None and hasattr(shell, "kernel"):
-        return True
+        return bool(getattr(shell.kernel, "_allow_stdin", True))
     return sys.stdin is not None and sys.stdin.isatty()
 
 
@@ -58,7 +58,7 @@ class Prompts:
         self.waiting: dict[int, Paused] = {}  # ranks whose pdb waits for a line, in order
         self.holder: int | None = None  # the rank the prompt belongs to until it continues
         self.paused_for = 0.0  # seconds spent waiting for the human, all prompts together
-        self.no_input = not _can_ask()
+        self.no_input = not can_ask()
         self.ready: Callable[[], None] = _nothing  # draws the view before the prompt blocks
 
     def take(self, event: object) -> bool:
@@ -79,6 +79,33 @@ class Prompts:
         self.waiting.pop(rank, None)
         if self.holder == rank:
             self.holder = None
+
+    @contextlib.contextmanager
+    def scripted(self, lines: Sequence[str]) -> Iterator[None]:
+        """Inside: the prompts are answered with ``lines`` (shown as if typed), then ``c``; for
+        a post-mortem in a run nobody types in (a notebook run by nbclient, a report)."""
+        answers = iter([*lines, "c"])
+
+        def ask(prompt: str) -> str:
+            line = next(answers, "c")
+            self.say(f"{prompt}{line}")
+            return line
+
+        saved = self.ask, self.no_input
+        self.ask, self.no_input = ask, False
+        try:
+            yield
+        finally:
+            self.ask, self.no_input = saved
+
+    def holds(self, rank: int) -> bool:
+        """The rank's pdb waits for a line, or holds the prompt."""
+        return rank == self.holder or rank in self.waiting
+
+    def dismiss(self, rank: int) -> None:
+        """Tell a paused rank ``q`` without asking anyone (a post-mortem not wanted)."""
+        self.forget(rank)
+        self._send(rank, "q")
 
     def turn(self) -> None:
         """If a rank waits for a line and the prompt is free (or its own), ask for one."""

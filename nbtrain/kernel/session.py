@@ -42,13 +42,15 @@ from nbtrain.kernel.group import LocalProcesses, RankGroup
 from nbtrain.kernel.local import rank_specs
 from nbtrain.kernel.monitor import Verdict
 from nbtrain.kernel.payload import prepare_call, share
+from nbtrain.kernel.pdbprompt import can_ask
+from nbtrain.kernel.postmortem import NO_INPUT, KeptFailures
 from nbtrain.kernel.rendezvous import open_local
 from nbtrain.kernel.run import Run
 from nbtrain.kernel.stopping import build_policy
 from nbtrain.kernel.supervisor import Supervisor
 from nbtrain.rank import session_entry
 from nbtrain.shared import sharedmem, stacks
-from nbtrain.shared.commands import Call, Cell, Command, Pull, Push, Stop
+from nbtrain.shared.commands import Call, Cell, Command, Debug, Pull, Push, Stop
 from nbtrain.shared.errors import SessionError, WorkerError
 from nbtrain.shared.events import Event
 from nbtrain.shared.options import ProgressMode, StartMethod
@@ -107,6 +109,7 @@ class Ranks:
         # Ends the ranks when the handle is collected, or at interpreter exit at the latest.
         self._finalizer = weakref.finalize(self, self._holder.stop)
         self._commands = 0
+        self._failures = KeptFailures(config.world_size)  # for %ranks_debug
         self._start_world()
 
     # -- the public API ----------------------------------------------------------------------
@@ -211,6 +214,33 @@ class Ranks:
         pairs = zip(selected, values, strict=True)
         return {rank: value for rank, value in pairs if value is not None}
 
+    def debug(self, rank: int | None = None, *, commands: Sequence[str] | None = None) -> None:
+        """Post-mortem (``%ranks_debug``): pdb in ``rank`` (default: the rank that failed first
+        in the last failed command) at the frame that raised, with its locals, as IPython's
+        ``%debug``: ``p``, ``up``, ``down``, ``l``; ``c`` or ``q`` ends it, the rank stays warm.
+        ``commands``: run these pdb commands instead of asking (shown as typed), then ``c``;
+        works where nobody can type (a notebook run by nbclient or papermill)."""
+        __tracebackhide__ = True
+        chosen = self._failures.choose(rank)
+        script = _pdb_commands(commands)
+        if script is None and not can_ask():
+            raise SessionError(
+                f"ranks.debug(): {NO_INPUT}. Run the cell from Jupyter, or look at the rank's "
+                "names with %%ranks / ranks.pull(...)."
+            )
+        world = self._require()
+        if not self._failures.kept:  # a rank had died: _require started new ranks
+            raise SessionError(
+                f"ranks.debug(): rank {chosen}'s failure is gone: the ranks were just restarted "
+                "(see the message above), and new ranks hold no frames."
+            )
+        prompts = world.group.channel.prompts
+        with contextlib.nullcontext() if script is None else prompts.scripted(script):
+            self._execute(
+                world, lambda rank: Debug(), [chosen], title=f"post-mortem of rank {chosen}",
+                return_all=True, quiet=True, keep_failures=False,
+            )
+
     def restart(self) -> None:
         """Stop every rank and start a fresh set: namespaces and process group are gone."""
         self._holder.stop()
@@ -253,7 +283,9 @@ class Ranks:
         timeout: float | None = None,
         quiet: bool = False,
         stopping: StopPolicy | None = None,
+        keep_failures: bool = True,
     ) -> Any:
+        """``keep_failures``: the ranks that fail keep their frames for ``debug()``."""
         __tracebackhide__ = True
         config = dataclasses.replace(
             self.config,
@@ -280,6 +312,8 @@ class Ranks:
             group.watch(
                 run.deadline, run.tick, run.interrupts(keep=True), first=send, redraw=run.redraw
             )
+        if keep_failures:  # (before a restart below, which forgets them again)
+            self._failures.record(ranks, run.outcome)
         supervisor = group.channel
         if supervisor.stopping:
             self._restart_after(run, supervisor)
@@ -373,6 +407,7 @@ class Ranks:
         return policy
 
     def _start_world(self) -> None:
+        self._failures.forget()  # new processes: no failure's frames
         if self._stop_options:
             policy = build_policy("session", self.config.world_size, **self._stop_options)
             self.config = dataclasses.replace(self.config, stopping=policy)
@@ -470,6 +505,19 @@ def _check_expression(expression: object) -> None:
             f"pull({expression!r}) is not a Python expression ({exc.msg}); pull takes one "
             "expression, e.g. ranks.pull('model.weight.sum()')."
         ) from None
+
+
+def _pdb_commands(commands: object) -> list[str] | None:
+    if commands is None:
+        return None
+    if isinstance(commands, str) or not isinstance(commands, (list, tuple)) or not all(
+        isinstance(line, str) for line in commands
+    ):
+        raise TypeError(
+            f"debug(commands={commands!r}): give a list of pdb commands, e.g. "
+            "ranks.debug(commands=['p loss', 'up', 'p batch.shape'])."
+        )
+    return list(commands)
 
 
 def _unpicklable(values: dict[str, Any], exc: Exception) -> str:

@@ -21,6 +21,7 @@ from multiprocessing.connection import wait
 
 from nbtrain.kernel.outorder import OutputOrder
 from nbtrain.kernel.pdbprompt import Prompts
+from nbtrain.kernel.postmortem import FirstFailure
 from nbtrain.kernel.processes import (
     RankProcess,
     has_exited,
@@ -39,6 +40,8 @@ from nbtrain.shared.events import (
     Finished,
     FrameDecoder,
     Output,
+    Paused,
+    Resumed,
     Started,
     Stopped,
     now,
@@ -116,6 +119,7 @@ class Supervisor:
         self._asked: set[int] = set()
         # breakpoint() in a rank: its pdb prompt, asked from this loop (pdbprompt.py)
         self.prompts = Prompts({rp.rank: rp.pipes.debug_w for rp in ranks})
+        self._post_mortem = FirstFailure()  # debug=True: the failed rank whose prompt stays
 
     def run(self, deadline: float | None, tick: Callable[[], None]) -> None:
         """Return when every rank has exited and been reaped."""
@@ -237,14 +241,32 @@ class Supervisor:
                 self._collect(rank_process)
         if self._cell is not None:
             self._watch_cell(deadline)
-            kill_overdue(self.ranks, self._grace)
+            kill_overdue(self._killable(), self._grace)
             return
         if not self.stopping and self._failed():
             self.stop_all()
         if deadline is not None and not self.stopping and time.monotonic() >= deadline:
             self._time_out()
         self._stop_lingering()
-        kill_overdue(self.ranks, self._grace)
+        kill_overdue(self._killable(), self._grace)
+
+    def _killable(self) -> list[RankProcess]:
+        """Not a failed rank at its post-mortem prompt (debug=True): its stop waits for it."""
+        return [
+            rp for rp in self.ranks
+            if not (rp.rank in self._reported and self.prompts.holds(rp.rank))
+        ]
+
+    def _post_mortem_event(self, event: Paused | Resumed, process_rank: int) -> None:
+        """A failed rank's pdb (debug=True): the first keeps the prompt, a later one is told
+        q; once it ends, the rank gets the grace period to exit from then."""
+        rank_process = self._processes[process_rank]
+        if isinstance(event, Paused) and not self._post_mortem.admit(rank_process):
+            self.prompts.dismiss(event.rank)
+            return
+        self.prompts.take(event)
+        if isinstance(event, Resumed) and rank_process.stop_requested_at is not None:
+            rank_process.stop_requested_at = time.monotonic()
 
     def _stop_lingering(self) -> None:
         """Stop a rank that reported but has not exited within ``exit_wait``: its result is in,
@@ -301,6 +323,9 @@ class Supervisor:
             request_stop(rank_process, terminate=rank_process.rank not in self._reported)
 
     def _emit_event(self, event: Event, process_rank: int) -> None:
+        if isinstance(event, (Paused, Resumed)) and event.rank in self._reported:
+            self._post_mortem_event(event, process_rank)
+            return
         if self.prompts.take(event):
             return
         if isinstance(event, Display):

@@ -10,6 +10,11 @@ again it sends ``Resumed``. The kernel asks the human (kernel/pdbprompt.py).
 ignores every later breakpoint of this launch (warm ranks: of this cell), as IPython's ``%debug``
 leaves the program alone; plain pdb's ``q`` would raise BdbQuit and fail the rank instead.
 A rank without a debug pipe (torch_xla's host process) says so and continues.
+
+Post-mortem (``post_mortem``): the same pdb on the frames of a failure, as IPython's ``%debug``:
+a warm rank keeps its last failure (``keep``, in ``sys.last_traceback`` as Python does) until
+``%ranks_debug`` sends ``Debug``; a one-shot rank of ``notebook_launcher(..., debug=True)`` opens
+it after reporting its failure, before it exits. ``c`` or ``q`` ends it.
 """
 
 from __future__ import annotations
@@ -18,11 +23,12 @@ import io
 import pdb
 import sys
 from multiprocessing.connection import Connection
-from types import FrameType
+from types import FrameType, TracebackType
 from typing import Any
 
 from nbtrain.rank import rankenv
-from nbtrain.shared.events import EventSink, Paused, Resumed, Status
+from nbtrain.rank.failures import users_traceback
+from nbtrain.shared.events import EventSink, Failed, Paused, Resumed, Status
 
 _ENDING = frozenset({"c", "cont", "continue", "q", "quit", "exit", "EOF"})
 
@@ -83,6 +89,60 @@ def set_trace(*, header: str | None = None, frame: FrameType | None = None) -> N
     debugger.set_trace(frame)
 
 
+def keep(exc: BaseException) -> None:
+    """A warm rank's command failed: keep its frames for ``%ranks_debug`` where Python keeps
+    them (``sys.last_value = sys.last_traceback = None`` frees them, and their tensors); the
+    next failure replaces them."""
+    tb = users_traceback(exc.__traceback__)
+    sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, tb
+
+
+def debug_last() -> None:
+    """``%ranks_debug``: pdb on the frames of this rank's last failure."""
+    exc, tb = getattr(sys, "last_value", None), getattr(sys, "last_traceback", None)
+    rank = _state.rank if _state is not None else "?"
+    if exc is None or tb is None:
+        error = RuntimeError(
+            f"rank {rank} has no failure to debug (none since it started, or its frames were "
+            "freed through sys.last_value / sys.last_traceback); %ranks_debug follows a failed "
+            "%%ranks cell."
+        )
+        error.nbtrain_bad_input = True  # type: ignore[attr-defined]
+        raise error
+    post_mortem(tb, f"{_summary(exc)}. c or q ends it; the rank stays warm.")
+
+
+def after_failure(exc: BaseException, failed: Failed) -> None:
+    """``debug=True`` (one-shot): pdb on the failing frames, after the Failed event went out
+    (the kernel stops the other ranks meanwhile), before the rank exits. Not for a rank that
+    only lost a peer (the root cause is elsewhere) nor for an interrupt (the human asked to
+    stop)."""
+    if failed.collateral or isinstance(exc, KeyboardInterrupt):
+        return
+    tb = users_traceback(exc.__traceback__)
+    if tb is not None:
+        post_mortem(tb, f"{_summary(exc)}. c or q ends it; then the launch raises the error.")
+
+
+def post_mortem(tb: TracebackType, about: str) -> None:
+    """Open the kernel's prompt on the frames of ``tb``, at its innermost frame."""
+    state = _state
+    if state is None or state.lines is None:
+        rank = state.rank if state is not None else "?"
+        print(f"[nbtrain] rank {rank}: no debugger channel here (an XLA ordinal): no "
+              "post-mortem.", file=sys.stderr, flush=True)
+        return
+    debugger = RankPdb(state, post_mortem=True)
+    debugger.message(f"[nbtrain] post-mortem of rank {state.rank}: {about}")
+    debugger.reset()
+    debugger.interaction(None, tb)
+
+
+def _summary(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__qualname__}: {text}" if text else type(exc).__qualname__
+
+
 class _Prompt(io.TextIOBase):
     """The pdb's stdin: each readline is a Paused event, answered through the debug pipe."""
 
@@ -94,7 +154,8 @@ class _Prompt(io.TextIOBase):
         frame = debugger.curframe
         where = _where(frame) if frame is not None else "?"
         line = where.rsplit(":", 1)[-1]
-        state.sink.send(Status(state.rank, f"paused in pdb (line {line})"))
+        what = "post-mortem pdb" if debugger.post_mortem else "paused in pdb"
+        state.sink.send(Status(state.rank, f"{what} (line {line})"))
         state.sink.send(Paused(state.rank, debugger.take_output(), where))
         assert state.lines is not None
         try:
@@ -107,8 +168,9 @@ class _Prompt(io.TextIOBase):
 class RankPdb(pdb.Pdb):
     """pdb with the kernel's prompt as its terminal (see the module docstring)."""
 
-    def __init__(self, state: _State) -> None:
+    def __init__(self, state: _State, *, post_mortem: bool = False) -> None:
         self.state = state
+        self.post_mortem = post_mortem  # on a failure's frames: nothing runs after it
         self._output = io.StringIO()
         super().__init__(stdin=_Prompt(self), stdout=self._output, nosigint=True)  # type: ignore[arg-type]
         self.prompt = ""  # the kernel writes the prompt: "(Pdb) rank N> "
@@ -124,13 +186,14 @@ class RankPdb(pdb.Pdb):
         if stop:
             command = line.split(maxsplit=1)[0] if line.strip() else ""
             state = self.state
-            state.sink.send(Resumed(state.rank, self.take_output(), command not in _ENDING))
+            stepping = command not in _ENDING and not self.post_mortem
+            state.sink.send(Resumed(state.rank, self.take_output(), stepping))
             state.sink.send(Status(state.rank, ""))
         return stop
 
     def do_quit(self, arg: str) -> bool:
         """q(uit) | exit: end the debugging; the rank continues and skips later breakpoints."""
-        self.state.ignoring = True
+        self.state.ignoring = not self.post_mortem
         self.clear_all_breaks()
         self.set_continue()
         return True

@@ -59,7 +59,7 @@ NO_GROUP_HINT = (
 def failure_event(rank: int, exc: BaseException, exitcode: int) -> Failed:
     if _NO_GROUP in str(exc) and hasattr(exc, "add_note"):
         exc.add_note(NO_GROUP_HINT)
-    tb = _from_the_users_code(exc.__traceback__)
+    tb = users_traceback(exc.__traceback__)
     text = "".join(traceback.format_exception(type(exc), exc, tb))
     return Failed(
         rank=rank,
@@ -72,7 +72,7 @@ def failure_event(rank: int, exc: BaseException, exitcode: int) -> Failed:
     )
 
 
-def _from_the_users_code(tb: TracebackType | None) -> TracebackType | None:
+def users_traceback(tb: TracebackType | None) -> TracebackType | None:
     """The traceback from the first frame that is not nbtrain's rank side: the rank's traceback
     starts where the user's function does (when nothing of theirs ran, it stays whole)."""
     first = tb

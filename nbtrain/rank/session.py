@@ -42,7 +42,7 @@ from nbtrain.rank.failures import failure_event
 from nbtrain.rank.payload import pack_result, take_results_as, unpack_call
 from nbtrain.rank.runtime import Runtime
 from nbtrain.shared import sharedmem
-from nbtrain.shared.commands import Call, Cell, Command, Pull, Push, Stop
+from nbtrain.shared.commands import Call, Cell, Command, Debug, Pull, Push, Stop
 from nbtrain.shared.events import EventSink, Finished, PipeWriter, Started, Stopped
 from nbtrain.shared.specs import RankSpec
 from nbtrain.shared.stopping import TrainingStopped
@@ -120,6 +120,8 @@ def answer(rank: int, sink: EventSink, work: Callable[[], bytes | None]) -> None
     except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the rank stays warm
         if getattr(exc, "nbtrain_bad_input", False):
             exc.__traceback__ = None  # bad input: the message says it all, no frame is the user's
+        else:
+            debugger.keep(exc)  # its frames, for %ranks_debug (as Python keeps them for %debug)
         sink.send(failure_event(rank, exc, 1))
         return
     sink.send(Finished(rank, data))
@@ -140,6 +142,9 @@ def execute(command: Command, namespace: dict, rank: int) -> bytes | None:
         return pack_result(pull(command.expression, namespace, rank))
     if isinstance(command, Push):
         namespace.update(sharedmem.loads(command.data, private=True))
+        return None
+    if isinstance(command, Debug):
+        debugger.debug_last()
         return None
     raise TypeError(f"unknown command {type(command).__name__}")
 

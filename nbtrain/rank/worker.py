@@ -29,8 +29,11 @@ from nbtrain.shared.specs import RankSpec
 from nbtrain.shared.stopping import TrainingStopped
 
 
-def call_and_report(rank: int, payload: bytes, sink: EventSink, send_result: bool) -> int:
-    """Run the function; send Finished or Failed. Returns the exit code for the process."""
+def call_and_report(
+    rank: int, payload: bytes, sink: EventSink, send_result: bool, *, debug: bool = False
+) -> int:
+    """Run the function; send Finished or Failed (``debug``: then a post-mortem prompt, see
+    debugger.after_failure). Returns the exit code for the process."""
     try:
         # Unpickling imports what the function needs (torch first, in a fresh spawn rank).
         sink.send(Status(rank, "loading the function and importing its modules"))
@@ -56,13 +59,22 @@ def call_and_report(rank: int, payload: bytes, sink: EventSink, send_result: boo
             value = pack_result(None) if send_result else None
             sink.send(Finished(rank, value, lingering=lingering()))
             return 0
-        sink.send(failure_event(rank, exc, code))
+        _report_failure(rank, exc, code, sink, debug)
         return code
     except BaseException as exc:  # KeyboardInterrupt too: an interrupted rank never looks done
-        sink.send(failure_event(rank, exc, 1))
+        _report_failure(rank, exc, 1, sink, debug)
         return 1
     sink.send(Finished(rank, data, lingering=lingering()))
     return 0
+
+
+def _report_failure(
+    rank: int, exc: BaseException, code: int, sink: EventSink, debug: bool
+) -> None:
+    failed = failure_event(rank, exc, code)
+    sink.send(failed)
+    if debug:
+        debugger.after_failure(exc, failed)
 
 
 def lingering() -> tuple[str, ...]:
@@ -105,7 +117,7 @@ def rank_main(
         interrupts.begin()
     active = Runtime(info, sink, spec.mixed_precision, stopping=spec.stopping)
     with runtime.activate(active):
-        code = call_and_report(info.rank, payload, sink, spec.send_result)
+        code = call_and_report(info.rank, payload, sink, spec.send_result, debug=spec.debug)
     interrupts.end()
     teardown.release(finalizing=spec.finalizes)
     process.flush_streams()

@@ -49,8 +49,13 @@ class Push:
 
 
 @dataclass(frozen=True)
+class Debug:
+    """Open pdb on the frames of the rank's last failure (``%ranks_debug``; rank/debugger.py)."""
+
+
+@dataclass(frozen=True)
 class Stop:
     """End the session: the rank leaves its loop and exits."""
 
 
-Command = Cell | Call | Pull | Push | Stop
+Command = Cell | Call | Pull | Push | Debug | Stop

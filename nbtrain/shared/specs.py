@@ -32,6 +32,7 @@ class RankSpec:
     kernel_env: dict[str, str] | None = None  # forkserver: the kernel's environment at launch
     finalizes: bool = True  # the process runs interpreter finalization at exit (spawn)
     stopping: StopPolicy | None = None  # checkpoint on interrupt, periodic saves, resume
+    debug: bool = False  # a failure opens a post-mortem prompt before the rank exits
 
 
 @dataclass(frozen=True)
