@@ -21,6 +21,7 @@ from nbtrain.kernel.cluster.relay import Node, Relay, RemoteRank, local_pipes
 from nbtrain.kernel.cluster.spec import PLACEMENTS, RayCluster
 from nbtrain.kernel.config import LaunchConfig
 from nbtrain.kernel.group import RankGroup
+from nbtrain.kernel.rankspec import rank_spec
 from nbtrain.kernel.run import Run
 from nbtrain.shared import sharedmem
 from nbtrain.shared.errors import WorkerError
@@ -152,51 +153,28 @@ class RayRanks:
         )
 
     def _specs(self, master_addr: str, master_port: int) -> dict[int, RankSpec]:
-        config, cluster = self.config, self.cluster
-        count = config.num_processes
+        count = self.config.num_processes
         per_node: dict[str, list[int]] = {}
         for rank in range(count):
             per_node.setdefault(self.nodes[rank].node_id, []).append(rank)
-        precision = config.mixed_precision.value if config.mixed_precision else None
-        threads = max(1, int(cluster.cpus_per_rank))
+        threads = max(1, int(self.cluster.cpus_per_rank))
+        rendezvous = {"MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port)}
         specs = {}
         for rank in range(count):
-            node = self.nodes[rank]
-            local = per_node[node.node_id]
-            env = {
-                "RANK": str(rank),
-                "LOCAL_RANK": str(local.index(rank)),
-                "WORLD_SIZE": str(count),
-                "LOCAL_WORLD_SIZE": str(len(local)),
-                "NODE_RANK": str(self._node_ranks[node.node_id]),
-                "GROUP_RANK": str(self._node_ranks[node.node_id]),
-                "MASTER_ADDR": master_addr,
-                "MASTER_PORT": str(master_port),
-                "NBTRAIN_RAY_NODE_ID": node.node_id,
-                "OMP_NUM_THREADS": str(threads),
-            }
-            if precision:
-                env["ACCELERATE_MIXED_PRECISION"] = precision
-            if not cluster.gpus_per_rank:
-                env["ACCELERATE_USE_CPU"] = "true"
+            node_id = self.nodes[rank].node_id
+            local, node_rank = per_node[node_id], self._node_ranks[node_id]
             info = RankInfo(
-                rank,
-                local.index(rank),
-                count,
-                len(local),
-                self._node_ranks[node.node_id],
-                len(self._node_ranks),
+                rank, local.index(rank), count, len(local), node_rank, len(self._node_ranks)
             )
-            specs[rank] = RankSpec(
-                info=info,
-                env=env,
-                mixed_precision=precision,
-                send_result=config.return_all or rank == 0,
-                torch_threads=threads,
+            specs[rank] = rank_spec(
+                self.config,
+                info,
+                rendezvous=rendezvous,
                 # Ray sets the actor's CUDA_VISIBLE_DEVICES to its own GPU(s): the rank's cuda:0.
-                device="cuda:0" if cluster.gpus_per_rank else "cpu",
+                device="cuda:0" if self.cluster.gpus_per_rank else "cpu",
+                threads=threads,
                 finalizes=True,  # spawned
-                stopping=config.stopping,
+                extra_env={"NODE_RANK": str(node_rank), "NBTRAIN_RAY_NODE_ID": node_id},
             )
         return specs
 
