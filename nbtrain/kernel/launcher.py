@@ -127,7 +127,8 @@ def notebook_launcher(
         resume_from=resume_from,
         project_dir=project_dir,
         total_limit=total_limit,
-        launch=config,
+        # a cluster restarts its ranks itself (ray_backend.py), not through torch's agent
+        launch=config if cluster is None else dataclasses.replace(config, max_restarts=0),
     )
     config = dataclasses.replace(config, stopping=policy)
     if cluster is not None:
