@@ -4,6 +4,7 @@ to start here."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import cloudpickle
+import psutil
 import pytest
 import stopresume
 from stopresume import Seen, interrupt_when
@@ -57,11 +59,22 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def _end_new_children(before: set[int]) -> None:
+    """A node that failed to start keeps its processes (GCS, monitors: this process's children)
+    and Cluster.shutdown() has no handle on them: left, they would run for the whole session
+    and make Ray's address lookup ambiguous. End those started since ``before``, by pid."""
+    for child in psutil.Process().children():
+        if child.pid not in before:
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+
+
 def _start_cluster(tries: int = 3) -> Cluster:
     """Ray gives a raylet 30 s to register, and the raylet 15 s to see its dashboard agent's
     port files (both fixed; ray-project/ray#65983): on a loaded 2-core machine that can pass,
     so a failed start is tried again."""
     for attempt in range(tries):
+        before = {child.pid for child in psutil.Process().children()}
         cluster = Cluster()
         cluster.client_port = _free_port()  # the head's Ray Client server (ray://)
         try:
@@ -73,6 +86,7 @@ def _start_cluster(tries: int = 3) -> Cluster:
             return cluster
         except Exception:
             cluster.shutdown()
+            _end_new_children(before)
             if attempt == tries - 1:
                 raise
     raise AssertionError("unreachable")
