@@ -133,7 +133,8 @@ def notebook_launcher(
         resume_from=resume_from,
         project_dir=project_dir,
         total_limit=total_limit,
-        launch=config,
+        # a cluster restarts its ranks itself (ray_backend.py), not through torch's agent
+        launch=config if cluster is None else dataclasses.replace(config, max_restarts=0),
     )
     debug = check_debug(debug, cluster=cluster, xla=bool(config.xla_device))
     config = dataclasses.replace(config, stopping=policy, debug=debug)

@@ -14,6 +14,7 @@ from nbtrain.kernel import environment
 from nbtrain.kernel.config import LaunchConfig
 from nbtrain.kernel.group import LocalProcesses, RankGroup
 from nbtrain.kernel.payload import PreparedCall, released
+from nbtrain.kernel.rankspec import rank_spec
 from nbtrain.kernel.rendezvous import LocalRendezvous, open_local
 from nbtrain.kernel.run import Run
 from nbtrain.rank import rank_entry
@@ -54,47 +55,27 @@ def rank_specs(config: LaunchConfig, rendezvous: LocalRendezvous) -> dict[int, R
     if not environment.omp_threads_set():
         # Without this, N ranks each start one thread per core and fight over the cores.
         threads = max(1, environment.cpu_count() // local)
-    precision = config.mixed_precision.value if config.mixed_precision else None
     gpus = environment.cuda_device_count() if config.gpu_ids is None else len(config.gpu_ids)
+    extra = {}
+    if config.gpu_ids is not None:
+        extra["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in config.gpu_ids)
     kernel_env = current_environment(config)
     specs = {}
     for local_rank in range(local):
         rank = config.node_rank * local + local_rank
-        env = {
-            "RANK": str(rank),
-            "LOCAL_RANK": str(local_rank),
-            "WORLD_SIZE": str(config.world_size),
-            "LOCAL_WORLD_SIZE": str(local),
-            "GROUP_RANK": str(config.node_rank),
-            **rendezvous.env(),
-        }
-        if config.gpu_ids is not None:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in config.gpu_ids)
-        if precision:
-            env["ACCELERATE_MIXED_PRECISION"] = precision  # honoured by HF Accelerate too
-        if not gpus:
-            # Accelerate (and Transformers' Trainer, through it) forms a CPU world only when
-            # told to, as its own debug_launcher does; else every rank is "process 0 of 1".
-            env["ACCELERATE_USE_CPU"] = "true"
-        if threads is not None:
-            # Said in the environment too, as torchrun does: libraries that read it (HF
-            # Accelerate would otherwise set 1 and warn) keep the rank's share of the cores.
-            env["OMP_NUM_THREADS"] = str(threads)
         info = RankInfo(
             rank, local_rank, config.world_size, local, config.node_rank, config.num_nodes
         )
-        specs[rank] = RankSpec(
-            info=info,
-            env=env,
-            mixed_precision=precision,
-            send_result=config.return_all or rank == 0,
-            torch_threads=threads,
+        specs[rank] = rank_spec(
+            config,
+            info,
+            rendezvous=rendezvous.env(),
             device=f"cuda:{local_rank}" if gpus else "cpu",
-            kernel_env=kernel_env,
+            threads=threads,
             # fork and forkserver children end in os._exit: no interpreter finalization.
             finalizes=config.start.method is StartMethod.SPAWN,
-            stopping=config.stopping,
-            debug=config.debug,
+            kernel_env=kernel_env,
+            extra_env=extra,
         )
     return specs
 

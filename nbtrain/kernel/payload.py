@@ -80,12 +80,19 @@ def released(payload: bytes | PreparedCall, launch: Callable[[PreparedCall], T])
 
 
 def prepare_call(
-    function: Callable[..., Any], args: tuple, kwargs: dict, method: StartMethod
+    function: Callable[..., Any],
+    args: tuple,
+    kwargs: dict,
+    method: StartMethod,
+    *,
+    local: bool = True,
 ) -> PreparedCall:
-    """Pickle ``function(*args, **kwargs)`` for ranks started with ``method``."""
+    """Pickle ``function(*args, **kwargs)`` for ranks started with ``method``; ``local``
+    False: ranks on other machines (a cluster), whose /dev/shm is not this one's: all inline."""
     sharedmem.sweep_orphans()
     launch = secrets.token_hex(6)
-    prefix = f"{sharedmem.PREFIX}{os.getpid()}_{launch}_" if sharedmem.available() else ""
+    shared = local and sharedmem.available()
+    prefix = f"{sharedmem.PREFIX}{os.getpid()}_{launch}_" if shared else ""
     call = (function, args, kwargs)
     if method is StartMethod.FORK:
         try:
@@ -110,14 +117,14 @@ def prepare_call(
     return PreparedCall(data, prefix, segment=segment)
 
 
-def share(value: Any, label: str = "value") -> PreparedCall:
+def share(value: Any, label: str = "value", *, local: bool = True) -> PreparedCall:
     """``value`` for ranks that are already running (a warm-rank session's ``push``): pickled,
     its large tensors and arrays in a new segment (not by reference: the ranks were forked
     before it existed). ``commit``, send ``data``; each rank reads it with
     ``sharedmem.loads(data, private=True)``; ``release`` once every rank has (their mappings
     outlive the name). PayloadError, naming ``label``'s part, if it cannot fit."""
     sharedmem.sweep_orphans()
-    if not sharedmem.available():  # no /dev/shm: the value travels whole in the pickle
+    if not (local and sharedmem.available()):  # the value travels whole in the pickle
         return PreparedCall(sharedmem.dumps(value))
     prefix = f"{sharedmem.PREFIX}{os.getpid()}_{secrets.token_hex(6)}_"
     segment = sharedmem.Segment(f"{prefix}push")

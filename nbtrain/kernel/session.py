@@ -32,11 +32,11 @@ import secrets
 import sys
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
-from multiprocessing.connection import Connection
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
 
 from nbtrain.kernel import environment, processes
+from nbtrain.kernel.cluster.spec import RayCluster
 from nbtrain.kernel.config import LaunchConfig, build_config, check_function
 from nbtrain.kernel.group import LocalProcesses, RankGroup
 from nbtrain.kernel.local import rank_specs
@@ -64,12 +64,18 @@ VIEW_AFTER = 0.5  # seconds a command runs before its live view appears (quick c
 _current: Ranks | None = None  # the session magics use (the last one started)
 
 
+class CommandPipe(Protocol):
+    """A rank's command channel: a pipe's write end here, a call to its actor on a cluster."""
+
+    def send_bytes(self, data: bytes) -> None: ...
+
+
 @dataclasses.dataclass
 class _World:
     """One generation of warm rank processes: their group, and each rank's command pipe."""
 
     group: RankGroup
-    commands: dict[int, Connection]
+    commands: Mapping[int, CommandPipe]
 
     def send(self, rank: int, data: bytes) -> None:
         # A rank that died meanwhile cannot read: the supervisor sees its exit next.
@@ -99,10 +105,17 @@ class _Holder:
 class Ranks:
     """A set of warm ranks (see the module docstring); made by ``start_ranks``."""
 
-    def __init__(self, config: LaunchConfig, stop_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        config: LaunchConfig,
+        stop_options: dict[str, Any] | None = None,
+        cluster: RayCluster | None = None,
+    ) -> None:
         """``stop_options``: start_ranks' stop and resume options, checked again (and the
-        checkpoint numbering taken afresh) whenever a new set of ranks starts."""
+        checkpoint numbering taken afresh) whenever a new set of ranks starts. ``cluster``:
+        ranks placed by Ray (bytes travel through Ray; no /dev/shm shared with them)."""
         self.config = config
+        self.cluster = cluster
         self._stop_options = dict(stop_options or {})
         self.ranks = list(range(config.world_size))
         self._holder = _Holder()
@@ -131,7 +144,7 @@ class Ranks:
         stopping = self._call_policy(on_interrupt)
         world = self._require()
         # Pickled, never by reference: the ranks were started before these objects existed.
-        call = prepare_call(function, args, kwargs, StartMethod.SPAWN)
+        call = prepare_call(function, args, kwargs, StartMethod.SPAWN, local=self._local)
         try:
             call.commit(lambda text: None, len(self.ranks))
             name = getattr(function, "__qualname__", repr(function))
@@ -151,7 +164,7 @@ class Ranks:
         __tracebackhide__ = True
         _check_expression(expression)
         world = self._require()
-        with _results_segments() as prefix:
+        with _results_segments(self._local) as prefix:
             return self._execute(
                 world, lambda rank: Pull(expression, prefix), self.ranks,
                 title=f"pull {expression!r}", return_all=True, quiet=True,
@@ -168,7 +181,7 @@ class Ranks:
                 raise ValueError(f"push({name}=...): {name!r} is not a Python name.")
         world = self._require()
         try:
-            shared = share(values, label="push(...)")
+            shared = share(values, label="push(...)", local=self._local)
         except PayloadError:
             raise
         except Exception as exc:
@@ -203,7 +216,7 @@ class Ranks:
             exc.add_note("(the %%ranks cell was not sent to the ranks)")
             raise
         world = self._require()
-        with _results_segments() as prefix:
+        with _results_segments(self._local) as prefix:
             values = self._execute(
                 world, lambda rank: Cell(code, name, results_prefix=prefix), selected,
                 title=f"cell on rank{'s' if len(selected) > 1 else ''} "
@@ -254,6 +267,16 @@ class Ranks:
             _current = None
 
     @property
+    def placed(self) -> str:
+        """How the ranks were started: a start method here, or the cluster."""
+        return "on a Ray cluster" if self.cluster else self.config.start.method.value
+
+    @property
+    def _local(self) -> bool:
+        """The ranks share this machine's /dev/shm (not placed by a cluster)."""
+        return self.cluster is None
+
+    @property
     def running(self) -> bool:
         return self._holder.world is not None
 
@@ -266,8 +289,7 @@ class Ranks:
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
         return (
-            f"<nbtrain warm ranks: {len(self.ranks)} ranks, "
-            f"{self.config.start.method.value}, {state}>"
+            f"<nbtrain warm ranks: {len(self.ranks)} ranks, {self.placed}, {state}>"
         )
 
     # -- one command -------------------------------------------------------------------------
@@ -414,6 +436,9 @@ class Ranks:
             if self._stop_options.get("resume"):  # a restart resumes from the newest, if any
                 self._stop_options["resume"] = "auto"
             self._stop_options.pop("resume_from", None)
+        if self.cluster is not None:
+            self._holder.world = _cluster_world(self.config, self.cluster)
+            return
         config = self.config
         rendezvous = open_local(config.world_size)
         try:
@@ -460,6 +485,20 @@ class Ranks:
         self._holder.world = _World(group, commands)
 
 
+def _cluster_world(config: LaunchConfig, cluster: RayCluster) -> _World:
+    """Warm ranks placed by Ray: each on its node under a rank actor, commands as Ray calls."""
+    from nbtrain.kernel.cluster.ray_backend import RayRanks
+
+    backend = RayRanks(config, cluster, None, say=lambda text: None)
+    group = RankGroup(backend, warm=True)
+    try:
+        group.start(_drop, failed=lambda: False)
+    except BaseException:
+        group.close()
+        raise
+    return _World(group, dict(backend.senders()))
+
+
 def _xla_allowed(specs: dict[int, RankSpec]) -> dict[int, RankSpec]:
     """With PJRT_DEVICE set, a warm rank that imports torch_xla takes the XLA device: the
     one-shot CPU path's ACCELERATE_USE_CPU (which would pin its Accelerator to the CPU) is left
@@ -479,11 +518,12 @@ def _drop(event: Event) -> None:
 
 
 @contextlib.contextmanager
-def _results_segments() -> Iterator[str | None]:
+def _results_segments(local: bool) -> Iterator[str | None]:
     """A name prefix for the segments of one command's large values (pulled tensors travel
     through /dev/shm, not the pipe); whatever a rank left under it (killed mid-write, a value
-    never loaded) is removed when the command ends. None where there is no /dev/shm."""
-    if not sharedmem.available():
+    never loaded) is removed when the command ends. None where there is no /dev/shm, or the
+    ranks are not on this machine (``local`` False)."""
+    if not (local and sharedmem.available()):
         yield None
         return
     prefix = f"{sharedmem.PREFIX}{os.getpid()}_{secrets.token_hex(6)}_"
@@ -566,12 +606,15 @@ def start_ranks(
     resume_from: str | os.PathLike[str] | None = None,
     project_dir: str | os.PathLike[str] | None = None,
     total_limit: int | None = 3,
+    cluster: str | RayCluster | None = None,
 ) -> Ranks:
     """Start ``num_processes`` warm ranks (notebooks/guides/warm-ranks.md). ``timeout`` is each
     command's limit; ``start_method='auto'`` starts clean ranks (forkserver, else spawn), so
     the kernel may use CUDA itself. With ranks already running, ``replace=True`` stops them
     first; otherwise that is an error saying so. The stop and resume options are
-    notebook_launcher's, for every command (default project_dir: ``nbtrain-runs/session``)."""
+    notebook_launcher's, for every command (default project_dir: ``nbtrain-runs/session``).
+    ``cluster="ray"`` (or ``nbtrain.RayCluster(...)``): the ranks are placed on the Ray cluster
+    this kernel is connected to, as notebook_launcher's (notebooks/guides/cluster.md)."""
     global _current
     # Starting takes seconds (torch imported here, then a fresh Python per rank importing it
     # too): say so at once rather than leave the cell empty.
@@ -594,7 +637,14 @@ def start_ranks(
         return_all=return_all,
         allow_xla=False,
     )
-    if start_method == "auto" and config.start.method is StartMethod.FORK:
+    chosen = None
+    if cluster is not None:
+        from nbtrain.kernel.cluster import resolve
+
+        given = {"num_processes": num_processes, "start_method": start_method,
+                 "gpu_ids": gpu_ids}
+        chosen = resolve(cluster, config, given)
+    elif start_method == "auto" and config.start.method is StartMethod.FORK:
         config = dataclasses.replace(config, start=_clean_start())
     if not isinstance(replace, bool):
         raise TypeError(f"replace={replace!r} must be True or False.")
@@ -616,10 +666,10 @@ def start_ranks(
                 "with ranks.stop() first, or pass replace=True to stop them and start new ones."
             )
         running.stop()
-    ranks = Ranks(config, stop_options)
+    ranks = Ranks(config, stop_options, chosen)
     if config.progress is not ProgressMode.OFF:
         print(f"nbtrain: {config.world_size} warm ranks ready in "
-              f"{time.monotonic() - began:.1f}s ({config.start.method.value})", flush=True)
+              f"{time.monotonic() - began:.1f}s ({ranks.placed})", flush=True)
     _current = ranks
     return ranks
 

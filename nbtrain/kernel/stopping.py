@@ -8,6 +8,7 @@ checkpoint or one written by another number of ranks.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import re
@@ -185,3 +186,21 @@ def check_launch(config: LaunchConfig) -> None:
             "yet: launch num_processes >= 2 ranks on this machine, or save and load with "
             "accelerator.save_state() / load_state() in the function."
         )
+
+
+def resumed(policy: StopPolicy | None) -> StopPolicy | None:
+    """A restart's policy (ranks placed again on a cluster): the same saves, resuming from the
+    newest complete checkpoint where there is one, numbering on after the highest."""
+    if policy is None:
+        return None
+    newest = checkpoints.latest_complete(policy.project_dir)
+    number = checkpoints.next_number(policy.project_dir)
+    if newest is None:
+        return dataclasses.replace(policy, next_number=number)
+    meta = checkpoints.read_meta(newest)
+    return dataclasses.replace(
+        policy,
+        next_number=number,
+        resume_from=str(newest),
+        resumed_steps=int(meta.get("steps", 0)),
+    )

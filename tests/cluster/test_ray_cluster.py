@@ -4,6 +4,7 @@ to start here."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -15,10 +16,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import cloudpickle
+import psutil
 import pytest
+import stopresume
+from stopresume import Seen, interrupt_when
 
 import nbtrain
 from nbtrain import RayCluster, WorkerError
+from nbtrain.kernel.cluster.checks import check_shared
+from nbtrain.kernel.cluster.relay import Node
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -29,6 +35,7 @@ SPREAD = RayCluster(placement="spread")
 # The nodes' workers do not have tests/ on their path: this module's functions travel by value,
 # as a notebook's do.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
+cloudpickle.register_pickle_by_value(stopresume)
 
 
 @pytest.fixture(scope="module")
@@ -52,10 +59,22 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _start_cluster(tries: int = 2) -> Cluster:
-    """Ray gives a raylet 30 s to register (fixed): on a loaded 2-core machine that can pass,
-    so a failed start is tried once more."""
+def _end_new_children(before: set[int]) -> None:
+    """A node that failed to start keeps its processes (GCS, monitors: this process's children)
+    and Cluster.shutdown() has no handle on them: left, they would run for the whole session
+    and make Ray's address lookup ambiguous. End those started since ``before``, by pid."""
+    for child in psutil.Process().children():
+        if child.pid not in before:
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+
+
+def _start_cluster(tries: int = 3) -> Cluster:
+    """Ray gives a raylet 30 s to register, and the raylet 15 s to see its dashboard agent's
+    port files (both fixed; ray-project/ray#65983): on a loaded 2-core machine that can pass,
+    so a failed start is tried again."""
     for attempt in range(tries):
+        before = {child.pid for child in psutil.Process().children()}
         cluster = Cluster()
         cluster.client_port = _free_port()  # the head's Ray Client server (ray://)
         try:
@@ -67,6 +86,7 @@ def _start_cluster(tries: int = 2) -> Cluster:
             return cluster
         except Exception:
             cluster.shutdown()
+            _end_new_children(before)
             if attempt == tries - 1:
                 raise
     raise AssertionError("unreachable")
@@ -86,9 +106,11 @@ def nodes(cluster: Cluster) -> dict[str, str]:
 def _nothing_left() -> None:
     """No actor alive, no placement group kept, whatever the launch's outcome."""
     deadline = time.monotonic() + 10
+    address = ray.get_runtime_context().gcs_address  # not "auto": other clusters may run here
     while True:
-        actors = [a.actor_id for a in list_actors(filters=[("state", "!=", "DEAD")])]
-        groups = [g.placement_group_id for g in list_placement_groups()
+        actors = [a.actor_id for a in list_actors(address=address,
+                                                  filters=[("state", "!=", "DEAD")])]
+        groups = [g.placement_group_id for g in list_placement_groups(address=address)
                   if g.state != "REMOVED"]
         if (not actors and not groups) or time.monotonic() > deadline:
             break
@@ -239,10 +261,10 @@ def test_timeout_names_the_line_each_rank_was_stuck_on(nodes) -> None:
 def test_more_ranks_than_the_cluster_has_fails_before_start(nodes) -> None:
     with pytest.raises(ValueError, match=r"needs 5 CPUs, but the Ray cluster has 4 in all"):
         nbtrain.notebook_launcher(_world, num_processes=5, cluster="ray")
-    with pytest.raises(ValueError, match=r"gpus_per_rank=1 needs 2 GPUs.*has 0"):
+    with pytest.raises(ValueError, match=r"gpus_per_rank=1: the Ray cluster has no GPUs"):
         nbtrain.notebook_launcher(_world, num_processes=2, cluster=RayCluster(gpus_per_rank=1))
-    with pytest.raises(ValueError, match=r"max_restarts=1 does not apply to cluster="):
-        nbtrain.notebook_launcher(_world, num_processes=2, cluster="ray", max_restarts=1)
+    with pytest.raises(ValueError, match=r"start_method=.fork. does not apply to cluster="):
+        nbtrain.notebook_launcher(_world, num_processes=2, cluster="ray", start_method="fork")
     _nothing_left()
 
 
@@ -260,6 +282,144 @@ def test_no_room_now_fails_after_a_short_wait(nodes) -> None:
         assert time.monotonic() - started < 15
     finally:
         remove_placement_group(busy)
+    _nothing_left()
+
+
+def test_a_node_with_other_versions_is_named_before_any_rank_starts(nodes, tmp_path) -> None:
+    """runtime_env reaches the actors: here it puts a torch 0.0.1 distribution first on their
+    path (what `pip list` would show on a node with another torch)."""
+    info = tmp_path / "site" / "torch-0.0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 0.0.1\n")
+    path = f"{info.parent}:{os.environ.get('PYTHONPATH', '')}"
+    other = RayCluster(placement="spread", runtime_env={"env_vars": {"PYTHONPATH": path}})
+    with pytest.raises(RuntimeError) as caught:
+        nbtrain.notebook_launcher(_world, num_processes=2, cluster=other, progress="off")
+    text = str(caught.value)
+    from importlib.metadata import version
+
+    assert f"this kernel: torch {version('torch')}" in text
+    assert nodes["n0"][:12] in text and nodes["n1"][:12] in text
+    assert text.count("torch 0.0.1") == 2
+    assert f"pip install torch=={version('torch')}" in text and "runtime_env=" in text
+    _nothing_left()
+
+
+def test_checkpoint_paths_a_node_does_not_see_are_named() -> None:
+    """The message when storage is not shared (one machine shares all: the function alone)."""
+    here, there = Node("a" * 20, "10.0.0.1", "head"), Node("b" * 20, "10.0.0.2", "gpu-7")
+    paths = ["/runs/x/checkpoints/.nbtrain-shared-123", "/runs/x/checkpoints/checkpoint_3"]
+    check_shared(paths, {here: [True, True]})
+    with pytest.raises(RuntimeError) as caught:
+        check_shared(paths, {here: [True, True], there: [False, False]})
+    text = str(caught.value)
+    assert "storage that this kernel and every node share" in text
+    assert "gpu-7 (10.0.0.2, Ray node bbbbbbbbbbbb) does not see '/runs/x/checkpoints', " \
+        "'/runs/x/checkpoints/checkpoint_3'" in text
+    assert "head" not in text and "Pass project_dir=" in text
+
+
+STEPS = 300
+
+
+def _train(marker: str | None = None) -> dict:
+    import time
+
+    import torch
+
+    from nbtrain import Accelerator
+
+    accelerator = Accelerator()
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = torch.utils.data.TensorDataset(torch.ones(2 * STEPS, 4))  # STEPS batches per rank
+    loader = torch.utils.data.DataLoader(data, batch_size=1)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    seen = Seen()
+    accelerator.register_for_checkpointing(seen)  # restored here on resume
+    first = seen.batches
+    for (x,) in loader:  # a resumed loader goes on after the checkpoint's batch
+        loss = model(x).pow(2).mean()
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        seen.batches += 1
+        if marker and accelerator.is_main_process and seen.batches == 5:
+            Path(marker).write_text("training")
+        time.sleep(0.02)
+    return {"first": first, "batches": seen.batches, "node": os.environ["NBTRAIN_RAY_NODE_ID"]}
+
+
+def test_interrupt_saves_a_checkpoint_and_resume_continues_across_nodes(nodes, tmp_path) -> None:
+    marker = tmp_path / "training"
+    project = tmp_path / "project"
+    thread = interrupt_when(marker, 0.3)
+    try:
+        with pytest.raises(KeyboardInterrupt) as caught:
+            nbtrain.notebook_launcher(
+                _train, (str(marker),), num_processes=2, cluster=SPREAD, progress="off",
+                on_interrupt="checkpoint", project_dir=project,
+            )
+    finally:
+        thread.join()
+    saved = project / "checkpoints" / "checkpoint_0"
+    assert f"saved in {saved}" in str(caught.value)
+    assert not list((project / "checkpoints").glob(".nbtrain-shared-*"))  # the check's marker
+    _nothing_left()
+    results = nbtrain.notebook_launcher(
+        _train, num_processes=2, cluster=SPREAD, progress="off", resume=True,
+        project_dir=project, return_all=True,
+    )
+    assert {r["node"] for r in results} == set(nodes.values())
+    firsts = {r["first"] for r in results}
+    assert len(firsts) == 1 and 5 <= firsts.pop() < STEPS  # both ranks went on from step n
+    assert [r["batches"] for r in results] == [STEPS, STEPS]
+    _nothing_left()
+
+
+def _world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size()  # the world an earlier cell formed
+
+
+def test_warm_ranks_across_nodes(nodes, tmp_path) -> None:
+    """State kept across cells (a gloo world too), cells on some ranks, pull/push (inline
+    through Ray), a failure on one rank keeps the state, an interrupt keeps it too; stop()
+    leaves nothing."""
+    import torch
+
+    ranks = nbtrain.start_ranks(2, cluster=SPREAD, progress="off")
+    try:
+        assert "on a Ray cluster" in repr(ranks)
+        ranks.run_cell(
+            "import os, torch, torch.distributed as dist\n"
+            "x = int(os.environ['RANK']) + 1\n"
+            "dist.init_process_group('gloo')\n"
+        )
+        assert set(ranks.pull("os.environ['NBTRAIN_RAY_NODE_ID']")) == set(nodes.values())
+        ranks.push(big=torch.ones(1_000_000))  # 4 MB: no /dev/shm shared with the nodes
+        assert ranks.pull("x * big.sum().item()") == [1e6, 2e6]
+        ranks.run_cell("total = torch.tensor([float(x)])\ndist.all_reduce(total)")
+        assert ranks.pull("total.item()") == [3.0, 3.0]  # across the nodes, in the kept world
+        assert ranks.run(_world_size) == 2
+        with pytest.raises(WorkerError, match="only on the second rank"):
+            ranks.run_cell("if x == 2:\n    raise ValueError('only on the second rank')")
+        ranks.run_cell("x = 10", ranks=[1])  # %%ranks 1
+        assert ranks.pull("x") == [1, 10]
+        marker = tmp_path / "sleeping"
+        thread = interrupt_when(marker, 0.3)
+        try:
+            with pytest.raises(KeyboardInterrupt, match="state is kept"):
+                ranks.run_cell(
+                    f"import pathlib, time\npathlib.Path({str(marker)!r}).touch()\n"
+                    "time.sleep(60)"
+                )
+        finally:
+            thread.join()
+        assert ranks.pull("x") == [1, 10]
+    finally:
+        ranks.stop()
     _nothing_left()
 
 
@@ -351,4 +511,40 @@ def test_a_node_lost_mid_run_names_it_and_stops_the_rest(cluster, nodes, tmp_pat
     while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_alive(pid) for pid in pids)
+    _nothing_left()
+
+
+def test_max_restarts_places_the_ranks_again_from_the_newest_checkpoint(
+    cluster, nodes, tmp_path, capsys
+) -> None:
+    """After the test above removed the second node: a third joins, ranks are placed on the
+    head and on it, and it is removed mid-run; the restart places both ranks on the head and
+    they go on from the newest periodic checkpoint."""
+    third = cluster.add_node(num_cpus=2, resources={"n2": 1})
+    cluster.wait_for_nodes()
+    marker = tmp_path / "training"
+
+    def remove_once_training() -> None:
+        deadline = time.monotonic() + 90
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        cluster.remove_node(third)
+
+    removing = threading.Thread(target=remove_once_training)
+    removing.start()
+    try:
+        results = nbtrain.notebook_launcher(
+            _train, (str(marker),), num_processes=2, cluster=SPREAD, progress="text",
+            max_restarts=1, checkpoint_every=3, project_dir=tmp_path / "project",
+            return_all=True,
+        )
+    finally:
+        removing.join()
+    said = capsys.readouterr()
+    assert "restarting every rank (restart 1 of 1)" in said.out + said.err
+    assert "was lost with its node" in said.out + said.err
+    assert [r["node"] for r in results] == [nodes["n0"], nodes["n0"]]  # all the room left
+    firsts = {r["first"] for r in results}
+    assert len(firsts) == 1 and 3 <= firsts.pop() < STEPS  # from a checkpoint, not from 0
+    assert [r["batches"] for r in results] == [STEPS, STEPS]
     _nothing_left()

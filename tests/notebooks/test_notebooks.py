@@ -13,6 +13,8 @@ Regenerate the stored outputs after changing a notebook (then run again without 
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,6 +35,7 @@ BINDER_NOTEBOOKS = [
     "09_experiment_tracking.ipynb",
 ]
 XLA_NOTEBOOK = "06_tpu_colab.ipynb"
+RAY_NOTEBOOK = "10_ray_cluster.ipynb"  # in the dev environment (nbtrain[ray]), not Binder's
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 # Building the Binder venv (first run only) plus a notebook; the limit only stops hangs.
@@ -134,7 +137,18 @@ def test_tpu_notebook_on_xla_cpu(xla_python, kernel_dirs, monkeypatch, request, 
     check_notebook(XLA_NOTEBOOK, xla_python, kernel_dirs, monkeypatch, request, tmp_path)
 
 
+def test_ray_notebook_on_a_local_two_node_cluster(
+    kernel_dirs, monkeypatch, request, tmp_path
+):
+    # Ray is an extra (nbtrain[ray]) that Binder's image leaves out: this interpreter has it.
+    # (Found, not imported: importing Ray here would change this process's environment.)
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("Ray is not installed (pip install nbtrain[ray])")
+    python = Path(sys.executable)
+    check_notebook(RAY_NOTEBOOK, python, kernel_dirs, monkeypatch, request, tmp_path)
+
+
 def test_every_notebook_is_tested():
     assert sorted(p.name for p in NOTEBOOKS.glob("*.ipynb")) == sorted(
-        [*BINDER_NOTEBOOKS, XLA_NOTEBOOK]
+        [*BINDER_NOTEBOOKS, XLA_NOTEBOOK, RAY_NOTEBOOK]
     )

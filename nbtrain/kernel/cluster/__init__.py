@@ -23,7 +23,6 @@ _DEFAULTS: dict[str, Any] = {
     "num_nodes": 1,
     "node_rank": 0,
     "rdzv_endpoint": None,
-    "max_restarts": 0,
 }
 
 
@@ -38,6 +37,16 @@ def launch_on_cluster(
 ) -> Any:
     """Check ``cluster=`` against the launch and the cluster, then run the ranks there."""
     __tracebackhide__ = True
+    max_restarts = given.pop("max_restarts")  # checked by build_config: a whole number >= 0
+    chosen = resolve(cluster, config, given)
+    from nbtrain.kernel.cluster.ray_backend import run_on_ray
+
+    return run_on_ray(config, chosen, function, args, kwargs, max_restarts=max_restarts)
+
+
+def resolve(cluster: object, config: LaunchConfig, given: dict[str, Any]) -> RayCluster:
+    """``cluster=`` checked against the other options (``given``: as the user gave them) and
+    against the Ray cluster this kernel is connected to, before anything starts."""
     chosen = as_cluster(cluster)
     if given.pop("num_processes") is None:  # one per local GPU means nothing on a cluster
         raise ValueError(
@@ -53,9 +62,7 @@ def launch_on_cluster(
     ray = _import_ray()
     check_connected(ray)
     check_room(chosen, config.num_processes, ray.cluster_resources())
-    from nbtrain.kernel.cluster.ray_backend import run_on_ray
-
-    return run_on_ray(config, chosen, function, args, kwargs)
+    return chosen
 
 
-__all__ = ["RayCluster", "launch_on_cluster"]
+__all__ = ["RayCluster", "launch_on_cluster", "resolve"]

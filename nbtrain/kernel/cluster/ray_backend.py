@@ -13,15 +13,20 @@ with them) and removes the placement group, whatever the outcome.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 from nbtrain.kernel import processes
+from nbtrain.kernel.cluster.checks import check_shared, check_versions, shared_paths
+from nbtrain.kernel.cluster.ray_node import installed
 from nbtrain.kernel.cluster.relay import Node, Relay, RemoteRank, local_pipes
 from nbtrain.kernel.cluster.spec import PLACEMENTS, RayCluster
 from nbtrain.kernel.config import LaunchConfig
 from nbtrain.kernel.group import RankGroup
+from nbtrain.kernel.rankspec import rank_spec
 from nbtrain.kernel.run import Run
+from nbtrain.kernel.stopping import resumed
 from nbtrain.shared import sharedmem
 from nbtrain.shared.errors import WorkerError
 from nbtrain.shared.serialization import describe_payload_error
@@ -34,8 +39,12 @@ def run_on_ray(
     function: Callable[..., Any],
     args: tuple,
     kwargs: dict[str, Any],
+    *,
+    max_restarts: int = 0,
 ) -> Any:
-    """A one-shot launch of ``config.num_processes`` ranks placed by Ray (checked already)."""
+    """A one-shot launch of ``config.num_processes`` ranks placed by Ray (checked already).
+    ``max_restarts``: after a failure (a rank's error, a lost node), place every rank again and
+    restart it, from the newest checkpoint where the launch saves them, up to that many times."""
     __tracebackhide__ = True
     call = (function, args, kwargs)
     try:  # no segment: /dev/shm of this machine is not the nodes'
@@ -44,15 +53,49 @@ def run_on_ray(
         raise describe_payload_error(function, args, kwargs, exc) from None
     ranks = list(range(config.num_processes))
     run = Run(config, ranks, title=f"{len(ranks)} ranks on a Ray cluster")
-    backend = RayRanks(config, cluster, payload, say=run.say)
+    for attempt in range(max_restarts + 1):
+        backend = RayRanks(config, cluster, payload, say=run.say, started=_clock(run))
+        supervisor = run.supervise(RankGroup(backend))
+        if not _restartable(run, supervisor) or attempt == max_restarts:
+            break
+        error = _named(run.outcome.error(), backend)
+        run.say(f"restarting every rank (restart {attempt + 1} of {max_restarts}): "
+                f"{str(error).splitlines()[0]}")
+        config = dataclasses.replace(config, stopping=resumed(config.stopping))
+        run.config = config
+        run.new_attempt()
     try:
-        return run.finish(run.supervise(RankGroup(backend)))
+        return run.finish(supervisor)
     except WorkerError as error:  # the root cause's node, by name
-        node = backend.nodes.get(error.rank)
-        if node is not None:
-            error.node, error.host = backend.node_rank(error.rank), node.describe()
-            error.args = (str(error),)
-        raise
+        raise _named(error, backend) from None
+
+
+def _clock(run: Run) -> Callable[[], None]:
+    """``timeout=`` from the ranks' start: Ray's wait for room and the actors' start (seconds
+    on a busy cluster) are not the function's time."""
+
+    def restart() -> None:
+        run.deadline = None
+        run.start_clock()
+
+    return restart
+
+
+def _restartable(run: Run, supervisor: Any) -> bool:
+    """A failure of the ranks' own (not a stop, an interrupt or a timeout)."""
+    return (
+        run.outcome.has_failure() and not supervisor.stop_asked and not supervisor.timed_out
+        and not supervisor.interrupted
+    )
+
+
+def _named(error: WorkerError, backend: RayRanks) -> WorkerError:
+    """The error with its root cause's node: hostname, IP and Ray node id."""
+    node = backend.nodes.get(error.rank)
+    if node is not None:
+        error.node, error.host = backend.node_rank(error.rank), node.describe()
+        error.args = (str(error),)
+    return error
 
 
 class RayRanks:
@@ -62,18 +105,23 @@ class RayRanks:
         self,
         config: LaunchConfig,
         cluster: RayCluster,
-        payload: bytes,
+        payload: bytes | None,
         say: Callable[[str], None],
+        started: Callable[[], None] = lambda: None,
     ) -> None:
+        """``payload`` None: warm ranks (kernel/session.py), which get their commands through
+        ``senders()``."""
         self.config = config
         self.cluster = cluster
         self.payload = payload
         self.say = say
+        self.started = started  # every rank runs: timeout= counts from here, not from placing
         self.group: Any = None  # the placement group
         self.actors: list[Any] = []
         self.nodes: dict[int, Node] = {}  # rank -> where it runs
         self._node_ranks: dict[str, int] = {}  # Ray node id -> NODE_RANK
         self.relay: Relay | None = None
+        self.hosts: dict[int, Any] = {}  # rank -> its actor
 
     def node_rank(self, rank: int) -> int:
         return self._node_ranks[self.nodes[rank].node_id]
@@ -89,11 +137,15 @@ class RayRanks:
             host_class.options(
                 num_cpus=self.cluster.cpus_per_rank,
                 num_gpus=self.cluster.gpus_per_rank,
+                runtime_env=self.cluster.runtime_env,
                 scheduling_strategy=strategy(self.group, placement_group_bundle_index=index),
             ).remote()
             for index in range(count)
         ]
-        places = [Node(*where) for where in self._ask(ray, [a.where.remote() for a in self.actors])]
+        answers = self._ask(ray, [actor.where.remote() for actor in self.actors])
+        places = [Node(*answer[:3]) for answer in answers]
+        check_versions(installed(), {Node(*answer[:3]): answer[3] for answer in answers})
+        self._check_shared(ray, places)
         # Ranks node by node (nodes in the order of their first bundle): a node's ranks are
         # consecutive, as torchrun numbers them.
         order = list(dict.fromkeys(place.node_id for place in places))
@@ -103,7 +155,8 @@ class RayRanks:
         self.nodes = {rank: places[bundle] for rank, bundle in enumerate(bundles)}
         self.say(f"{count} ranks placed on {len(order)} node(s); starting them")
         port = ray.get(hosts[0].free_port.remote())
-        data = ray.put(self.payload)  # once: each node's store serves its ranks
+        # once: each node's store serves its ranks
+        data = None if self.payload is None else ray.put(self.payload)
         specs = self._specs(self.nodes[0].ip, port)
         handles = {rank: RemoteRank(hosts[rank], self.nodes[rank]) for rank in hosts}
         pids = ray.get([hosts[rank].start.remote(specs[rank], data) for rank in range(count)])
@@ -111,9 +164,24 @@ class RayRanks:
         for rank, pid in enumerate(pids):
             handles[rank].pid = pid
             started.append(processes.RankProcess(rank, handles[rank], local_pipes()))
+        self.hosts = hosts
         self.relay = Relay(started, handles)
         self.relay.start()
+        self.started()
         return started
+
+    def senders(self) -> dict[int, CommandSender]:
+        """Warm ranks: each rank's command channel (a call to its actor)."""
+        return {rank: CommandSender(host) for rank, host in self.hosts.items()}
+
+    def _check_shared(self, ray: Any, places: list[Node]) -> None:
+        """Checkpoints on a cluster: every node must see the kernel's checkpoint folder."""
+        with shared_paths(self.config.stopping) as paths:
+            if not paths:
+                return
+            first = {place: index for index, place in reversed(list(enumerate(places)))}
+            seen = ray.get([self.actors[index].sees.remote(paths) for index in first.values()])
+            check_shared(paths, dict(zip(first, seen, strict=True)))
 
     def _ask(self, ray: Any, calls: list[Any]) -> list[Any]:
         """The actors' first answers; an actor that could not start says why, in words."""
@@ -152,51 +220,28 @@ class RayRanks:
         )
 
     def _specs(self, master_addr: str, master_port: int) -> dict[int, RankSpec]:
-        config, cluster = self.config, self.cluster
-        count = config.num_processes
+        count = self.config.num_processes
         per_node: dict[str, list[int]] = {}
         for rank in range(count):
             per_node.setdefault(self.nodes[rank].node_id, []).append(rank)
-        precision = config.mixed_precision.value if config.mixed_precision else None
-        threads = max(1, int(cluster.cpus_per_rank))
+        threads = max(1, int(self.cluster.cpus_per_rank))
+        rendezvous = {"MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port)}
         specs = {}
         for rank in range(count):
-            node = self.nodes[rank]
-            local = per_node[node.node_id]
-            env = {
-                "RANK": str(rank),
-                "LOCAL_RANK": str(local.index(rank)),
-                "WORLD_SIZE": str(count),
-                "LOCAL_WORLD_SIZE": str(len(local)),
-                "NODE_RANK": str(self._node_ranks[node.node_id]),
-                "GROUP_RANK": str(self._node_ranks[node.node_id]),
-                "MASTER_ADDR": master_addr,
-                "MASTER_PORT": str(master_port),
-                "NBTRAIN_RAY_NODE_ID": node.node_id,
-                "OMP_NUM_THREADS": str(threads),
-            }
-            if precision:
-                env["ACCELERATE_MIXED_PRECISION"] = precision
-            if not cluster.gpus_per_rank:
-                env["ACCELERATE_USE_CPU"] = "true"
+            node_id = self.nodes[rank].node_id
+            local, node_rank = per_node[node_id], self._node_ranks[node_id]
             info = RankInfo(
-                rank,
-                local.index(rank),
-                count,
-                len(local),
-                self._node_ranks[node.node_id],
-                len(self._node_ranks),
+                rank, local.index(rank), count, len(local), node_rank, len(self._node_ranks)
             )
-            specs[rank] = RankSpec(
-                info=info,
-                env=env,
-                mixed_precision=precision,
-                send_result=config.return_all or rank == 0,
-                torch_threads=threads,
+            specs[rank] = rank_spec(
+                self.config,
+                info,
+                rendezvous=rendezvous,
                 # Ray sets the actor's CUDA_VISIBLE_DEVICES to its own GPU(s): the rank's cuda:0.
-                device="cuda:0" if cluster.gpus_per_rank else "cpu",
+                device="cuda:0" if self.cluster.gpus_per_rank else "cpu",
+                threads=threads,
                 finalizes=True,  # spawned
-                stopping=config.stopping,
+                extra_env={"NODE_RANK": str(node_rank), "NBTRAIN_RAY_NODE_ID": node_id},
             )
         return specs
 
@@ -215,10 +260,24 @@ class RayRanks:
         self.actors, self.group = [], None
 
 
+class CommandSender:
+    """A warm rank's command pipe, as the session uses one (send_bytes, close): a call to the
+    rank's actor, which writes the bytes into the rank's local pipe on its node."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+
+    def send_bytes(self, data: bytes) -> None:
+        self.actor.command.remote(data)  # not waited for: in order, behind earlier calls
+
+    def close(self) -> None:
+        pass  # the actor's end goes with the actor (close() kills it)
+
+
 def _host_class() -> type:
     from nbtrain.kernel.cluster.ray_node import RankHost
 
     return RankHost
 
 
-__all__ = ["RayRanks", "run_on_ray"]
+__all__ = ["CommandSender", "RayRanks", "run_on_ray"]

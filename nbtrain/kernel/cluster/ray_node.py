@@ -13,12 +13,16 @@ the rank dies with it: a killed actor leaves no rank behind).
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
+import platform
 import socket
-from multiprocessing.connection import wait
+from importlib import metadata
+from multiprocessing.connection import Connection, wait
+from typing import cast
 
 from nbtrain.kernel import processes
-from nbtrain.rank import rank_entry
+from nbtrain.rank import rank_entry, session_entry
 from nbtrain.shared.options import StartMethod
 from nbtrain.shared.specs import RankSpec
 
@@ -31,13 +35,18 @@ class RankHost:
 
     def __init__(self) -> None:
         self.child: processes.RankProcess | None = None
+        self.commands: Connection | None = None  # a warm rank's command pipe (its write end)
 
-    def where(self) -> tuple[str, str, str]:
-        """(Ray node id, IP, hostname) of this node."""
+    def where(self) -> tuple[str, str, str, dict[str, str]]:
+        """(Ray node id, IP, hostname) of this node, and what it has installed."""
         import ray
 
         node_id = ray.get_runtime_context().get_node_id()
-        return node_id, ray.util.get_node_ip_address(), socket.gethostname()
+        return node_id, ray.util.get_node_ip_address(), socket.gethostname(), installed()
+
+    def sees(self, paths: list[str]) -> list[bool]:
+        """Whether each path exists on this node (is the kernel's folder shared with it?)."""
+        return [os.path.exists(path) for path in paths]
 
     def free_port(self) -> int:
         """A port free on this node now (rank 0's node: the rendezvous, as torchrun picks)."""
@@ -45,14 +54,28 @@ class RankHost:
             probe.bind(("", 0))
             return int(probe.getsockname()[1])
 
-    def start(self, spec: RankSpec, payload: bytes) -> int:
-        """Start the rank; its pid on this node."""
+    def start(self, spec: RankSpec, payload: bytes | None) -> int:
+        """Start the rank; its pid on this node. ``payload`` None: a warm rank (session_main),
+        which reads its commands from a local pipe that ``command`` writes."""
+        target, data = rank_entry, cast(object, payload)
+        if payload is None:
+            reader, self.commands = multiprocessing.get_context("spawn").Pipe(duplex=False)
+            target, data = session_entry, reader
 
         def args(rank: int, pipes: processes.RankPipes, close: tuple[int, ...]) -> tuple:
-            return (spec, payload, pipes.stdout_w, pipes.stderr_w, pipes.events_w)
+            return (spec, data, pipes.stdout_w, pipes.stderr_w, pipes.events_w)
 
-        self.child = processes.start_ranks(StartMethod.SPAWN, [spec.info.rank], rank_entry, args)[0]
+        self.child = processes.start_ranks(StartMethod.SPAWN, [spec.info.rank], target, args)[0]
+        if payload is None:
+            reader.close()  # the rank's end: it has its own now
         return self.child.pid
+
+    def command(self, data: bytes) -> None:
+        """A warm rank's next command (Ray runs one caller's calls in order); a rank that died
+        cannot read it: its exit is the relay's news."""
+        if self.commands is not None:
+            with contextlib.suppress(OSError):
+                self.commands.send_bytes(data)
 
     def read(self, wait_s: float) -> tuple[bytes, bytes, bytes, int | None]:
         """What the rank wrote since the last call (stdout, stderr, event frames), waiting up to
@@ -80,6 +103,17 @@ class RankHost:
         else:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(child.pid, signum)
+
+
+def installed() -> dict[str, str]:
+    """The versions a rank's code depends on, as this process finds them: Python's, and the
+    installed distributions' of torch and nbtrain (their metadata: importing is not needed)."""
+    import nbtrain
+
+    found = {"Python": platform.python_version(), "nbtrain": nbtrain.__version__}
+    with contextlib.suppress(metadata.PackageNotFoundError):
+        found["torch"] = metadata.version("torch")
+    return found
 
 
 def _take(fd: int, budget: int | None) -> bytes:

@@ -6,7 +6,7 @@ checks it against the launch and against the Ray cluster the kernel is connected
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
@@ -19,12 +19,15 @@ class RayCluster:
     """Ranks placed by Ray: one placement group, a bundle of ``cpus_per_rank`` CPUs and
     ``gpus_per_rank`` GPUs per rank; ``placement="pack"`` fills a node before the next,
     ``"spread"`` puts ranks on as many nodes as it can. ``placement_wait``: seconds to wait for
-    room before the launch fails, naming what is free."""
+    room before the launch fails, naming what is free. ``runtime_env``: Ray's runtime
+    environment for the rank actors (and so their ranks): ``{"pip": [...]}``,
+    ``{"env_vars": {...}}``, ``{"working_dir": ...}``, as Ray documents it."""
 
     cpus_per_rank: float = 1
     gpus_per_rank: float = 0
     placement: str = "pack"
     placement_wait: float = PLACEMENT_WAIT
+    runtime_env: dict[str, Any] | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
         for name in ("cpus_per_rank", "gpus_per_rank", "placement_wait"):
@@ -35,6 +38,11 @@ class RayCluster:
             raise ValueError(
                 "RayCluster(cpus_per_rank=0, gpus_per_rank=0): a rank needs a CPU or a GPU; "
                 "give cpus_per_rank >= 1 (the default) or gpus_per_rank >= 1."
+            )
+        if self.runtime_env is not None and not isinstance(self.runtime_env, dict):
+            raise TypeError(
+                f"RayCluster(runtime_env={self.runtime_env!r}): give a dict, as ray.init's "
+                "runtime_env, e.g. {'pip': ['transformers'], 'env_vars': {'HF_HOME': '/data'}}."
             )
         if self.placement not in PLACEMENTS:
             raise ValueError(
@@ -92,6 +100,13 @@ def check_room(cluster: RayCluster, ranks: int, total: dict[str, Any]) -> None:
         if per_rank * ranks <= have:
             continue
         option = "gpus_per_rank" if name == "GPU" else "cpus_per_rank"
+        if name == "GPU" and not have:
+            raise ValueError(
+                f"gpus_per_rank={per_rank:g}: the Ray cluster has no GPUs "
+                "(ray.cluster_resources() lists none): leave gpus_per_rank out for CPU ranks, "
+                "or connect to a cluster whose nodes have GPUs (Ray counts a node's GPUs when "
+                "`ray start` runs there)."
+            )
         raise ValueError(
             f"num_processes={ranks} with {option}={per_rank:g} needs {per_rank * ranks:g} "
             f"{name}s, but the Ray cluster has {have:g} in all: lower num_processes or "
