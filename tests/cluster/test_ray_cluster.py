@@ -319,7 +319,7 @@ def test_checkpoint_paths_a_node_does_not_see_are_named() -> None:
     assert "head" not in text and "Pass project_dir=" in text
 
 
-STEPS = 300
+STEPS = 120  # 2.4 s of sleeping per run: room for a stop or a lost node mid-run
 
 
 def _train(marker: str | None = None) -> dict:
