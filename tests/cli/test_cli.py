@@ -384,3 +384,34 @@ def test_every_option_of_every_command_says_what_it_does():
     shown = run("launch", "--help")
     assert shown.returncode == 0
     assert "machines taking part" in shown.stdout and "live text view" in shown.stdout
+
+
+def test_ctrl_backslash_hang_detection_and_timeout_show_where_each_rank_is(tmp_path: Path):
+    # Rank 0 waits in an all_reduce rank 1 never reaches. SIGQUIT (Ctrl-\) asks where each rank
+    # is, hang detection (--hang-after 3) says it once by itself, the timeout's message again:
+    # one picture, naming the rank the other waits for.
+    command = [*NBTRAIN, "launch", "--num-processes", "2", "--timeout", "9", "--hang-after", "3",
+               str(SCRIPTS / "skip_allreduce.py"), str(tmp_path)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        pid_files = [tmp_path / "rank0.pid", tmp_path / "rank1.pid"]
+        deadline = time.monotonic() + 60
+        while not all(f.exists() and f.read_text() for f in pid_files):
+            assert time.monotonic() < deadline and process.poll() is None, "ranks never started"
+            time.sleep(0.1)
+        time.sleep(1.0)  # rank 0 is inside the all_reduce by now
+        process.send_signal(signal.SIGQUIT)
+        _, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 124, err  # SIGQUIT did not end the run: the timeout did
+    named = "rank 0 waits in all_reduce; rank 1 has not entered it: the others wait for rank 1."
+    assert err.count(named) == 3, err  # asked, hang detection, the timeout
+    assert err.count("[nbtrain] where each rank is:") == 1, err
+    assert err.count("no rank has made progress for 3s (--hang-after 3)") == 1, err
+    assert "rank 1 is in " in err and "skip_allreduce.py:17 in <module>" in err, err
+    timeout = err[err.index("--timeout 9 expired"):]
+    assert "rank 0 was in torch/distributed/distributed_c10d.py" in timeout
+    assert named in timeout
