@@ -67,13 +67,16 @@ class CommPump:
         session = self.kernel.session
         try:
             idents, parts = session.feed_identities(frames, copy=False)
+            # Header and content read without the signature check: deserialize() records each
+            # signature it checks, and would refuse a kept message when ipykernel reads it.
+            header = session.unpack(parts[1].bytes)
+            if header.get("msg_type") != "comm_msg":
+                return False
+            if not ours(str(session.unpack(parts[4].bytes).get("comm_id", ""))):
+                return False
             msg = session.deserialize(parts, content=True, copy=False)
         except Exception:
             return False  # ipykernel reads it later and says what is wrong with it
-        if msg["header"].get("msg_type") != "comm_msg":
-            return False
-        if not ours(str(msg["content"].get("comm_id", ""))):
-            return False
         # The cell's output context (parent) stays this cell's: what the click prints goes
         # here, where the button is.
         self.kernel.comm_manager.comm_msg(None, idents, msg)
