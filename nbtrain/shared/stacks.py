@@ -102,7 +102,7 @@ def is_dump_line(line: str) -> bool:
     stripped = line.strip()
     return (
         not stripped
-        or stripped == "<no Python frame>"
+        or stripped in ("<no Python frame>", "...")  # "...": a stack cut at 100 frames
         or _THREAD.match(line) is not None
         or _FRAME.match(line) is not None
     )
