@@ -39,6 +39,7 @@ from nbtrain.display.rows import (
     status_html,
 )
 from nbtrain.display.text import format_rank
+from nbtrain.kernel.commpump import CommPump
 from nbtrain.kernel.monitor import RankStatus, RankView, RunState, Verdict
 from nbtrain.shared.options import OutputMode
 
@@ -149,6 +150,8 @@ class WidgetView:
             layout=widgets.Layout(width="auto", flex="0 0 auto"),
         )
         self.where_button.add_class("nbtrain-where")
+        if CommPump.for_kernel() is None:  # its click could not arrive while the cell runs
+            self.where_button.layout.display = "none"
         self.where_button.on_click(self._where_clicked)
         self.header = widgets.HBox(
             [self.title, self.where_button],
