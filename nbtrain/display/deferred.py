@@ -49,6 +49,15 @@ class DeferredView:
         if self._view is not None:
             self._view.note(text)
 
+    def where_buttons(self) -> set[str]:
+        """The shown dashboard's "where?" button (widgets.py), if any."""
+        buttons = getattr(self._view, "where_buttons", None)
+        return buttons() if buttons is not None else set()
+
+    def take_where(self) -> bool:
+        take = getattr(self._view, "take_where", None)
+        return bool(take()) if take is not None else False
+
     def erase_status(self) -> None:
         """The text view's live status line is erased before output is written (cellout.py)."""
         erase = getattr(self._view, "erase_status", None)

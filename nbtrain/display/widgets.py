@@ -39,6 +39,7 @@ from nbtrain.display.rows import (
     status_html,
 )
 from nbtrain.display.text import format_rank
+from nbtrain.kernel.commpump import CommPump
 from nbtrain.kernel.monitor import RankStatus, RankView, RunState, Verdict
 from nbtrain.shared.options import OutputMode
 
@@ -139,7 +140,24 @@ class WidgetView:
         self.world_size = world_size
         self._display = display if display is not None else IPythonDisplay()
         self.rows: dict[int, RankRow] = {}
-        self.title = widgets.HTML()
+        self.title = widgets.HTML(layout=widgets.Layout(flex="1", min_width="0"))
+        # "where?": each rank's stack, in the cell (kernel/where.py). Its click reaches the
+        # kernel while the cell is busy through the launch's loop (kernel/commpump.py).
+        self.where_button = widgets.Button(
+            description="where?",
+            tooltip="Where is each rank? Its stack and the collective it waits in, shown in "
+            "the cell; the run goes on",
+            layout=widgets.Layout(width="auto", flex="0 0 auto"),
+        )
+        self.where_button.add_class("nbtrain-where")
+        if CommPump.for_kernel() is None:  # its click could not arrive while the cell runs
+            self.where_button.layout.display = "none"
+        self.where_button.on_click(self._where_clicked)
+        self.header = widgets.HBox(
+            [self.title, self.where_button],
+            layout=widgets.Layout(align_items="center", width="100%"),
+        )
+        self._where_asked = False
         self.charts = widgets.HTML(layout=widgets.Layout(display="none"))
         self.summary = widgets.HTML(layout=widgets.Layout(display="none"))
         self.box: widgets.VBox | None = None
@@ -171,6 +189,21 @@ class WidgetView:
             self._metrics_drawn, self._chart_at = state.metrics_version, now
             self._draw_charts(state)
 
+    def where_buttons(self) -> set[str]:
+        """The comm ids whose clicks the launch's loop handles while the cell is busy."""
+        comm = getattr(self.where_button, "comm", None)
+        if self._closed or self.box is None or comm is None:
+            return set()
+        return {comm.comm_id}
+
+    def take_where(self) -> bool:
+        """Was "where?" clicked since the last call?"""
+        asked, self._where_asked = self._where_asked, False
+        return asked
+
+    def _where_clicked(self, button: widgets.Button) -> None:
+        self._where_asked = True
+
     def note(self, text: str) -> None:
         """A node-level message in the header, until ranks start again or the run ends."""
         self._note = _Note(text, time.time()) if text else None
@@ -191,7 +224,9 @@ class WidgetView:
         ranks = [state.ranks[rank] for rank in self.rows]
         html = static_dashboard(self._title_html(state), ranks, extras)
         self._display.update({"text/html": html, "text/plain": self._final_text})
-        for widget in [self.title, self.charts, self.summary, self.box]:
+        for widget in [
+            self.title, self.where_button, self.header, self.charts, self.summary, self.box
+        ]:
             _close(widget)
         for row in self.rows.values():
             for widget in row.widgets():
@@ -204,7 +239,7 @@ class WidgetView:
         self.rows = {rank: RankRow(rank) for rank in sorted(state.ranks)}
         self.box = widgets.VBox(
             [
-                self.title,
+                self.header,
                 *(row.box for row in self.rows.values()),
                 self.charts,
                 self.summary,

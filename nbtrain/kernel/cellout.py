@@ -92,6 +92,8 @@ class CellOutput:
         """Called for every line as it arrives (a RunState output listener)."""
         text = line.text
         self._log(line.rank, line.stream, text)
+        if line.aside:
+            return  # a stack where() asked for: the picture in the cell says where it was
         if line.dump and self._cut(line):
             return
         if not self._shows(line.rank):
@@ -160,6 +162,15 @@ class CellOutput:
         if notice is not None:
             self._stream("stderr").write(notice)
             self._stream("stderr").flush()
+
+    def note(self, text: str) -> None:
+        """A block of nbtrain's own (where each rank is) in the cell, after the lines so far;
+        shown whatever ``output=`` says, since it was asked for."""
+        self.flush(now=True)
+        self._before_write()
+        stream = self._stream("stderr")
+        stream.write(text.rstrip("\n") + "\n")
+        stream.flush()
 
     def _notice(self, final: bool) -> str | None:
         held = self._held

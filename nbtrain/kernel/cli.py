@@ -43,6 +43,7 @@ def _launch(options: argparse.Namespace) -> int:
     from nbtrain.kernel.launcher import dispatch
     from nbtrain.kernel.option_names import command_line
     from nbtrain.kernel.postmortem import check_debug
+    from nbtrain.kernel.where import SignalAsks
     from nbtrain.rank.script import run_script  # what each rank runs (rank side)
     from nbtrain.shared.errors import LaunchError, WorkerError
 
@@ -54,7 +55,8 @@ def _launch(options: argparse.Namespace) -> int:
         with command_line():  # messages name --timeout, not notebook_launcher(timeout=)
             config = build_config(**_launch_keywords(options), return_all=False)
             config = replace(config, debug=check_debug(options.debug))
-            dispatch(config, run_script, args, kwargs, elastic=True)
+            with SignalAsks():  # Ctrl-\ (SIGQUIT): where each rank is, the run goes on
+                dispatch(config, run_script, args, kwargs, elastic=True)
     except WorkerError as err:
         _report_failure(err, str(script.resolve()))
         return err.exitcode if err.exitcode and err.exitcode > 0 else 1
@@ -89,6 +91,7 @@ def _launch_keywords(options: argparse.Namespace) -> dict[str, Any]:
         "start_method": options.start_method,
         "gpu_ids": options.gpu_ids,
         "timeout": options.timeout,
+        "hang_after": options.hang_after or None,  # 0: off
         "output": options.output,
         "progress": options.progress,
     }
@@ -151,6 +154,9 @@ def _add_launch_parser(commands: Any) -> None:
     parser.add_argument("--gpu-ids", default=None, metavar="IDS", help="e.g. 0,2")
     parser.add_argument("--timeout", type=float, default=None, metavar="S",
                         help="stop every rank after S seconds (exit code 124)")
+    parser.add_argument("--hang-after", type=float, default=300.0, metavar="S",
+                        help="when no rank made progress for S seconds, print where each rank "
+                        "is, once (default 300; 0: off). Ctrl-\\ (SIGQUIT) prints it any time")
     parser.add_argument("--output", choices=["all", "main", "none"], default="all",
                         help="whose output to show (default all, prefixed with the rank)")
     parser.add_argument("--progress", choices=["text", "off"], default="text",

@@ -7,6 +7,7 @@ value it got, and what to pass instead.
 from __future__ import annotations
 
 import inspect
+import math
 import numbers
 import re
 from collections.abc import Sequence
@@ -47,6 +48,7 @@ class LaunchConfig:
     xla_counted: str = ""  # how num_processes was counted for XLA (tpu.check_launch), in words
     stopping: StopPolicy | None = None  # on_interrupt / checkpoint_every / resume (stopping.py)
     debug: bool = False  # a failed rank opens a post-mortem prompt first (postmortem.py)
+    hang_after: float | None = 300.0  # no progress for this long: show where each rank is
 
     @property
     def world_size(self) -> int:
@@ -200,6 +202,20 @@ def _check_timeout(timeout: object) -> float | None:
     return seconds
 
 
+def _check_hang_after(hang_after: object) -> float | None:
+    if hang_after is None:
+        return None
+    fix = "give the seconds without progress from any rank after which the run shows where " \
+        "each rank is (default 300)" + hint(
+            ", or hang_after=None to turn hang detection off", ", or 0 to turn it off")
+    if isinstance(hang_after, bool) or not isinstance(hang_after, numbers.Real):
+        raise TypeError(f"{setting('hang_after', hang_after)} is not a number of seconds: {fix}.")
+    seconds = float(hang_after)
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise ValueError(f"{setting('hang_after', hang_after)} must be > 0 and finite: {fix}.")
+    return seconds
+
+
 def _check_rdzv_timeout(rdzv_timeout: object) -> float:
     if isinstance(rdzv_timeout, bool) or not isinstance(rdzv_timeout, numbers.Real):
         raise TypeError(
@@ -290,6 +306,7 @@ def build_config(
     return_all: object,
     rdzv_timeout: object = 900.0,
     allow_xla: bool = True,
+    hang_after: object = 300.0,
 ) -> LaunchConfig:
     output_mode = choice("output", output, OutputMode)
     progress_mode = choice("progress", progress, ProgressMode)
@@ -356,6 +373,7 @@ def build_config(
         rdzv_endpoint=endpoint,
         max_restarts=restarts,
         timeout=_check_timeout(timeout),
+        hang_after=_check_hang_after(hang_after),
         output=output_mode,
         progress=progress_mode,
         return_all=return_all,

@@ -45,6 +45,7 @@ def notebook_launcher(
     rdzv_endpoint: str | None = None,
     max_restarts: int = 0,
     timeout: float | None = None,
+    hang_after: float | None = 300.0,
     output: str = "all",
     progress: str = "auto",
     return_all: bool = False,
@@ -67,6 +68,10 @@ def notebook_launcher(
 ) -> Any:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` ranks and return rank 0's value
     (on a node of a multi-node launch: its first rank's; ``return_all``: its ranks' values).
+
+    ``hang_after``: when no rank has made progress for that many seconds (paused-in-pdb time
+    not counted), the cell shows where each rank is, once, and the run goes on
+    (notebooks/guides/debugging.md); None turns it off.
 
     Stop and resume (notebooks/guides/stop-and-resume.md): ``on_interrupt="checkpoint"`` makes
     the first interrupt save a checkpoint at the next optimizer step and stop;
@@ -123,6 +128,7 @@ def notebook_launcher(
         progress=progress,
         return_all=return_all,
         rdzv_timeout=rendezvous.timeout,
+        hang_after=hang_after,
     )
     policy = build_policy(
         getattr(function, "__name__", "run"),

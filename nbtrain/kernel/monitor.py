@@ -111,6 +111,7 @@ class OutputLine:
     stream: str
     text: str
     dump: bool = False  # a stack dump the launcher asked for (see events.Output)
+    aside: bool = False  # a dump where() asked for: logged, not shown (its picture is)
 
 
 OutputListener = Callable[["OutputLine"], None]
@@ -142,7 +143,8 @@ class RunState:
         self.version += 1
         if isinstance(event, Output):
             line = OutputLine(
-                self.output_count, event.rank, event.stream, event.line, event.dump
+                self.output_count, event.rank, event.stream, event.line, event.dump,
+                event.aside,
             )
             self.output.append(line)
             self.output_count += 1

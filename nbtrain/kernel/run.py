@@ -38,8 +38,9 @@ from typing import Any, NoReturn
 
 from nbtrain.display import View, make_view
 from nbtrain.display.deferred import DeferredView
-from nbtrain.kernel import tracebacks
+from nbtrain.kernel import tracebacks, where
 from nbtrain.kernel.cellout import CellOutput
+from nbtrain.kernel.commpump import CommPump
 from nbtrain.kernel.config import LaunchConfig
 from nbtrain.kernel.group import Interrupts, RankGroup
 from nbtrain.kernel.monitor import RunState, Verdict
@@ -86,6 +87,10 @@ class Run:
         self.state.add_output_listener(self.output.take)
         self.deadline: float | None = None
         self.ended = False
+        # Where each rank is (where.py): the group asked, hang detection, the button's comms.
+        self.group: RankGroup | None = None
+        self.hang = where.HangWatch(config.hang_after)
+        self._comms: CommPump | None = None
         self._last_draw = 0.0
         self._note = ""
         self.view.draw(self.state)  # shown at once; the text view sees every output line
@@ -100,7 +105,9 @@ class Run:
         self.state.apply(event)
 
     def tick(self) -> None:
-        """Publish the ranks' new output lines and redraw, at most every REFRESH seconds."""
+        """Publish the ranks' new output lines and redraw, at most every REFRESH seconds;
+        ask where each rank is when the button, SIGQUIT or hang detection says so."""
+        self._look()
         now = time.monotonic()
         if now - self._last_draw >= REFRESH:
             self._last_draw = now
@@ -121,6 +128,37 @@ class Run:
         with contextlib.suppress(Exception):
             self.view.note(text)
         self.tick()
+
+    def watching(self, group: RankGroup) -> None:
+        """The group whose ranks this run watches (asked where its ranks are)."""
+        self.group = group
+
+    def _look(self) -> None:
+        supervisor = self.group.supervisor if self.group is not None else None
+        if supervisor is None or self.ended:
+            return
+        if self._button_pressed() or where.signal_asked():
+            supervisor.ask_where(self._show_where)
+        if self.hang.due(supervisor.idle_for()):
+            supervisor.ask_where(self._show_hang)
+
+    def _button_pressed(self) -> bool:
+        """The dashboard's "where?" button was clicked: its message handled from this loop."""
+        buttons = getattr(self.view, "where_buttons", None)
+        if buttons is None:
+            return False
+        ids = buttons()
+        if ids and self._comms is None:
+            self._comms = CommPump.for_kernel()
+        if self._comms is not None:
+            self._comms.pump(lambda comm_id: comm_id in ids)
+        return bool(self.view.take_where())  # type: ignore[attr-defined]
+
+    def _show_where(self, picture: dict[int, stacks.RankStack]) -> None:
+        self.output.note(where.report(picture, "where each rank is:"))
+
+    def _show_hang(self, picture: dict[int, stacks.RankStack]) -> None:
+        self.output.note(where.hang_report(picture, self.hang.after or 0.0))
 
     def start_clock(self) -> None:
         """``timeout=`` counts from the first start of ranks (not from rendezvous waits)."""
@@ -143,6 +181,7 @@ class Run:
         re-raises."""
         __tracebackhide__ = True
         self.start_clock()
+        self.watching(group)
         try:
             with group.stopped_on_error(self.abandon):
                 supervisor = group.start(emit or self.emit, self.outcome.has_failure)
@@ -234,13 +273,17 @@ class Run:
             cause = RemoteTraceback(error.remote_traceback)
         raise error from cause
 
-    def time_out(self, stuck: dict[int, list[str]], *, in_process: bool = False) -> NoReturn:
+    def time_out(
+        self, stuck: dict[int, stacks.RankStack], *, in_process: bool = False
+    ) -> NoReturn:
         """End as timed out; ``in_process``: the function ran in the kernel (inprocess.py)."""
         __tracebackhide__ = True
         self.end(f"Timed out after {self.config.timeout:g}s", Verdict.TIMED_OUT)
         raise TimeoutError(self.timeout_message(stuck, in_process=in_process)) from None
 
-    def timeout_message(self, stuck: dict[int, list[str]], *, in_process: bool = False) -> str:
+    def timeout_message(
+        self, stuck: dict[int, stacks.RankStack], *, in_process: bool = False
+    ) -> str:
         where = "; ".join(
             f"rank {rank}: {view.status.value}"
             + (f" at step {view.step}/{view.total}" if view.total is not None else "")
@@ -268,6 +311,8 @@ class Run:
 
     def end(self, summary: str, verdict: Verdict | None = None) -> None:
         self.ended = True
+        if self._comms is not None:
+            self._comms.close()  # the messages that wait for the cell's end go back in order
         self.output.close()  # every line is in the cell before the final view
         held = self.output.held_summary()
         self.state.finish(f"{summary}. {held}" if held else summary, verdict)

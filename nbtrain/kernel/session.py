@@ -48,6 +48,7 @@ from nbtrain.kernel.rendezvous import open_local
 from nbtrain.kernel.run import Run
 from nbtrain.kernel.stopping import build_policy
 from nbtrain.kernel.supervisor import Supervisor
+from nbtrain.kernel.where import Where
 from nbtrain.rank import session_entry
 from nbtrain.shared import sharedmem, stacks
 from nbtrain.shared.commands import Call, Cell, Command, Debug, Pull, Push, Stop
@@ -56,6 +57,7 @@ from nbtrain.shared.events import Event
 from nbtrain.shared.options import ProgressMode, StartMethod
 from nbtrain.shared.serialization import PayloadError
 from nbtrain.shared.specs import RankSpec
+from nbtrain.shared.stacks import RankStack
 from nbtrain.shared.stopping import StopPolicy
 
 STOP_WAIT = 5.0  # seconds ranks get to leave their loop on stop() before they are terminated
@@ -254,6 +256,20 @@ class Ranks:
                 return_all=True, quiet=True, keep_failures=False,
             )
 
+    def where(self) -> Where:
+        """Where each rank is now (between cells: idle, unless a rank's own threads run
+        something): each rank's stack ending at the user's code and, for a rank inside a
+        collective, which one and which ranks have not entered it. While a cell runs, the
+        dashboard's "where?" button shows the same (notebooks/guides/debugging.md)."""
+        world = self._require()
+        group = world.group
+        got: list[dict[int, RankStack]] = []
+        group.begin(set(), _drop, lambda: False)  # no command: what the ranks write is dropped
+        group.channel.ask_where(got.append)
+        while not got and not group.exited():
+            group.step(None)
+        return Where(got[0] if got else group.stacks())
+
     def restart(self) -> None:
         """Stop every rank and start a fresh set: namespaces and process group are gone."""
         self._holder.stop()
@@ -320,6 +336,7 @@ class Ranks:
         run = Run(config, ranks, title=title, view_after=VIEW_AFTER)
         group = world.group
         group.begin(set(ranks), run.emit, run.outcome.has_failure)
+        run.watching(group)
         run.start_clock()
 
         def send() -> None:
@@ -596,6 +613,7 @@ def start_ranks(
     mixed_precision: str | None = None,
     gpu_ids: list[int] | None = None,
     timeout: float | None = None,
+    hang_after: float | None = 300.0,
     output: str = "all",
     progress: str = "auto",
     return_all: bool = False,
@@ -610,7 +628,8 @@ def start_ranks(
 ) -> Ranks:
     """Start ``num_processes`` warm ranks (notebooks/guides/warm-ranks.md). ``timeout`` is each
     command's limit; ``start_method='auto'`` starts clean ranks (forkserver, else spawn), so
-    the kernel may use CUDA itself. With ranks already running, ``replace=True`` stops them
+    the kernel may use CUDA itself; ``hang_after`` is each command's hang detection
+    (notebooks/guides/debugging.md). With ranks already running, ``replace=True`` stops them
     first; otherwise that is an error saying so. The stop and resume options are
     notebook_launcher's, for every command (default project_dir: ``nbtrain-runs/session``).
     ``cluster="ray"`` (or ``nbtrain.RayCluster(...)``): the ranks are placed on the Ray cluster
@@ -636,6 +655,7 @@ def start_ranks(
         progress=progress,
         return_all=return_all,
         allow_xla=False,
+        hang_after=hang_after,
     )
     chosen = None
     if cluster is not None:

@@ -97,8 +97,18 @@ class Supervisor:
         self.timed_out = False
         self.stopping = False
         self._started: set[int] = set()
-        self._dumps: dict[int, list[str]] | None = None  # stderr after asking for stacks
+        # Where each rank is (stacks.py): the stderr of each asked rank since the last request,
+        # until when the answers are awaited, whether the request came before stopping the
+        # ranks (a timeout: the dumps are shown in the cell) or from where() (only the picture
+        # is shown), and who waits for the picture.
+        self._dumps: dict[int, list[str]] | None = None
         self._dump_until = 0.0
+        self._final = False
+        self._answers: list[Callable[[dict[int, stacks.RankStack]], None]] = []
+        # Progress: when a rank last said anything (an event or a line of output; not the
+        # stacks it was asked for), and the pdb prompt's time then (not the run's time).
+        self.active_at = time.monotonic()
+        self.paused_then = 0.0
         # Ranks that sent Finished/Failed: already on their way out.
         self._reported: set[int] = set()
         # Per process (key: its rank): the ranks its events named as started and as reported
@@ -146,10 +156,12 @@ class Supervisor:
         self._emit, self._failed = emit, failed
         self._reported.clear()
         self._started.clear()
-        self._dumps, self._grace_from = None, None
+        self._dumps, self._grace_from, self._final = None, None, False
+        self._answers.clear()
         self.timed_out = self.interrupted = self.stuck = self.stop_asked = False
         self._asked.clear()
         self.prompts.paused_for = 0.0
+        self._active()
 
     def interrupt(self) -> None:
         """Ctrl-C (or the cell's timeout): KeyboardInterrupt in every rank still in the cell;
@@ -205,12 +217,8 @@ class Supervisor:
             self._stop_stuck()
 
     def _stop_stuck(self) -> None:
-        if self._dumps is None:
-            waiting = self._cell_waiting()
-            self._dumps = {
-                rp.rank: [] for rp in self.ranks if rp.rank in waiting and self._ask_for_stack(rp)
-            }
-            self._dump_until = time.monotonic() + stacks.WAIT
+        if not self._final:
+            self._request_stacks(self._cell_waiting(), final=True)
         if not self._dumps or time.monotonic() >= self._dump_until:
             self.stuck = True
             self.stop_all()
@@ -239,6 +247,7 @@ class Supervisor:
             # process.exitcode, which would reap the rank before reap() could use its pid.
             if has_exited(rank_process):
                 self._collect(rank_process)
+        self._answer_where()
         if self._cell is not None:
             self._watch_cell(deadline)
             kill_overdue(self._killable(), self._grace)
@@ -296,12 +305,46 @@ class Supervisor:
 
     def _time_out(self) -> None:
         """First ask the ranks still running where they are (see stacks.py), then stop them."""
-        if self._dumps is None:
-            self._dumps = {rp.rank: [] for rp in self.ranks if self._ask_for_stack(rp)}
-            self._dump_until = time.monotonic() + stacks.WAIT
+        if not self._final:
+            self._request_stacks(None, final=True)
         if not self._dumps or time.monotonic() >= self._dump_until:
             self.timed_out = True
             self.stop_all()
+
+    # -- where each rank is ------------------------------------------------------------------
+
+    def ask_where(self, answer: Callable[[dict[int, stacks.RankStack]], None]) -> None:
+        """Ask every running rank for its stacks; ``answer(picture)`` is called from this loop
+        once they had stacks.WAIT seconds to answer (one request serves every asker)."""
+        self._answers.append(answer)
+        if self._dumps is None or time.monotonic() >= self._dump_until:
+            self._request_stacks(None, final=False)
+
+    def _request_stacks(self, ranks: set[int] | None, *, final: bool) -> None:
+        self._dumps = {
+            rp.rank: []
+            for rp in self.ranks
+            if (ranks is None or rp.rank in ranks) and self._ask_for_stack(rp)
+        }
+        self._dump_until = time.monotonic() + stacks.WAIT
+        self._final = final
+
+    def _answer_where(self) -> None:
+        if not self._answers or time.monotonic() < self._dump_until:
+            return
+        answers, self._answers = self._answers, []
+        picture = self.stuck_frames()
+        for answer in answers:
+            answer(picture)
+
+    def _active(self) -> None:
+        self.active_at, self.paused_then = time.monotonic(), self.prompts.paused_for
+
+    def idle_for(self) -> float:
+        """Seconds since any rank last said anything, less the time a human spent at a pdb
+        prompt meanwhile (hang detection: a paused rank is not a hung one)."""
+        paused = self.prompts.paused_for - self.paused_then
+        return time.monotonic() - self.active_at - paused
 
     def _ask_for_stack(self, rank_process: RankProcess) -> bool:
         pid = rank_process.process.pid
@@ -311,9 +354,37 @@ class Supervisor:
             return False  # its handler may not be registered yet: the signal would kill it
         return send_signal(rank_process, stacks.DUMP_SIGNAL)
 
-    def stuck_frames(self) -> dict[int, list[str]]:
-        """After a timeout: each asked rank's innermost user frames (see stacks.user_frames)."""
-        return {rank: stacks.user_frames(lines) for rank, lines in (self._dumps or {}).items()}
+    def stuck_frames(self) -> dict[int, stacks.RankStack]:
+        """Where each rank was at the last request for stacks (after a timeout, or for
+        where()): an asked rank's user frames and collective; the others, why not asked."""
+        dumps = self._dumps or {}
+        picture = {}
+        for rank_process in self.ranks:
+            rank = rank_process.rank
+            if self._cell is not None and rank not in self._cell_waiting():
+                where = stacks.RankStack(note=self._outside(rank))
+            elif rank in dumps:
+                where = stacks.rank_stack(dumps[rank])
+                if not where.frames:
+                    where = stacks.RankStack(note=self._outside(rank))
+            else:
+                where = stacks.RankStack(note=self._unasked(rank_process))
+            picture[rank] = where
+        return picture
+
+    def _outside(self, rank: int) -> str:
+        if self._cell is not None and rank not in self._cell_waiting():
+            return "idle (between cells)" if rank not in self._cell else "returned"
+        return "outside the function (starting, or returned)"
+
+    def _unasked(self, rank_process: RankProcess) -> str:
+        if rank_process.reaped:
+            return "exited"
+        if rank_process.rank in self._reported:
+            return "returned"
+        if rank_process.rank not in self._started:
+            return "starting"
+        return "did not answer"
 
     def stop_all(self) -> None:
         """SIGTERM the ranks still working; ranks that already reported get the grace period to
@@ -323,6 +394,7 @@ class Supervisor:
             request_stop(rank_process, terminate=rank_process.rank not in self._reported)
 
     def _emit_event(self, event: Event, process_rank: int) -> None:
+        self._active()
         if isinstance(event, (Paused, Resumed)) and event.rank in self._reported:
             self._post_mortem_event(event, process_rank)
             return
@@ -360,7 +432,7 @@ class Supervisor:
             return TICK
         if deadline is None:
             return TICK
-        if self._dumps is not None:
+        if self._dumps is not None and self._final:
             deadline = self._dump_until
         return max(0.0, min(TICK, deadline - time.monotonic()))
 
@@ -415,13 +487,21 @@ class Supervisor:
             if stream.kind == "events":
                 self._decode(stream, chunk)
             else:
-                dumping = self._dumps is not None and stream.kind == "stderr"
-                for line in stream.splitter.feed(chunk):
-                    self._order.line(
-                        stream.rank, Output(stream.rank, stream.kind, line, dump=dumping)
-                    )
-                    if self._dumps is not None and dumping:
-                        self._dumps.get(stream.rank, []).append(line)
+                self._lines(stream, stream.splitter.feed(chunk))
+
+    def _lines(self, stream: _Stream, lines: list[str]) -> None:
+        asked = self._dumps is not None and stream.kind == "stderr" and stream.rank in self._dumps
+        for line in lines:
+            dump = asked and stacks.is_dump_line(line)
+            if dump:
+                assert self._dumps is not None
+                self._dumps[stream.rank].append(line)
+            else:
+                self._active()
+            # A timeout's dumps are shown in the cell; where()'s only in the rank's log.
+            output = Output(stream.rank, stream.kind, line, dump=dump and self._final,
+                            aside=dump and not self._final)
+            self._order.line(stream.rank, output)
 
     def _decode(self, stream: _Stream, chunk: bytes) -> None:
         for event in stream.decoder.feed(chunk):

@@ -141,6 +141,7 @@ class Output:
     line: str
     time: float = field(default_factory=now)
     dump: bool = False  # part of a stack dump the launcher asked for (a timeout)
+    aside: bool = False  # part of a dump where() asked for: the rank's log only (stacks.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,10 +1,18 @@
-"""Where a rank is stuck: ask it for its stacks, and find the user's frames in the answer.
+"""Where each rank is: ask it for its stacks, find the user's frames and its collective.
 
-A launch that outlives ``timeout=`` is nearly always a rank blocked somewhere (a collective that
-a peer never joins, a deadlock in teardown, a data loader waiting on a dead worker). Before the
-launcher stops the ranks it sends each one ``DUMP_SIGNAL``; the rank's ``faulthandler`` writes
+A launch that outlives ``timeout=`` or stops making progress is nearly always a rank blocked
+somewhere (a collective that a peer never joins, a deadlock in teardown, a data loader waiting on
+a dead worker). The launcher sends each rank ``DUMP_SIGNAL``; the rank's ``faulthandler`` writes
 every thread's stack to its stderr pipe (it works even while the main thread is blocked in C++,
-holding the GIL), and the TimeoutError names the line each rank was on.
+holding the GIL). From each dump, ``rank_stack`` keeps the user's innermost frames and the
+torch.distributed collective the rank is inside (from its frames), and ``describe`` writes the
+one picture every caller shows: the TimeoutError, hang detection, the dashboard's "where?"
+button, ``ranks.where()`` and ``nbtrain launch`` on SIGQUIT.
+
+torch's Flight Recorder (TORCH_FR_BUFFER_SIZE; torch._C._distributed_c10d._dump_fr_trace_json)
+records gloo collectives too on torch 2.13 (name "gloo:all_reduce", collective_seq_id, state),
+but it is read by Python code inside the rank, which a blocked main thread never runs: it would
+need a helper thread in every rank, not built yet. The stacks are what any rank can answer.
 """
 
 from __future__ import annotations
@@ -13,6 +21,8 @@ import os
 import re
 import signal
 import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 DUMP_SIGNAL: int | None = getattr(signal, "SIGUSR1", None)  # None on Windows: no dump there
 WAIT = 1.0  # seconds the launcher waits for the dumps before it stops the ranks
@@ -22,6 +32,8 @@ _THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ ")
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<name>.+)$')
 # Frames below the user's function: the rank entry, and the XLA host's ordinal entry.
 _ENTRY = ("nbtrain/rank/worker.py", "nbtrain/rank/xla_host.py", "nbtrain/rank/session.py")
+# torch's collectives (all_reduce, barrier, broadcast, ...): each is a function of this module.
+_COLLECTIVES = ("torch/distributed/distributed_c10d.py",)
 
 
 def enable_dumps() -> None:
@@ -32,9 +44,19 @@ def enable_dumps() -> None:
         faulthandler.register(DUMP_SIGNAL, file=sys.stderr, all_threads=True)
 
 
-def user_frames(lines: list[str]) -> list[str]:
-    """From one faulthandler dump, the innermost frames of the thread running the user's
-    function ("file:line in name", innermost first). Empty if no thread was running it."""
+@dataclass(frozen=True)
+class RankStack:
+    """Where one rank is: the user's innermost frames ("file:line in name", innermost first),
+    the torch.distributed collective it is inside (None: none), or, without frames, a note
+    ("finished", "idle between cells", ...) that says why."""
+
+    frames: tuple[str, ...] = ()
+    collective: str | None = None
+    note: str = ""
+
+
+def rank_stack(lines: list[str]) -> RankStack:
+    """From one faulthandler dump, the thread running the user's function (empty if none)."""
     for block in _threads(lines):
         frames = [m for m in map(_FRAME.match, block) if m is not None]
         entry = next(
@@ -47,13 +69,43 @@ def user_frames(lines: list[str]) -> list[str]:
             named = [f"{_short(m['file'])}:{m['line']} in {m['name']}" for m in frames[:entry]]
             if len(named) > MAX_FRAMES:  # keep the innermost ones and the user's function
                 named = [*named[: MAX_FRAMES - 2], "...", named[-1]]
-            return named
-    return []
+            called = [m["name"] for m in frames[:entry] if _in_collectives(m["file"])]
+            return RankStack(tuple(named), _collective(called))
+    return RankStack()
+
+
+def user_frames(lines: list[str]) -> list[str]:
+    """From one faulthandler dump, the innermost frames of the thread running the user's
+    function ("file:line in name", innermost first). Empty if no thread was running it."""
+    return list(rank_stack(lines).frames)
+
+
+def _in_collectives(path: str) -> bool:
+    return path.replace("\\", "/").endswith(_COLLECTIVES)
+
+
+def _collective(names: list[str]) -> str | None:
+    """The collective the user called: the outermost public function of torch's collectives
+    module on the stack (all_gather_object calls all_gather: the user called the first)."""
+    public = [name for name in names if not name.startswith("_") and name != "wrapper"]
+    return public[-1] if public else None
 
 
 def is_thread_header(line: str) -> bool:
     """A dump's 'Current thread 0x... (most recent call first):' line."""
     return _THREAD.match(line) is not None
+
+
+def is_dump_line(line: str) -> bool:
+    """A line of a faulthandler dump: a thread header, a frame, "<no Python frame>", the
+    blank line between threads."""
+    stripped = line.strip()
+    return (
+        not stripped
+        or stripped in ("<no Python frame>", "...")  # "...": a stack cut at 100 frames
+        or _THREAD.match(line) is not None
+        or _FRAME.match(line) is not None
+    )
 
 
 def is_entry_frame(line: str) -> bool:
@@ -72,13 +124,54 @@ def _plumbing(path: str, name: str) -> bool:
     return path.endswith(("/runpy.py", "<frozen runpy>"))
 
 
-def describe(stacks: dict[int, list[str]]) -> str:
-    """The TimeoutError's account of where each stuck rank was."""
+def describe(picture: Mapping[int, RankStack], *, live: bool = False) -> str:
+    """The one account of where the ranks are (``live``) or were when they were stopped: a
+    line per rank, then, when some ranks wait in a collective, which ranks have not entered
+    it: the rank(s) the others wait for."""
+    verb = "is in" if live else "was in"
     parts = []
-    for rank, frames in sorted(stacks.items()):
-        if frames:
-            parts.append(f"rank {rank} was in " + " <- ".join(frames))
+    for rank, where in sorted(picture.items()):
+        if where.frames:
+            parts.append(f"rank {rank} {verb} " + " <- ".join(where.frames))
+        elif where.note and live:
+            parts.append(f"rank {rank}: {where.note}")
+    waiting = waited_for(picture)
+    if waiting is not None:
+        parts.append(waiting[1])
     return "\n".join(parts)
+
+
+def waited_for(picture: Mapping[int, RankStack]) -> tuple[list[int], str] | None:
+    """The ranks the others wait for (those not inside the collective most ranks are in) and
+    a sentence that says so; None when no rank is inside a collective."""
+    inside: dict[str, list[int]] = {}
+    for rank, where in sorted(picture.items()):
+        if where.collective is not None:
+            inside.setdefault(where.collective, []).append(rank)
+    if not inside:
+        return None
+    name, ranks = max(inside.items(), key=lambda item: len(item[1]))
+    missing = [rank for rank in sorted(picture) if rank not in ranks]
+    waiters = f"{_ranks(ranks)} {'waits' if len(ranks) == 1 else 'wait'} in {name}"
+    others = {other: r for other, r in inside.items() if other != name}
+    if not missing:
+        return [], f"{waiters}: every rank is inside it (slow, or blocked in the backend)."
+    elsewhere = [
+        f"{_ranks(r)} {'is' if len(r) == 1 else 'are'} in {other} instead"
+        for other, r in sorted(others.items())
+    ]
+    sentence = (
+        f"{waiters}; {_ranks(missing)} {'has' if len(missing) == 1 else 'have'} not entered it"
+        + (f" ({'; '.join(elsewhere)}: a mismatched collective?)" if elsewhere else "")
+        + f": the others wait for {_ranks(missing)}."
+    )
+    return missing, sentence
+
+
+def _ranks(ranks: list[int]) -> str:
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return "ranks " + ", ".join(map(str, ranks))
 
 
 def _threads(lines: list[str]) -> list[list[str]]:

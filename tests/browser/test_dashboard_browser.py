@@ -7,6 +7,7 @@ kernel (the stop button) mid-run. Checked on the DOM, at 1400 px and at 900 px w
   disjoint and each column's text stays inside its column (so long texts end in "…");
 - after the interrupt every row says "stopped" (orange), with the step it had reached, no ETA;
   the failed rank's long reason is ellipsized with the full text as its tooltip;
+- mid-run, a click on the dashboard's "where?" button shows where each rank is in the cell;
 - after save and reopen in a fresh page (new kernel), each launch shows its static dashboard
   and no "Error displaying widget".
 Screenshots go to tests/artifacts/ (dashboard_<frontend>_<moment>.png).
@@ -279,6 +280,9 @@ def test_rows_fit_their_columns_stop_cleanly_and_survive_save_and_reopen(server)
     assert live["problems"] == [], live["problems"][:5]
     assert len(live["columns"]) == 1, f"columns moved as their texts changed: {live['columns']}"
     assert any("ETA" in col["text"] for cols in live["rows"] for col in cols), live["rows"]
+    # "where?" answered while the launch ran: each rank in the notebook's train loop.
+    assert "rank 0 is in " in live["where"] and "rank 1 is in " in live["where"], live["where"]
+    assert " in train" in live["where"], live["where"]
     for width, rows in ended.items():
         assert len(rows) == 4, (width, rows)  # 2 ranks x 2 launches
         assert _overlaps(rows) == [], (width, _overlaps(rows))
@@ -303,7 +307,7 @@ def test_rows_fit_their_columns_stop_cleanly_and_survive_save_and_reopen(server)
 def _watch_live_run(page, frontend: str) -> dict:
     """Sample the long launch's live rows until it is well under way; screenshot it."""
     deadline = time.monotonic() + 240
-    samples, problems, rows = 0, [], []
+    samples, problems, rows, where = 0, [], [], ""
     columns = set()  # the x-extent of every column, per sample: text changes must not move them
     page.wait_for_function(
         "() => document.querySelectorAll('.nbtrain-static').length === 1", timeout=180_000
@@ -324,6 +328,21 @@ def _watch_live_run(page, frontend: str) -> dict:
                 _scroll_to(page, ".nbtrain-dashboard")
                 _shot(page, frontend, "live_900")
                 page.set_viewport_size({"width": 1400, "height": 1000})
+                where = _ask_where(page, frontend)
                 break
         time.sleep(0.5)
-    return {"samples": samples, "problems": problems, "rows": rows, "columns": columns}
+    return {"samples": samples, "problems": problems, "rows": rows, "columns": columns,
+            "where": where}
+
+
+def _ask_where(page, frontend: str) -> str:
+    """Click the live dashboard's "where?" while the cell is busy: the cell shows where each
+    rank is (kernel/where.py) while the launch goes on. The picture's text."""
+    page.click(".nbtrain-dashboard .nbtrain-where")
+    page.wait_for_function(
+        "() => document.body.innerText.includes('[nbtrain] where each rank is:')",
+        timeout=30_000,
+    )
+    _scroll_to(page, ".nbtrain-dashboard")
+    _shot(page, frontend, "where")
+    return page.evaluate("() => document.body.innerText")

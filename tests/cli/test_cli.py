@@ -220,23 +220,6 @@ def test_bad_options_exit_2_with_the_reason():
     assert "rdzv_endpoint" in no_endpoint.stderr
 
 
-def test_timeout_stops_the_run_with_124(tmp_path: Path):
-    done = run(
-        "launch", "--num-processes", "2", "--timeout", "2", str(SCRIPTS / "sleep.py"), str(tmp_path)
-    )
-    assert done.returncode == 124, done.stderr
-    # The option as the user gave it, not notebook_launcher's keyword.
-    assert "nbtrain: --timeout 2 expired; every rank was stopped" in done.stderr
-    assert "Raise --timeout if the run needs longer" in done.stderr
-    assert "notebook_launcher" not in done.stderr
-    # Where the ranks were ends at the script's own line, not at nbtrain's way into it.
-    where = [line for line in done.stderr.splitlines() if " was in " in line]
-    assert len(where) == 2, done.stderr
-    for line in where:
-        assert line.endswith("sleep.py:10 in <module>"), line
-        assert "cli.py" not in line and "runpy" not in line, line
-
-
 def test_max_restarts_from_the_command_line(tmp_path: Path):
     marker = tmp_path / "marker"
     done = run(
@@ -384,3 +367,44 @@ def test_every_option_of_every_command_says_what_it_does():
     shown = run("launch", "--help")
     assert shown.returncode == 0
     assert "machines taking part" in shown.stdout and "live text view" in shown.stdout
+
+
+def test_timeout_124_ctrl_backslash_and_hang_detection_show_where_each_rank_is(tmp_path: Path):
+    # Rank 0 waits in an all_reduce rank 1 never reaches. SIGQUIT (Ctrl-\) asks where each rank
+    # is, hang detection (--hang-after 3) says it once by itself, the timeout's message again:
+    # one picture, naming the rank the other waits for; then exit code 124.
+    command = [*NBTRAIN, "launch", "--num-processes", "2", "--timeout", "9", "--hang-after", "3",
+               str(SCRIPTS / "skip_allreduce.py"), str(tmp_path)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        pid_files = [tmp_path / "rank0.pid", tmp_path / "rank1.pid"]
+        deadline = time.monotonic() + 60
+        while not all(f.exists() and f.read_text() for f in pid_files):
+            assert time.monotonic() < deadline and process.poll() is None, "ranks never started"
+            time.sleep(0.1)
+        time.sleep(1.0)  # rank 0 is inside the all_reduce by now
+        process.send_signal(signal.SIGQUIT)
+        _, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 124, err  # SIGQUIT did not end the run: the timeout did
+    named = "rank 0 waits in all_reduce; rank 1 has not entered it: the others wait for rank 1."
+    assert err.count(named) == 3, err  # asked, hang detection, the timeout
+    assert err.count("[nbtrain] where each rank is:") == 1, err
+    assert err.count("no rank has made progress for 3s (--hang-after 3)") == 1, err
+    assert "rank 1 is in " in err and "skip_allreduce.py:17 in <module>" in err, err
+    # The option as the user gave it, not notebook_launcher's keyword.
+    assert "nbtrain: --timeout 9 expired; every rank was stopped" in err
+    assert "Raise --timeout if the run needs longer" in err
+    assert "notebook_launcher" not in err
+    timeout = err[err.index("--timeout 9 expired"):]
+    assert named in timeout
+    # Where the ranks were ends at the script's own line, not at nbtrain's way into it.
+    where = [line for line in timeout.splitlines() if " was in " in line]
+    assert len(where) == 2, timeout
+    assert where[0].startswith("rank 0 was in torch/distributed/distributed_c10d.py")
+    assert where[0].endswith("skip_allreduce.py:15 in <module>"), where[0]
+    assert where[1].endswith("skip_allreduce.py:17 in <module>"), where[1]
+    assert not any("cli.py" in line or "runpy" in line for line in where), where

@@ -271,3 +271,62 @@ del big
     assert kernel.value("growth") <= 64
     assert kernel.value("same_class") is True
     assert kernel.value("left") == []
+
+
+def test_the_where_button_works_while_the_cell_is_busy(kernel):
+    # Rank 0 waits in an all_reduce that rank 1 joins only after a while. A click on the live
+    # dashboard's "where?" button, sent as a frontend sends it while the cell is busy, shows
+    # where each rank is in that cell before the launch ends; a cell queued meanwhile runs
+    # after it, as without the button.
+    client = kernel.client
+    cell = client.execute("""
+def late_peer():
+    dist.init_process_group("gloo")
+    print("ready", flush=True)
+    if dist.get_rank() == 1:
+        time.sleep(6)
+    dist.all_reduce(torch.ones(1))
+    dist.destroy_process_group()
+    return "joined"
+
+print(notebook_launcher(late_peer, num_processes=2, progress="widgets", hang_after=None))
+""")
+    button, stdout, stderr, clicked_at = None, "", "", None
+    queued, shown_early = None, None
+    deadline = time.monotonic() + 120
+    while True:
+        assert time.monotonic() < deadline, stdout + stderr
+        msg = client.get_iopub_msg(timeout=60)
+        if msg["parent_header"].get("msg_id") != cell:
+            continue
+        kind, content = msg["msg_type"], msg["content"]
+        if kind == "comm_open":
+            state = content["data"].get("state", {})
+            if state.get("_model_name") == "ButtonModel" and state.get("description") == "where?":
+                button = content["comm_id"]
+        elif kind == "stream":
+            if content["name"] == "stdout":
+                stdout += content["text"]
+            else:
+                stderr += content["text"]
+        elif kind == "status" and content["execution_state"] == "idle":
+            break
+        if button and clicked_at is None and stdout.count("ready") == 2:
+            time.sleep(1.0)  # rank 0 is inside the all_reduce by now
+            click = {"method": "custom", "content": {"event": "click"}}
+            client.shell_channel.send(
+                client.session.msg("comm_msg", {"comm_id": button, "data": click})
+            )
+            queued = client.execute("print('queued cell ran')")
+            clicked_at = time.monotonic()
+        if shown_early is None and "[nbtrain] where each rank is:" in stderr:
+            shown_early = "joined" not in stdout  # while the launch still ran
+    assert button is not None, "no where? button in the live dashboard"
+    assert "[nbtrain] where each rank is:" in stderr, stderr
+    assert shown_early, "shown only once the launch had ended"
+    assert "rank 0 waits in all_reduce; rank 1 has not entered it" in stderr, stderr
+    assert "in late_peer" in stderr
+    assert "joined" in stdout
+    assert queued is not None
+    after = kernel.collect(queued)
+    assert after.stdout.strip() == "queued cell ran", after

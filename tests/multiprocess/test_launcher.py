@@ -322,12 +322,20 @@ def stuck_in_barrier():
     time.sleep(600)
 
 
-def test_timeout_names_the_line_each_rank_was_stuck_on(method):
+def test_timeout_names_the_line_each_rank_was_stuck_on(method, capsys):
+    # Hang detection first (hang_after=2: no rank says anything), once, then the timeout: the
+    # same picture, naming the rank the other waits for.
     with pytest.raises(TimeoutError) as info:
         notebook_launcher(
             stuck_in_barrier, num_processes=2, start_method=method,
-            timeout=max(8.0, HANG_TIMEOUT[method]), progress="off"
+            timeout=max(8.0, HANG_TIMEOUT[method]), progress="off", hang_after=2
         )
+    named = "rank 1 waits in barrier; rank 0 has not entered it: the others wait for rank 0."
+    hang = capsys.readouterr().err
+    if method == "fork":  # (spawned ranks may still import the test module on a busy machine)
+        assert hang.count("no rank has made progress for 2s (hang_after=2)") == 1, hang
+        assert named in hang and "rank 0 is in " in hang, hang
+        assert named in str(info.value)
     lines = str(info.value).splitlines()
     rank0 = next(line for line in lines if line.startswith("rank 0 was in "))
     rank1 = next(line for line in lines if line.startswith("rank 1 was in "))

@@ -165,6 +165,16 @@ def test_a_timeout_interrupts_the_cell_and_keeps_state(ranks):
     assert rank_pids(ranks) == pids
 
 
+def test_where_between_cells_says_every_rank_is_idle_and_leaves_them_warm(ranks):
+    pids = rank_pids(ranks)
+    where = ranks.where()
+    assert sorted(where.ranks) == [0, 1]
+    assert str(where).splitlines() == [f"rank {r}: idle (between cells)" for r in (0, 1)]
+    assert where.waits_for == []
+    assert ranks.run(all_reduce_plus, 0) == 3.0  # the pipes carry on: the dumps went nowhere
+    assert rank_pids(ranks) == pids
+
+
 def test_one_shot_launches_work_alongside_warm_ranks(ranks):
     assert nbtrain.notebook_launcher(all_reduce_sum_fresh, num_processes=2, **QUIET) == 3.0
     assert ranks.run(all_reduce_plus, 0) == 3.0

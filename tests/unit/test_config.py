@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from nbtrain import notebook_launcher
+from nbtrain import notebook_launcher, start_ranks
 from nbtrain.kernel.config import StartMethod, choose_start_method
 
 
@@ -120,6 +120,21 @@ def no_process_starts(monkeypatch: pytest.MonkeyPatch):
             lambda: notebook_launcher(train, args=(1,), num_processes=2, timeout="60"),
             TypeError,
             ["timeout='60'"],
+        ),
+        (
+            lambda: notebook_launcher(train, args=(1,), num_processes=2, hang_after=0),
+            ValueError,
+            ["hang_after=0", "> 0", "hang_after=None to turn hang detection off"],
+        ),
+        (
+            lambda: notebook_launcher(train, args=(1,), num_processes=2, hang_after="5m"),
+            TypeError,
+            ["hang_after='5m'", "not a number of seconds"],
+        ),
+        (
+            lambda: start_ranks(2, hang_after=float("inf")),
+            ValueError,
+            ["hang_after=inf", "finite"],
         ),
         (
             lambda: notebook_launcher(train, args=(1,), num_processes=2, return_all=1),

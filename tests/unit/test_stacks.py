@@ -1,6 +1,13 @@
 """Reading a rank's faulthandler dump: the user's innermost frames, nothing of nbtrain's."""
 
-from nbtrain.shared.stacks import describe, user_frames
+from nbtrain.shared.stacks import (
+    RankStack,
+    describe,
+    is_dump_line,
+    rank_stack,
+    user_frames,
+    waited_for,
+)
 
 DUMP = """\
 Thread 0x00007f0000000001 (most recent call first):
@@ -26,15 +33,68 @@ def test_no_user_frames_when_the_rank_was_outside_the_function():
     after_return = [line for line in DUMP if "barrier" not in line and "123.py" not in line]
     assert user_frames(after_return) == []
     assert user_frames([]) == []
-    assert describe({0: [], 1: []}) == ""
+    assert describe({0: RankStack(), 1: RankStack()}) == ""
 
 
 def test_describe_names_each_rank():
-    text = describe({1: ["a.py:3 in f"], 0: ["b.py:9 in g", "c.py:1 in h"]})
+    text = describe({1: RankStack(("a.py:3 in f",)), 0: RankStack(("b.py:9 in g", "c.py:1 in h"))})
     assert text.splitlines() == [
         "rank 0 was in b.py:9 in g <- c.py:1 in h",
         "rank 1 was in a.py:3 in f",
     ]
+
+
+def test_the_collective_a_rank_is_in_comes_from_its_frames():
+    assert rank_stack(DUMP).collective == "barrier"
+    wrapped = [
+        "Current thread 0x00007f0000000002 (most recent call first):",
+        '  File "/v/site-packages/torch/distributed/distributed_c10d.py", line 9 in all_gather',
+        '  File "/v/site-packages/torch/distributed/c10d_logger.py", line 81 in wrapper',
+        '  File "/v/site-packages/torch/distributed/distributed_c10d.py", line 3 in _helper',
+        '  File "/v/site-packages/torch/distributed/distributed_c10d.py", line 5 in '
+        "all_gather_object",
+        '  File "/v/site-packages/torch/distributed/c10d_logger.py", line 81 in wrapper',
+        '  File "/tmp/ipykernel_1/123.py", line 7 in train',
+        '  File "/v/site-packages/nbtrain/rank/worker.py", line 83 in call_and_report',
+    ]
+    assert rank_stack(wrapped).collective == "all_gather_object"  # what the user called
+    not_in_one = [line for line in DUMP if "distributed_c10d" not in line]
+    assert rank_stack(not_in_one).collective is None
+
+
+def test_the_picture_names_the_rank_the_others_wait_for():
+    picture = {
+        0: RankStack(("torch/distributed/distributed_c10d.py:1 in all_reduce", "c.py:4 in f"),
+                     "all_reduce"),
+        1: RankStack(("time.py:1 in sleep", "c.py:2 in f")),
+        2: RankStack(("torch/distributed/distributed_c10d.py:1 in all_reduce", "c.py:4 in f"),
+                     "all_reduce"),
+        3: RankStack(note="exited"),
+    }
+    assert waited_for(picture) is not None and waited_for(picture)[0] == [1, 3]
+    text = describe(picture, live=True)
+    assert "rank 1 is in time.py:1 in sleep <- c.py:2 in f" in text
+    assert "rank 3: exited" in text
+    assert text.splitlines()[-1] == (
+        "ranks 0, 2 wait in all_reduce; ranks 1, 3 have not entered it: the others wait for "
+        "ranks 1, 3."
+    )
+    assert "rank 3" not in describe(picture).splitlines()[2]  # stopped ranks: frames only
+
+
+def test_a_mismatched_collective_is_said():
+    picture = {0: RankStack(("x",), "all_reduce"), 1: RankStack(("y",), "barrier"),
+               2: RankStack(("z",), "all_reduce")}
+    assert waited_for(picture) == ([1], "ranks 0, 2 wait in all_reduce; rank 1 has not entered "
+                                   "it (rank 1 is in barrier instead: a mismatched collective?): "
+                                   "the others wait for rank 1.")
+    assert waited_for({0: RankStack(("x",)), 1: RankStack(("y",))}) is None
+
+
+def test_dump_lines_are_told_from_the_ranks_own_stderr():
+    assert all(is_dump_line(line) for line in DUMP)
+    assert not is_dump_line("loss 0.3")
+    assert not is_dump_line('  File "a.py", line 3, in f')  # a traceback's frame, not a dump's
 
 
 def test_deep_stacks_keep_the_innermost_frames_and_the_users_function():

@@ -218,6 +218,7 @@ class NodeAgent(SimpleElasticAgent):
         )
         self.group.start(self._emit, self._stop_wanted)
         self.group.channel.prompts.ready = self.lifecycle.redraw  # before a pdb prompt
+        self.lifecycle.watching(self.group)  # where each rank is: SIGQUIT, hang detection
         return {rp.rank - self.ranks[0]: rp.process.pid for rp in self.group.processes}
 
     def _specs(self, attempt: int) -> dict[int, RankSpec]:
