@@ -38,7 +38,7 @@ from typing import Any, NoReturn
 
 from nbtrain.display import View, make_view
 from nbtrain.display.deferred import DeferredView
-from nbtrain.kernel import tracebacks
+from nbtrain.kernel import cellnames, tracebacks
 from nbtrain.kernel.cellout import CellOutput
 from nbtrain.kernel.config import LaunchConfig
 from nbtrain.kernel.group import Interrupts, RankGroup
@@ -47,7 +47,7 @@ from nbtrain.kernel.option_names import given, to_raise
 from nbtrain.kernel.outcome import Outcome
 from nbtrain.kernel.supervisor import Supervisor
 from nbtrain.shared import checkpoints, stacks
-from nbtrain.shared.errors import RemoteTraceback, ResultError, WorkerError
+from nbtrain.shared.errors import ResultError, WorkerError
 from nbtrain.shared.events import Display, Event, Stopped
 
 REFRESH = 0.1  # seconds between redraws of the view (about 10 per second)
@@ -230,17 +230,21 @@ class Run:
         """End with ``error``; its cause is the rank's own traceback (shown in the cell)."""
         __tracebackhide__ = True
         self.end(self.state.failed_summary(error), Verdict.FAILED)
-        if cause is None and error.remote_traceback:
-            cause = RemoteTraceback(error.remote_traceback)
+        if cause is None:
+            cause = tracebacks.rank_cause(error)
         raise error from cause
 
-    def time_out(self, stuck: dict[int, list[str]], *, in_process: bool = False) -> NoReturn:
+    def time_out(
+        self, stuck: dict[int, list[stacks.Frame]], *, in_process: bool = False
+    ) -> NoReturn:
         """End as timed out; ``in_process``: the function ran in the kernel (inprocess.py)."""
         __tracebackhide__ = True
         self.end(f"Timed out after {self.config.timeout:g}s", Verdict.TIMED_OUT)
         raise TimeoutError(self.timeout_message(stuck, in_process=in_process)) from None
 
-    def timeout_message(self, stuck: dict[int, list[str]], *, in_process: bool = False) -> str:
+    def timeout_message(
+        self, stuck: dict[int, list[stacks.Frame]], *, in_process: bool = False
+    ) -> str:
         where = "; ".join(
             f"rank {rank}: {view.status.value}"
             + (f" at step {view.step}/{view.total}" if view.total is not None else "")
@@ -251,7 +255,7 @@ class Run:
             if in_process
             else f"; every rank was stopped ({where})"
         )
-        stacks_text = stacks.describe(stuck)
+        stacks_text = stacks.describe(stuck, cellnames.place)
         return (
             f"{given('timeout', f'{self.config.timeout:g}')} expired{what}. "
             f"Raise {to_raise('timeout')} if the run needs longer."

@@ -289,7 +289,7 @@ class Supervisor:
             return False  # its handler may not be registered yet: the signal would kill it
         return send_signal(rank_process, stacks.DUMP_SIGNAL)
 
-    def stuck_frames(self) -> dict[int, list[str]]:
+    def stuck_frames(self) -> dict[int, list[stacks.Frame]]:
         """After a timeout: each asked rank's innermost user frames (see stacks.user_frames)."""
         return {rank: stacks.user_frames(lines) for rank, lines in (self._dumps or {}).items()}
 

@@ -13,6 +13,9 @@ import os
 import re
 import signal
 import sys
+import sysconfig
+from collections.abc import Callable
+from dataclasses import dataclass
 
 DUMP_SIGNAL: int | None = getattr(signal, "SIGUSR1", None)  # None on Windows: no dump there
 WAIT = 1.0  # seconds the launcher waits for the dumps before it stops the ranks
@@ -32,9 +35,24 @@ def enable_dumps() -> None:
         faulthandler.register(DUMP_SIGNAL, file=sys.stderr, all_threads=True)
 
 
-def user_frames(lines: list[str]) -> list[str]:
-    """From one faulthandler dump, the innermost frames of the thread running the user's
-    function ("file:line in name", innermost first). Empty if no thread was running it."""
+@dataclass(frozen=True)
+class Frame:
+    """One frame of a dump: where (file, line) and the function's name."""
+
+    file: str
+    line: int
+    name: str
+
+    @property
+    def inside_nbtrain(self) -> bool:
+        return _inside_nbtrain(self.file)
+
+
+def user_frames(lines: list[str]) -> list[Frame]:
+    """From one faulthandler dump, the frames of the thread running the user's function,
+    innermost first. A call into nbtrain is kept as its outermost frame (the API the user called:
+    wait_for_everyone, backward, ...); what runs inside it is nbtrain's business, left out. Empty
+    if no thread was running the function."""
     for block in _threads(lines):
         frames = [m for m in map(_FRAME.match, block) if m is not None]
         entry = next(
@@ -44,11 +62,27 @@ def user_frames(lines: list[str]) -> list[str]:
         while entry and _plumbing(frames[entry - 1]["file"], frames[entry - 1]["name"]):
             entry -= 1  # nbtrain launch's way into the script: not the user's frames
         if entry:  # the frames above our entry point are the user's (and what they called)
-            named = [f"{_short(m['file'])}:{m['line']} in {m['name']}" for m in frames[:entry]]
-            if len(named) > MAX_FRAMES:  # keep the innermost ones and the user's function
-                named = [*named[: MAX_FRAMES - 2], "...", named[-1]]
-            return named
+            return _calls_into_nbtrain_collapsed(
+                [Frame(m["file"], int(m["line"]), m["name"]) for m in frames[:entry]]
+            )
     return []
+
+
+def _calls_into_nbtrain_collapsed(frames: list[Frame]) -> list[Frame]:
+    """Innermost first, without what runs inside a call into nbtrain: its own frames and the
+    libraries it calls (torch.distributed, ...), up to a frame of the user's code again (a
+    dataset's __getitem__ that nbtrain's loader called)."""
+    kept: list[Frame] = []
+    inside = False
+    for frame in reversed(frames):  # outermost first: the user's function
+        if frame.inside_nbtrain:
+            if not inside:
+                kept.append(frame)  # the call the user made
+            inside = True
+        elif not inside or not _library(frame.file):
+            kept.append(frame)
+            inside = False
+    return kept[::-1]
 
 
 def is_thread_header(line: str) -> bool:
@@ -72,13 +106,42 @@ def _plumbing(path: str, name: str) -> bool:
     return path.endswith(("/runpy.py", "<frozen runpy>"))
 
 
-def describe(stacks: dict[int, list[str]]) -> str:
-    """The TimeoutError's account of where each stuck rank was."""
+def describe(
+    stacks: dict[int, list[Frame]], place: Callable[[str, int], str] | None = None
+) -> str:
+    """The TimeoutError's account of where each stuck rank was, one line a rank: "rank 1 was
+    waiting in wait_for_everyone(), called from Cell In[5], line 5 in train". ``place`` names a
+    file and line (the kernel names its cells as IPython does); by default the short path."""
+    where = place or short_place
     parts = []
     for rank, frames in sorted(stacks.items()):
-        if frames:
-            parts.append(f"rank {rank} was in " + " <- ".join(frames))
+        if not frames:
+            continue
+        if frames[0].inside_nbtrain:  # waiting in the nbtrain call the user made
+            line = f"rank {rank} was waiting in {frames[0].name}()"
+            if len(frames) > 1:
+                line += ", called from " + _chain(frames[1:], where)
+        else:
+            line = f"rank {rank} was in " + _chain(frames, where)
+        parts.append(line)
     return "\n".join(parts)
+
+
+def short_place(file: str, line: int) -> str:
+    return f"{_short(file)}:{line}"
+
+
+def _chain(frames: list[Frame], place: Callable[[str, int], str]) -> str:
+    named = [_named(frame, place) for frame in frames]
+    if len(named) > MAX_FRAMES:  # keep the innermost ones and the user's function
+        named = [*named[: MAX_FRAMES - 2], "...", named[-1]]
+    return " <- ".join(named)
+
+
+def _named(frame: Frame, place: Callable[[str, int], str]) -> str:
+    if frame.inside_nbtrain:  # the nbtrain call the user made: its name says enough
+        return f"{frame.name}()"
+    return f"{place(frame.file, frame.line)} in {frame.name}"
 
 
 def _threads(lines: list[str]) -> list[list[str]]:
@@ -101,5 +164,18 @@ def _short(path: str) -> str:
     return path[index + len("site-packages/"):] if index >= 0 else path
 
 
+def _library(path: str) -> bool:
+    """An installed package's file or the standard library's, not the user's own code."""
+    path = path.replace("\\", "/")
+    return "-packages/" in path or path.startswith(("<", _STDLIB))
+
+
+def _inside_nbtrain(path: str) -> bool:
+    """A file of this nbtrain, or of nbtrain installed elsewhere (another machine's rank)."""
+    path = path.replace("\\", "/")
+    return path.startswith(_PACKAGE) or "site-packages/nbtrain/" in path
+
+
+_STDLIB = sysconfig.get_paths()["stdlib"].replace("\\", "/") + "/"
 # nbtrain's own folder (this file is nbtrain/shared/stacks.py).
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))).replace("\\", "/") + "/"

@@ -26,6 +26,7 @@ from nbtrain.kernel.group.backend import Backend
 from nbtrain.kernel.group.interrupts import Interrupts, sigint_deferred
 from nbtrain.kernel.supervisor import EXIT_WAIT, Supervisor
 from nbtrain.shared.events import Event
+from nbtrain.shared.stacks import Frame
 
 GRACE = 2.0  # seconds between SIGTERM and SIGKILL when stopping ranks (read at each use)
 
@@ -106,7 +107,7 @@ class RankGroup:
                 self.close()
             raise
 
-    def stacks(self) -> dict[int, list[str]]:
+    def stacks(self) -> dict[int, list[Frame]]:
         """Where each rank asked at a timeout (or stuck in a command) was: its user frames."""
         return self.supervisor.stuck_frames() if self.supervisor is not None else {}
 
