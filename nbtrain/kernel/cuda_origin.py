@@ -17,6 +17,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from nbtrain.kernel.cellnames import cell_name
+
 _lock = threading.Lock()
 _origin: str | None = None
 _watching = False
@@ -65,9 +67,9 @@ def explain() -> str:
 
 def _caller(stack: list[traceback.FrameSummary]) -> str:
     frames = [frame for frame in stack if not _inside_torch(frame.filename)]
-    cells = [frame for frame in frames if _cell_name(frame.filename) is not None]
+    cells = [frame for frame in frames if cell_name(frame.filename) is not None]
     frame = (cells or frames or list(stack))[-1]
-    cell = _cell_name(frame.filename)
+    cell = cell_name(frame.filename)
     where = f"{cell}, line {frame.lineno}" if cell else f"{frame.filename}, line {frame.lineno}"
     code = (frame.line or "").strip()
     return f"{where}: {code}" if code else where
@@ -76,20 +78,3 @@ def _caller(stack: list[traceback.FrameSummary]) -> str:
 def _inside_torch(filename: str) -> bool:
     return f"{os.sep}torch{os.sep}" in filename or filename == __file__
 
-
-def _cell_name(filename: str) -> str | None:
-    """IPython's name for a cell's code ('Cell In[3]'), or None for a file."""
-    shell = _shell()
-    if shell is None:
-        return None
-    count = getattr(getattr(shell, "compile", None), "_filename_map", {}).get(filename)
-    if count is None:
-        return None
-    return f"Cell In[{count}]"
-
-
-def _shell() -> Any:
-    ipython = sys.modules.get("IPython")
-    if ipython is None:
-        return None
-    return ipython.get_ipython()

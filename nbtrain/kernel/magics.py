@@ -20,7 +20,7 @@ import functools
 import shlex
 from typing import Any
 
-from nbtrain.kernel import session
+from nbtrain.kernel import cellnames, session
 from nbtrain.kernel.cellout import with_label
 
 _registered: set[int] = set()  # ids of the shells %%ranks is registered with
@@ -58,7 +58,8 @@ def ranks_magic(line: str, cell: str) -> None:
     # One line up front stands for the %%ranks line: the rank's traceback numbers the cell's
     # lines as the notebook shows them.
     code = "\n" + cell
-    values = handle.run_cell(code, selected, filename=_cell_filename(cell), timeout=timeout)
+    filename = cellnames.register(code, cell)  # the rank's traceback names it 'Cell In[n]'
+    values = handle.run_cell(code, selected, filename=filename, timeout=timeout)
     show_values(values)
 
 
@@ -142,21 +143,6 @@ def _seconds(text: str) -> float:
     if not value > 0:
         raise session.SessionError(f"%%ranks --timeout {text}: give seconds above 0.")
     return value
-
-
-def _cell_filename(cell: str) -> str | None:
-    """The file name IPython gives this cell (its tracebacks name the same one)."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return None
-    shell = get_ipython()
-    if shell is None:
-        return None
-    try:
-        return str(shell.compile.get_code_name(cell, cell, shell.execution_count))
-    except Exception:
-        return None
 
 
 def show_values(values: dict[int, dict[str, Any]]) -> None:

@@ -38,7 +38,7 @@ from typing import Any, NoReturn
 
 from nbtrain.display import View, make_view
 from nbtrain.display.deferred import DeferredView
-from nbtrain.kernel import tracebacks, where
+from nbtrain.kernel import cellnames, tracebacks, where
 from nbtrain.kernel.cellout import CellOutput
 from nbtrain.kernel.commpump import CommPump
 from nbtrain.kernel.config import LaunchConfig
@@ -48,7 +48,7 @@ from nbtrain.kernel.option_names import given, to_raise
 from nbtrain.kernel.outcome import Outcome
 from nbtrain.kernel.supervisor import Supervisor
 from nbtrain.shared import checkpoints, stacks
-from nbtrain.shared.errors import RemoteTraceback, ResultError, WorkerError
+from nbtrain.shared.errors import ResultError, WorkerError
 from nbtrain.shared.events import Display, Event, Stopped
 
 REFRESH = 0.1  # seconds between redraws of the view (about 10 per second)
@@ -269,8 +269,8 @@ class Run:
         """End with ``error``; its cause is the rank's own traceback (shown in the cell)."""
         __tracebackhide__ = True
         self.end(self.state.failed_summary(error), Verdict.FAILED)
-        if cause is None and error.remote_traceback:
-            cause = RemoteTraceback(error.remote_traceback)
+        if cause is None:
+            cause = tracebacks.rank_cause(error)
         raise error from cause
 
     def time_out(
@@ -294,7 +294,7 @@ class Run:
             if in_process
             else f"; every rank was stopped ({where})"
         )
-        stacks_text = stacks.describe(stuck)
+        stacks_text = stacks.describe(stuck, cellnames.place)
         return (
             f"{given('timeout', f'{self.config.timeout:g}')} expired{what}. "
             f"Raise {to_raise('timeout')} if the run needs longer."

@@ -35,7 +35,7 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
-from nbtrain.kernel import environment, processes
+from nbtrain.kernel import cellnames, environment, processes
 from nbtrain.kernel.cluster.spec import RayCluster
 from nbtrain.kernel.config import LaunchConfig, build_config, check_function
 from nbtrain.kernel.group import LocalProcesses, RankGroup
@@ -377,7 +377,7 @@ class Ranks:
         """The world is broken (a rank died, or some stayed stuck): start a new one, then raise
         what happened, saying which rank failed, where the others were, that state is gone."""
         __tracebackhide__ = True
-        stuck = stacks.describe(supervisor.stuck_frames())  # (the group's stacks)
+        stuck = stacks.describe(supervisor.stuck_frames(), cellnames.place)  # (the group's stacks)
         self._holder.stop(grace=0.0)
         self._start_world()
         note = (

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from nbtrain.kernel import cellnames
 from nbtrain.kernel.option_names import hint, setting
 from nbtrain.shared import stacks
 
@@ -37,7 +38,7 @@ class Where:
 
     @property
     def text(self) -> str:
-        return stacks.describe(self.ranks, live=True)
+        return stacks.describe(self.ranks, cellnames.place, live=True)
 
     def __str__(self) -> str:
         return self.text
@@ -51,7 +52,7 @@ class Where:
 
 def report(picture: Mapping[int, stacks.RankStack], why: str) -> str:
     """The picture as the cell (or the terminal) shows it, under ``why``."""
-    return f"[nbtrain] {why}\n{stacks.describe(picture, live=True)}"
+    return f"[nbtrain] {why}\n{stacks.describe(picture, cellnames.place, live=True)}"
 
 
 def hang_report(picture: Mapping[int, stacks.RankStack], after: float) -> str:

@@ -22,6 +22,7 @@ from our own processes, and a token cannot point a loader at another file.
 
 from __future__ import annotations
 
+import array
 import contextlib
 import glob
 import io
@@ -258,16 +259,32 @@ def dumps(obj: Any, **options: Any) -> bytes:
 class _Discard(io.RawIOBase):
     """A file that keeps nothing: pickling into it checks that everything can be pickled."""
 
+    written = 0  # bytes pickled into it
+
     def writable(self) -> bool:
         return True
 
     def write(self, data: Any) -> int:
-        return len(memoryview(data))
+        size = len(memoryview(data))
+        self.written += size
+        return size
 
 
-def check_picklable(obj: Any) -> None:
-    """Raise what pickling ``obj`` would raise; tensors and arrays cost nothing (tokens)."""
-    SharingPickler(_Discard(), registry=("check", {})).dump(obj)
+def check_picklable(obj: Any) -> int:
+    """Raise what pickling ``obj`` would raise, without reading the bytes of its big data:
+    tensors, arrays, torch storages and array.array go as tokens (they always pickle; a storage
+    would be torch.save'd into memory, an array.array copied by tobytes()). Big bytes,
+    bytearrays and protocol-5 buffers reach the sink as the objects themselves, unread.
+    Returns the bytes the check pickled."""
+    sink = _Discard()
+    SharingPickler(sink, registry=("check", {}), by_reference=_checked_by_reference).dump(obj)
+    return sink.written
+
+
+def _checked_by_reference(obj: object) -> bool:
+    torch = _torch()
+    storages = (torch.UntypedStorage, torch.TypedStorage) if torch is not None else ()
+    return is_array(obj) or isinstance(obj, (array.array, *storages))
 
 
 # -- loading --------------------------------------------------------------------------------------

@@ -21,7 +21,8 @@ import os
 import re
 import signal
 import sys
-from collections.abc import Mapping
+import sysconfig
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 DUMP_SIGNAL: int | None = getattr(signal, "SIGUSR1", None)  # None on Windows: no dump there
@@ -45,12 +46,26 @@ def enable_dumps() -> None:
 
 
 @dataclass(frozen=True)
-class RankStack:
-    """Where one rank is: the user's innermost frames ("file:line in name", innermost first),
-    the torch.distributed collective it is inside (None: none), or, without frames, a note
-    ("finished", "idle between cells", ...) that says why."""
+class Frame:
+    """One frame of a dump: where (file, line) and the function's name."""
 
-    frames: tuple[str, ...] = ()
+    file: str
+    line: int
+    name: str
+
+    @property
+    def inside_nbtrain(self) -> bool:
+        return _inside_nbtrain(self.file)
+
+
+@dataclass(frozen=True)
+class RankStack:
+    """Where one rank is: the user's frames, innermost first (a call into nbtrain kept as its
+    outermost frame, see _calls_into_nbtrain_collapsed), the torch.distributed collective it
+    is inside (None: none), or, without frames, a note ("exited", "idle (between cells)", ...)
+    that says why."""
+
+    frames: tuple[Frame, ...] = ()
     collective: str | None = None
     note: str = ""
 
@@ -66,17 +81,19 @@ def rank_stack(lines: list[str]) -> RankStack:
         while entry and _plumbing(frames[entry - 1]["file"], frames[entry - 1]["name"]):
             entry -= 1  # nbtrain launch's way into the script: not the user's frames
         if entry:  # the frames above our entry point are the user's (and what they called)
-            named = [f"{_short(m['file'])}:{m['line']} in {m['name']}" for m in frames[:entry]]
-            if len(named) > MAX_FRAMES:  # keep the innermost ones and the user's function
-                named = [*named[: MAX_FRAMES - 2], "...", named[-1]]
             called = [m["name"] for m in frames[:entry] if _in_collectives(m["file"])]
-            return RankStack(tuple(named), _collective(called))
+            kept = _calls_into_nbtrain_collapsed(
+                [Frame(m["file"], int(m["line"]), m["name"]) for m in frames[:entry]]
+            )
+            return RankStack(tuple(kept), _collective(called))
     return RankStack()
 
 
-def user_frames(lines: list[str]) -> list[str]:
-    """From one faulthandler dump, the innermost frames of the thread running the user's
-    function ("file:line in name", innermost first). Empty if no thread was running it."""
+def user_frames(lines: list[str]) -> list[Frame]:
+    """From one faulthandler dump, the frames of the thread running the user's function,
+    innermost first. A call into nbtrain is kept as its outermost frame (the API the user called:
+    wait_for_everyone, backward, ...); what runs inside it is nbtrain's business, left out. Empty
+    if no thread was running the function."""
     return list(rank_stack(lines).frames)
 
 
@@ -89,6 +106,23 @@ def _collective(names: list[str]) -> str | None:
     module on the stack (all_gather_object calls all_gather: the user called the first)."""
     public = [name for name in names if not name.startswith("_") and name != "wrapper"]
     return public[-1] if public else None
+
+
+def _calls_into_nbtrain_collapsed(frames: list[Frame]) -> list[Frame]:
+    """Innermost first, without what runs inside a call into nbtrain: its own frames and the
+    libraries it calls (torch.distributed, ...), up to a frame of the user's code again (a
+    dataset's __getitem__ that nbtrain's loader called)."""
+    kept: list[Frame] = []
+    inside = False
+    for frame in reversed(frames):  # outermost first: the user's function
+        if frame.inside_nbtrain:
+            if not inside:
+                kept.append(frame)  # the call the user made
+            inside = True
+        elif not inside or not _library(frame.file):
+            kept.append(frame)
+            inside = False
+    return kept[::-1]
 
 
 def is_thread_header(line: str) -> bool:
@@ -124,17 +158,31 @@ def _plumbing(path: str, name: str) -> bool:
     return path.endswith(("/runpy.py", "<frozen runpy>"))
 
 
-def describe(picture: Mapping[int, RankStack], *, live: bool = False) -> str:
+def describe(
+    picture: Mapping[int, RankStack],
+    place: Callable[[str, int], str] | None = None,
+    *,
+    live: bool = False,
+) -> str:
     """The one account of where the ranks are (``live``) or were when they were stopped: a
-    line per rank, then, when some ranks wait in a collective, which ranks have not entered
-    it: the rank(s) the others wait for."""
-    verb = "is in" if live else "was in"
+    line per rank ("rank 1 was waiting in wait_for_everyone(), called from Cell In[5], line 5
+    in train"), then, when some ranks wait in a collective, which ranks have not entered it:
+    the rank(s) the others wait for. ``place`` names a file and line (the kernel names its
+    cells as IPython does); by default the short path."""
+    where = place or short_place
+    verb = "is" if live else "was"
     parts = []
-    for rank, where in sorted(picture.items()):
-        if where.frames:
-            parts.append(f"rank {rank} {verb} " + " <- ".join(where.frames))
-        elif where.note and live:
-            parts.append(f"rank {rank}: {where.note}")
+    for rank, stack in sorted(picture.items()):
+        frames = list(stack.frames)
+        if frames and frames[0].inside_nbtrain:  # waiting in the nbtrain call the user made
+            line = f"rank {rank} {verb} waiting in {frames[0].name}()"
+            if len(frames) > 1:
+                line += ", called from " + _chain(frames[1:], where)
+            parts.append(line)
+        elif frames:
+            parts.append(f"rank {rank} {verb} in " + _chain(frames, where))
+        elif stack.note and live:
+            parts.append(f"rank {rank}: {stack.note}")
     waiting = waited_for(picture)
     if waiting is not None:
         parts.append(waiting[1])
@@ -174,6 +222,23 @@ def _ranks(ranks: list[int]) -> str:
     return "ranks " + ", ".join(map(str, ranks))
 
 
+def short_place(file: str, line: int) -> str:
+    return f"{_short(file)}:{line}"
+
+
+def _chain(frames: list[Frame], place: Callable[[str, int], str]) -> str:
+    named = [_named(frame, place) for frame in frames]
+    if len(named) > MAX_FRAMES:  # keep the innermost ones and the user's function
+        named = [*named[: MAX_FRAMES - 2], "...", named[-1]]
+    return " <- ".join(named)
+
+
+def _named(frame: Frame, place: Callable[[str, int], str]) -> str:
+    if frame.inside_nbtrain:  # the nbtrain call the user made: its name says enough
+        return f"{frame.name}()"
+    return f"{place(frame.file, frame.line)} in {frame.name}"
+
+
 def _threads(lines: list[str]) -> list[list[str]]:
     blocks: list[list[str]] = []
     for line in lines:
@@ -194,5 +259,18 @@ def _short(path: str) -> str:
     return path[index + len("site-packages/"):] if index >= 0 else path
 
 
+def _library(path: str) -> bool:
+    """An installed package's file or the standard library's, not the user's own code."""
+    path = path.replace("\\", "/")
+    return "-packages/" in path or path.startswith(("<", _STDLIB))
+
+
+def _inside_nbtrain(path: str) -> bool:
+    """A file of this nbtrain, or of nbtrain installed elsewhere (another machine's rank)."""
+    path = path.replace("\\", "/")
+    return path.startswith(_PACKAGE) or "site-packages/nbtrain/" in path
+
+
+_STDLIB = sysconfig.get_paths()["stdlib"].replace("\\", "/") + "/"
 # nbtrain's own folder (this file is nbtrain/shared/stacks.py).
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))).replace("\\", "/") + "/"

@@ -38,6 +38,7 @@ class Result:
     stderr: str = ""
     error: dict | None = None
     displays: list[dict] = field(default_factory=list)
+    execution_count: int | None = None  # the cell's In[n]
 
     @property
     def traceback_text(self) -> str:
@@ -90,6 +91,8 @@ class Kernel:
                     return result
             elif kind == "error":
                 result.error = content
+            elif kind == "execute_input":
+                result.execution_count = content["execution_count"]
             elif kind in ("display_data", "update_display_data", "execute_result"):
                 result.displays.append(content)
             elif kind == "status" and content["execution_state"] == "idle":

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.timeout(300)
 SETUP = """
 import os, sys, signal, time, torch
 import torch.distributed as dist
-from nbtrain import notebook_launcher, WorkerError
+from nbtrain import Accelerator, notebook_launcher, WorkerError
 """
 
 
@@ -195,16 +195,33 @@ def fails():
 notebook_launcher(fails, num_processes=2, progress="off")
 """)
     assert failed.error["ename"] == "WorkerError"
-    assert 'raise ValueError("boom in user code")' in failed.traceback_text
+    text = re.sub(r"\x1b\[[0-9;]*m", "", failed.traceback_text)
+    assert 'raise ValueError("boom in user code")' in text
     assert _nbtrain_frames(failed.traceback_text) == []
+    # The rank's frames are named as the notebook names its cells, under one header naming
+    # the rank (not a second, empty "RemoteTraceback").
+    assert f"Cell In[{failed.execution_count}], line 3, in fails" in text, text
+    assert "ValueError in rank 1" in text
+    assert "RemoteTraceback" not in text and "ipykernel_" not in text
     timed_out = kernel.run("""
 def hangs():
-    time.sleep(600)
-notebook_launcher(hangs, num_processes=2, progress="off", timeout=3)
+    accelerator = Accelerator()
+    if accelerator.is_main_process:
+        time.sleep(600)
+    accelerator.wait_for_everyone()
+notebook_launcher(hangs, num_processes=2, progress="off", timeout=5)
 """)
     assert timed_out.error["ename"] == "TimeoutError"
     assert _nbtrain_frames(timed_out.traceback_text) == []
-    assert "notebook_launcher(hangs" in re.sub(r"\x1b\[[0-9;]*m", "", timed_out.traceback_text)
+    text = re.sub(r"\x1b\[[0-9;]*m", "", timed_out.traceback_text)
+    assert "notebook_launcher(hangs" in text
+    # Where each rank was: the user's lines, and the nbtrain call waited in (not its insides).
+    cell = f"Cell In[{timed_out.execution_count}]"
+    assert f"rank 0 was in {cell}, line 4 in hangs" in text
+    assert (
+        f"rank 1 was waiting in wait_for_everyone(), called from {cell}, line 5 in hangs" in text
+    )
+    assert "nbtrain/" not in text and "ipykernel_" not in text
 
 
 def test_an_interrupt_shows_the_cell_line_and_one_line_saying_every_rank_stopped(kernel):

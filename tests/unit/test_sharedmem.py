@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import array
 import glob
 import os
 import pickle
 import secrets
+import threading
 
 import numpy as np
 import pytest
@@ -181,3 +183,33 @@ def test_too_large_names_a_variable_the_function_captured(monkeypatch):
 
     with pytest.raises(PayloadError, match=r"function \(closure variable 'table'\) \(numpy"):
         prepare_call(train, (), {}, StartMethod.SPAWN)
+
+
+
+def test_the_fork_check_does_not_stream_big_data(monkeypatch):
+    """Under fork the call is only checked to be picklable (the ranks read the kernel's own
+    objects): the check must not read the bytes of the big data the function reads, counted as
+    the bytes pickled into the check's sink. (A big bytes or bytearray reaches the sink as the
+    object itself, unread: not counted here.)"""
+    big = 64 * MiB
+    tensor = torch.ones(big // 4)
+    storage = torch.ones(big // 4).untyped_storage()  # torch pickles a storage's every byte
+    floats = array.array("f", bytes(big))  # array.array pickles by tobytes()
+
+    def reads_big_data():  # (a closure: pickled by value, as a notebook's function is)
+        return len(tensor) + storage.nbytes() + len(floats)
+
+    streamed = []
+    write = sharedmem._Discard.write
+
+    def counting(self, data):
+        streamed.append(len(memoryview(data)))
+        return write(self, data)
+
+    monkeypatch.setattr(sharedmem._Discard, "write", counting)
+    sharedmem.check_picklable((reads_big_data, (), {}))
+    assert sum(streamed) < MiB, f"the check pickled {sum(streamed)} bytes"
+    # ... and it still refuses what cannot travel, next to the big data
+    lock = threading.Lock()
+    with pytest.raises(PayloadError, match="lock"):
+        prepare_call(lambda: (reads_big_data(), lock), (), {}, StartMethod.FORK)

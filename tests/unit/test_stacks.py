@@ -1,6 +1,10 @@
 """Reading a rank's faulthandler dump: the user's innermost frames, nothing of nbtrain's."""
 
+import os
+
+import nbtrain
 from nbtrain.shared.stacks import (
+    Frame,
     RankStack,
     describe,
     is_dump_line,
@@ -8,6 +12,13 @@ from nbtrain.shared.stacks import (
     user_frames,
     waited_for,
 )
+
+NBTRAIN = os.path.dirname(nbtrain.__file__)
+
+
+def frame_texts(dump: list[str]) -> list[str]:
+    picture = {0: RankStack(tuple(user_frames(dump)))}
+    return describe(picture).removeprefix("rank 0 was in ").split(" <- ")
 
 DUMP = """\
 Thread 0x00007f0000000001 (most recent call first):
@@ -23,7 +34,7 @@ Current thread 0x00007f0000000002 (most recent call first):
 
 
 def test_frames_of_the_thread_running_the_function_innermost_first():
-    assert user_frames(DUMP) == [
+    assert frame_texts(DUMP) == [
         "torch/distributed/distributed_c10d.py:5356 in barrier",
         "/tmp/ipykernel_1/123.py:7 in train",
     ]
@@ -37,7 +48,10 @@ def test_no_user_frames_when_the_rank_was_outside_the_function():
 
 
 def test_describe_names_each_rank():
-    text = describe({1: RankStack(("a.py:3 in f",)), 0: RankStack(("b.py:9 in g", "c.py:1 in h"))})
+    text = describe({
+        1: RankStack((Frame("a.py", 3, "f"),)),
+        0: RankStack((Frame("b.py", 9, "g"), Frame("c.py", 1, "h"))),
+    })
     assert text.splitlines() == [
         "rank 0 was in b.py:9 in g <- c.py:1 in h",
         "rank 1 was in a.py:3 in f",
@@ -62,12 +76,15 @@ def test_the_collective_a_rank_is_in_comes_from_its_frames():
     assert rank_stack(not_in_one).collective is None
 
 
+REDUCE = Frame("torch/distributed/distributed_c10d.py", 1, "all_reduce")
+
+
 def test_the_picture_names_the_rank_the_others_wait_for():
     picture = {
-        0: RankStack(("torch/distributed/distributed_c10d.py:1 in all_reduce", "c.py:4 in f"),
+        0: RankStack((REDUCE, Frame("c.py", 4, "f")),
                      "all_reduce"),
-        1: RankStack(("time.py:1 in sleep", "c.py:2 in f")),
-        2: RankStack(("torch/distributed/distributed_c10d.py:1 in all_reduce", "c.py:4 in f"),
+        1: RankStack((Frame("time.py", 1, "sleep"), Frame("c.py", 2, "f"))),
+        2: RankStack((REDUCE, Frame("c.py", 4, "f")),
                      "all_reduce"),
         3: RankStack(note="exited"),
     }
@@ -83,18 +100,56 @@ def test_the_picture_names_the_rank_the_others_wait_for():
 
 
 def test_a_mismatched_collective_is_said():
-    picture = {0: RankStack(("x",), "all_reduce"), 1: RankStack(("y",), "barrier"),
-               2: RankStack(("z",), "all_reduce")}
+    at = (Frame("x", 1, "f"),)
+    picture = {0: RankStack(at, "all_reduce"), 1: RankStack(at, "barrier"),
+               2: RankStack(at, "all_reduce")}
     assert waited_for(picture) == ([1], "ranks 0, 2 wait in all_reduce; rank 1 has not entered "
                                    "it (rank 1 is in barrier instead: a mismatched collective?): "
                                    "the others wait for rank 1.")
-    assert waited_for({0: RankStack(("x",)), 1: RankStack(("y",))}) is None
+    assert waited_for({0: RankStack(at), 1: RankStack(at)}) is None
 
 
 def test_dump_lines_are_told_from_the_ranks_own_stderr():
     assert all(is_dump_line(line) for line in DUMP)
     assert not is_dump_line("loss 0.3")
     assert not is_dump_line('  File "a.py", line 3, in f')  # a traceback's frame, not a dump's
+
+
+def test_a_rank_waiting_in_nbtrain_names_the_call_not_nbtrains_internals():
+    dump = [
+        "Current thread 0x00007f0000000002 (most recent call first):",
+        '  File "/v/lib/python3.12/site-packages/torch/distributed/c10d.py", line 9 in barrier',
+        f'  File "{NBTRAIN}/accelerator/backends.py", line 88 in wait',
+        f'  File "{NBTRAIN}/accelerator/collectives.py", line 143 in _wait',
+        f'  File "{NBTRAIN}/accelerator/front_processes.py", line 80 in wait_for_everyone',
+        '  File "/tmp/ipykernel_1/5.py", line 5 in train',
+        '  File "/tmp/ipykernel_1/6.py", line 2 in main',
+        f'  File "{NBTRAIN}/rank/worker.py", line 83 in call_and_report',
+    ]
+    cells = {"/tmp/ipykernel_1/5.py": "Cell In[5]", "/tmp/ipykernel_1/6.py": "Cell In[6]"}
+
+    def place(file: str, line: int) -> str:
+        return f"{cells[file]}, line {line}"
+
+    assert describe({1: rank_stack(dump)}, place) == (
+        "rank 1 was waiting in wait_for_everyone(), called from Cell In[5], line 5 in train "
+        "<- Cell In[6], line 2 in main"
+    )
+
+
+def test_the_users_code_that_nbtrain_called_back_is_kept():
+    # A dataset's __getitem__ stuck under nbtrain's loader: the user's frame is the innermost.
+    dump = [
+        "Current thread 0x00007f0000000002 (most recent call first):",
+        '  File "/work/data.py", line 12 in __getitem__',
+        '  File "/v/lib/python3.12/site-packages/torch/utils/data/fetch.py", line 5 in fetch',
+        f'  File "{NBTRAIN}/accelerator/loaders.py", line 40 in __iter__',
+        '  File "/work/train.py", line 7 in train',
+        f'  File "{NBTRAIN}/rank/worker.py", line 83 in call_and_report',
+    ]
+    assert describe({0: rank_stack(dump)}) == (
+        "rank 0 was in /work/data.py:12 in __getitem__ <- __iter__() <- /work/train.py:7 in train"
+    )
 
 
 def test_deep_stacks_keep_the_innermost_frames_and_the_users_function():
@@ -104,7 +159,7 @@ def test_deep_stacks_keep_the_innermost_frames_and_the_users_function():
         '  File "/tmp/ipykernel_1/9.py", line 3 in train',
         '  File "/v/site-packages/nbtrain/rank/worker.py", line 83 in call_and_report',
     ]
-    frames = user_frames(deep)
+    frames = frame_texts(deep)
     assert frames[:4] == [f"torch/m.py:{n} in f{n}" for n in range(4)]
     assert frames[4:] == ["...", "/tmp/ipykernel_1/9.py:3 in train"]
 
@@ -122,7 +177,7 @@ def test_a_script_run_by_nbtrain_launch_ends_at_the_scripts_own_frame():
         '  File "/v/site-packages/nbtrain/rank/script.py", line 14 in run_script',
         '  File "/v/site-packages/nbtrain/rank/worker.py", line 83 in call_and_report',
     ]
-    frames = user_frames(dump)
+    frames = frame_texts(dump)
     assert frames[-1] == "/work/hang.py:6 in <module>"
     assert frames[-2] == "..."
     assert not any("runpy" in frame or "script.py" in frame for frame in frames)

@@ -127,7 +127,7 @@ notebook_launcher(broken, progress="text")
     assert "rank 0" in out.error["evalue"] and "bad batch on xla:0" in out.error["evalue"]
     # The ordinal's own traceback is shown in the cell, down to the user's function (under the
     # forkserver the host has no copy of the cell's source, so frames show without lines).
-    assert "RemoteTraceback" in out.traceback_text and "broken" in out.traceback_text
+    assert "ValueError in rank 0" in out.traceback_text and "broken" in out.traceback_text
     assert hosts(kernel) == []
 
 

@@ -37,6 +37,7 @@ from torch.distributed.elastic.agent.server.api import (
     WorkerState,
 )
 
+from nbtrain.kernel import tracebacks
 from nbtrain.kernel.config import LaunchConfig
 from nbtrain.kernel.elastic.endings import (
     AttemptEnded,
@@ -65,7 +66,7 @@ from nbtrain.kernel.payload import PreparedCall, released
 from nbtrain.kernel.rendezvous import LocalRendezvous
 from nbtrain.kernel.run import Run
 from nbtrain.rank import rank_entry
-from nbtrain.shared.errors import LaunchError, RemoteTraceback, WorkerError
+from nbtrain.shared.errors import LaunchError, WorkerError
 from nbtrain.shared.events import Event, Failed
 from nbtrain.shared.specs import RankSpec
 
@@ -418,7 +419,7 @@ class NodeAgent(SimpleElasticAgent):
         local = news.node == self.config.node_rank and self.outcome.root_cause() == news.rank
         error = self._local_error() if local else news.error(others=self._local_failures())
         self._end(self.lifecycle.state.failed_summary(error), Verdict.FAILED)
-        cause = RemoteTraceback(error.remote_traceback) if error.remote_traceback else None
+        cause = tracebacks.rank_cause(error)
         raise AttemptEnded(error, cause)
 
     def _failed(self) -> bool:
