@@ -56,6 +56,18 @@ def __getattr__(name: str) -> Any:
     return getattr(import_module(module), name)
 
 
+def _warm_up() -> None:
+    """In a kernel (or IPython), what the first launch needs is made ready in the background
+    from now on (nbtrain/kernel/warmup.py); scripts and ranks start nothing."""
+    from nbtrain.shared.frontend import Frontend, frontend
+
+    if frontend() is not Frontend.PLAIN:
+        import_module("nbtrain.kernel.warmup").start()
+
+
+_warm_up()
+
+
 def load_ipython_extension(shell: Any) -> None:
     """``%load_ext nbtrain``: registers the ``%%ranks`` cell magic (warm ranks)."""
     import_module("nbtrain.kernel.magics").load_ipython_extension(shell)

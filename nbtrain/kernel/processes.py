@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import torch.multiprocessing as torch_mp
 
-from nbtrain.kernel import shm, signal_hold
+from nbtrain.kernel import shm, signal_hold, warmup
 from nbtrain.shared.options import StartMethod
 
 _SIGKILL = getattr(signal, "SIGKILL", signal.SIGTERM)
@@ -29,8 +29,10 @@ _SIGKILL = getattr(signal, "SIGKILL", signal.SIGTERM)
 # Imported once by the launching process (fork) or the forkserver, so that ranks start with them
 # loaded. torch._dynamo is imported by the first optimizer or DDP a rank creates and costs seconds
 # per rank per launch otherwise; it starts no threads, so forking after it is safe.
-WARM_IMPORTS = ["torch", "torch.distributed", "torch._dynamo", "cloudpickle"]
-FORKSERVER_PRELOAD = [*WARM_IMPORTS, "nbtrain.rank.worker"]
+# (encodings.idna: every rank's first getaddrinfo of a host name imports it)
+WARM_IMPORTS = ["torch", "torch.distributed", "torch._dynamo", "cloudpickle", "encodings.idna"]
+# The rank side's entries: a launch's rank and a warm rank (no rank imports them on its own).
+FORKSERVER_PRELOAD = [*WARM_IMPORTS, "nbtrain.rank.worker", "nbtrain.rank.session"]
 
 
 @dataclass
@@ -128,11 +130,25 @@ class RankProcess:
 
 
 def context(method: StartMethod) -> Any:
+    # Every start comes through here: never fork while the warm-up thread imports (warmup.py).
+    warmup.wait()
     ctx = torch_mp.get_context(method.value)
     if method is StartMethod.FORKSERVER:
         # Takes effect when the forkserver first starts (then later launches reuse it warm).
         ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
     return ctx
+
+
+def start_forkserver() -> None:
+    """Start the forkserver with its preload now, unless it runs: the first forkserver launch
+    (and warm ranks) then find it warm (warmup.py). Its environment is the kernel's at this
+    moment: each rank adopts the kernel's at its launch (rankenv.adopt_environment), and
+    multiprocessing hands it the working directory and sys.path of that moment too."""
+    from multiprocessing import forkserver
+
+    torch_mp.get_context("forkserver").set_forkserver_preload(FORKSERVER_PRELOAD)
+    with _main_module_not_inherited(StartMethod.FORKSERVER):
+        forkserver.ensure_running()
 
 
 def start_ranks(

@@ -1,0 +1,75 @@
+"""Ranks that start fast: what the first launch needs, made ready in the background as soon as
+nbtrain is imported in an interactive kernel (benchmarks/startup.py measures it).
+
+Without it, the first launch in a fresh kernel pays in its own cell for what every later one
+finds done: importing torch._dynamo (any optimizer imports it; a fork launch imports it once in
+the kernel so that ranks inherit it) and nbtrain's rank and kernel sides, and, for warm ranks
+and forkserver launches, starting the forkserver: a fresh Python importing torch. One daemon
+thread does it all once, while the person writes the next cell; the forkserver's imports run in
+its own process (on another core), the kernel's in this thread.
+
+Safety:
+
+- a fork while this thread imports would give the child a module half imported, whose lock
+  nobody in the child will ever release: every launch calls ``wait()`` before it starts a
+  process (processes.context), so no rank is forked mid-import;
+- whatever fails here is dropped: the launch then does the same work itself, as it always did;
+- nothing outlives the kernel: the forkserver ends when the kernel's end of its pipe closes
+  (it exits with the kernel), and the thread is a daemon.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import threading
+
+# What a first launch imports into the kernel beyond what the rank inherits (processes.py
+# imports the rank's own modules): the launch paths, the warm-rank session and the views.
+KERNEL_IMPORTS = [
+    "multiprocessing.popen_fork",
+    "multiprocessing.popen_forkserver",
+    "nbtrain.kernel.launcher",
+    "nbtrain.kernel.session",
+    "nbtrain.kernel.magics",
+    "nbtrain.display.text",
+    "nbtrain.display.widgets",
+]
+
+_thread: threading.Thread | None = None
+_lock = threading.Lock()
+
+
+def start() -> None:
+    """Begin the warm-up in the background (once per process; later calls do nothing)."""
+    global _thread
+    with _lock:
+        if _thread is not None:
+            return
+        _thread = threading.Thread(target=_warm, name="nbtrain-warmup", daemon=True)
+        _thread.start()
+
+
+def wait() -> None:
+    """Return once the warm-up (if one was started) is over: before any process is started."""
+    thread = _thread
+    if thread is not None and thread is not threading.current_thread():
+        thread.join()
+
+
+def running() -> bool:
+    thread = _thread
+    return thread is not None and thread.is_alive()
+
+
+def _warm() -> None:
+    from nbtrain.kernel import environment, processes
+
+    if "forkserver" in environment.available_start_methods():
+        with contextlib.suppress(Exception):
+            processes.start_forkserver()  # its preload runs in its own process meanwhile
+    for module in [*processes.FORKSERVER_PRELOAD, *KERNEL_IMPORTS]:
+        try:
+            importlib.import_module(module)
+        except Exception:  # (ipywidgets missing, ...): the launch imports what it needs itself
+            continue
