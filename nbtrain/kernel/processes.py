@@ -139,6 +139,21 @@ def context(method: StartMethod) -> Any:
     return ctx
 
 
+_forkserver_served = False  # a rank was started from this process's forkserver: it is warm
+
+
+def starting_phase(method: StartMethod) -> str:
+    """What starting ranks by ``method`` will spend its seconds on, said before it blocks
+    (the view cannot redraw while the kernel waits for a fork or for the forkserver); '' when
+    that is only a fork of a kernel that has imported everything already."""
+    if method is StartMethod.SPAWN:
+        return "starting Python"
+    if method is StartMethod.FORKSERVER:
+        return "" if _forkserver_served else "starting Python, importing torch (forkserver)"
+    cold = warmup.running() or any(name not in sys.modules for name in FORKSERVER_PRELOAD)
+    return "importing torch in the kernel (first launch only)" if cold else ""
+
+
 def start_forkserver() -> None:
     """Start the forkserver with its preload now, unless it runs: the first forkserver launch
     (and warm ranks) then find it warm (warmup.py). Its environment is the kernel's at this
@@ -187,6 +202,7 @@ def start_ranks(
                     process.start()
                 _claim_group(process, method)
                 started.append(RankProcess(rank, process, pipes))
+        _note_served(method)
     except BaseException:
         stop(started, grace=0.0)
         for pipes in all_pipes.values():
@@ -199,6 +215,12 @@ def start_ranks(
         for fd in rank_process.pipes.reader_fds():
             os.set_blocking(fd, False)
     return started
+
+
+def _note_served(method: StartMethod) -> None:
+    global _forkserver_served
+    if method is StartMethod.FORKSERVER:
+        _forkserver_served = True
 
 
 @contextlib.contextmanager

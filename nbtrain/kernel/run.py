@@ -48,7 +48,7 @@ from nbtrain.kernel.outcome import Outcome
 from nbtrain.kernel.supervisor import Supervisor
 from nbtrain.shared import checkpoints, stacks
 from nbtrain.shared.errors import RemoteTraceback, ResultError, WorkerError
-from nbtrain.shared.events import Display, Event, Stopped
+from nbtrain.shared.events import Display, Event, Status, Stopped
 
 REFRESH = 0.1  # seconds between redraws of the view (about 10 per second)
 
@@ -121,6 +121,14 @@ class Run:
         with contextlib.suppress(Exception):
             self.view.note(text)
         self.tick()
+
+    def starting(self, phase: str) -> None:
+        """Every rank is in this start-up ``phase`` ('starting Python'), said by the kernel
+        before the ranks can say anything themselves; drawn at once, as the kernel may block
+        while it lasts (rank/__init__.py says the next phase from inside the rank)."""
+        for rank in self.ranks:
+            self.emit(Status(rank, phase))
+        self.redraw()
 
     def start_clock(self) -> None:
         """``timeout=`` counts from the first start of ranks (not from rendezvous waits)."""
