@@ -63,12 +63,12 @@ def running() -> bool:
 
 
 def _warm() -> None:
-    from nbtrain.kernel import environment, processes
+    from nbtrain.kernel import environment, forkserver
 
     if "forkserver" in environment.available_start_methods():
         with contextlib.suppress(Exception):
-            processes.start_forkserver()  # its preload runs in its own process meanwhile
-    for module in [*processes.FORKSERVER_PRELOAD, *KERNEL_IMPORTS]:
+            forkserver.start()  # its preload runs in its own process meanwhile
+    for module in [*forkserver.PRELOAD, *KERNEL_IMPORTS]:
         try:
             importlib.import_module(module)
         except Exception:  # (ipywidgets missing, ...): the launch imports what it needs itself

@@ -8,14 +8,14 @@ import sys
 
 import pytest
 
-from nbtrain.kernel import processes, warmup
+from nbtrain.kernel import forkserver, warmup
 
 
 def test_a_failing_warm_up_is_dropped_and_leaves_the_launch_its_work(monkeypatch):
     def broken() -> None:
         raise OSError("no forkserver here")
 
-    monkeypatch.setattr(processes, "start_forkserver", broken)
+    monkeypatch.setattr(forkserver, "start", broken)
     monkeypatch.setattr(warmup, "KERNEL_IMPORTS", ["nbtrain.no_such_module", "json"])
     warmup._warm()  # raises nothing: the launch starts the forkserver and imports itself
 
