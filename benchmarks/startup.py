@@ -5,8 +5,10 @@ imported, the 2-rank function defined, the library imported), waits ``--pause`` 
 person writing the next cell; the same for every case), then times the cells a person waits
 for, from ``execute`` to the kernel's idle (the client's clock):
 
-- nbtrain ``notebook_launcher`` (auto start: fork on CPU): the first launch, then a relaunch;
-- the same first launch in the cell right after the import (no pause);
+- nbtrain ``notebook_launcher`` (auto start: fork on CPU): the first launch, then a relaunch
+  (nbtrain's pause lasts at least until its background warm-up is over: how long that took
+  is reported);
+- the same first launch in the cell right after the import (no pause: the worst case);
 - Accelerate's ``notebook_launcher``: first launch, relaunch;
 - raw ``torch.multiprocessing.start_processes`` with fork, then with spawn;
 - ``nbtrain.start_ranks(2)`` plus a first ``%%ranks`` cell;
@@ -17,7 +19,10 @@ shared machine hits all alike). Then where nbtrain's seconds go, from fresh proc
 Python, importing torch (and torch._dynamo, which any optimizer imports), forming the process
 group inside the ranks, and the rest of a launch (the channel, the view, the kernel's side).
 
-    python benchmarks/startup.py [--rounds 3] [--pause 5]
+    python benchmarks/startup.py [--rounds 3] [--pause 5] [--before DIR]
+
+``--before DIR``: nbtrain's cases also run from an older nbtrain in DIR (e.g.
+``git archive <commit> nbtrain | tar -x -C DIR``), in the same rounds.
 """
 
 from __future__ import annotations
@@ -55,7 +60,19 @@ def trivial():
     return formed
 """
 
-NBTRAIN_IMPORT = "import nbtrain"
+NBTRAIN_IMPORT = "import nbtrain\n_imported = time.perf_counter()"
+# Untimed: the pause lasts at least until nbtrain's background warm-up is over (how long that
+# took after the import is reported); an older nbtrain has none.
+WARMED = """
+try:
+    from nbtrain.kernel import warmup
+    warmup.wait()
+    if warmup._thread is not None:
+        warmup._thread.join()
+    print(time.perf_counter() - _imported)
+except ImportError:
+    print(-1)
+"""
 NBTRAIN_LAUNCH = "_formed = nbtrain.notebook_launcher(trivial, num_processes=2)"
 ACCELERATE_IMPORT = "from accelerate import notebook_launcher"
 ACCELERATE_LAUNCH = "notebook_launcher(trivial, num_processes=2)"
@@ -98,11 +115,21 @@ IPP_STOP = "cluster.stop_cluster_sync()"
 class Fresh:
     """A fresh kernel that ran SETUP and ``imports``, then waited ``pause`` seconds."""
 
-    def __init__(self, imports: str, pause: float) -> None:
+    def __init__(self, imports: str, pause: float, nbtrain_from: str | None = None) -> None:
+        """``nbtrain_from``: the kernel imports nbtrain from that folder (an older checkout)."""
         from kernelutil import Kernel
 
         self._dir = tempfile.TemporaryDirectory()
-        self.kernel = Kernel(Path(self._dir.name))
+        saved = os.environ.get("PYTHONPATH")
+        if nbtrain_from is not None:
+            os.environ["PYTHONPATH"] = nbtrain_from  # the kernel's own; ours is restored below
+        try:
+            self.kernel = Kernel(Path(self._dir.name))
+        finally:
+            if saved is None:
+                os.environ.pop("PYTHONPATH", None)
+            else:
+                os.environ["PYTHONPATH"] = saved
         self.run(SETUP + "\n" + imports)
         time.sleep(pause)
 
@@ -110,6 +137,11 @@ class Fresh:
         out = self.kernel.run(code, timeout=300)
         if out.error is not None:
             raise RuntimeError(f"{code!r} failed:\n{out.traceback_text}")
+
+    def warmed(self) -> float:
+        """Wait for nbtrain's background warm-up; seconds it took after the import (-1: none)."""
+        out = self.kernel.run(WARMED, timeout=300)
+        return max(0.0, float(out.stdout.split()[-1]))
 
     def time(self, code: str) -> float:
         return cell_round_trip(self.kernel.client, code, timeout=300)
@@ -122,14 +154,19 @@ class Fresh:
 Samples = dict[str, list[float]]
 
 
+BEFORE: str | None = None  # --before: an older checkout's folder, measured beside this one
+
+
 def launches(samples: Samples, pause: float, which: str) -> None:
     """A fresh kernel's first launch and a relaunch (nbtrain's or Accelerate's)."""
     imports, launch = (
-        (NBTRAIN_IMPORT, NBTRAIN_LAUNCH) if which == "nbtrain" else
+        (NBTRAIN_IMPORT, NBTRAIN_LAUNCH) if which.startswith("nbtrain") else
         (ACCELERATE_IMPORT, ACCELERATE_LAUNCH)
     )
-    fresh = Fresh(imports, pause)
+    fresh = Fresh(imports, pause, BEFORE if which.endswith("(before)") else None)
     try:
+        if which == "nbtrain":
+            samples["nbtrain warm-up, in the background after import"].append(fresh.warmed())
         samples[f"{which} first launch"].append(fresh.time(launch))
         if which == "nbtrain":  # the part of it spent in rank 0 forming the group
             formed = fresh.kernel.value("_formed")
@@ -157,11 +194,14 @@ def raw(samples: Samples, pause: float) -> None:
         fresh.close()
 
 
-def warm_ranks(samples: Samples, pause: float) -> None:
-    fresh = Fresh(NBTRAIN_IMPORT, pause)
+def warm_ranks(samples: Samples, pause: float, before: bool = False) -> None:
+    fresh = Fresh(NBTRAIN_IMPORT, pause, BEFORE if before else None)
     try:
+        fresh.warmed()
         started = fresh.time(RANKS_START)
-        samples["nbtrain start_ranks(2) + first cell"].append(started + fresh.time(RANKS_CELL))
+        name = "nbtrain (before) start_ranks(2) + first cell" if before else (
+            "nbtrain start_ranks(2) + first cell")
+        samples[name].append(started + fresh.time(RANKS_CELL))
         fresh.run(RANKS_STOP)
     finally:
         fresh.close()
@@ -180,6 +220,8 @@ def ipyparallel(samples: Samples, pause: float) -> None:
 CASES: dict[str, Callable[[Samples, float], None]] = {
     "nbtrain": lambda s, p: launches(s, p, "nbtrain"),
     "nbtrain at once": nbtrain_at_once,
+    "nbtrain before": lambda s, p: launches(s, p, "nbtrain (before)"),
+    "start_ranks before": lambda s, p: warm_ranks(s, p, before=True),
     "accelerate": lambda s, p: launches(s, p, "accelerate"),
     "raw": raw,
     "start_ranks": warm_ranks,
@@ -227,17 +269,34 @@ def main() -> None:
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated subset")
     parser.add_argument("--split-repeats", type=int, default=3)
     parser.add_argument("--json", type=Path, help="also write the samples here")
+    parser.add_argument("--before", help="a folder holding an older nbtrain/ (e.g. from git "
+                        "archive): its first launch and start_ranks are measured too")
     args = parser.parse_args()
+    global BEFORE
+    BEFORE = args.before
     chosen = [name for name in args.cases.split(",") if name]
+    if not BEFORE:
+        chosen = [name for name in chosen if not name.endswith(" before")]
     samples: Samples = {}
     for name in chosen:
         if name not in CASES:
             parser.error(f"--cases: unknown case {name!r}; choose from {', '.join(CASES)}")
-    for key in ("nbtrain first launch", "nbtrain first launch: forming the group (in rank 0)",
-                "nbtrain relaunch", "nbtrain first launch, next cell at "
-                "once", "accelerate first launch", "accelerate relaunch", "raw torch fork, first",
-                "raw torch spawn, first", "nbtrain start_ranks(2) + first cell",
-                "ipyparallel Cluster(n=2) + first execute"):
+    for key in (
+        "nbtrain warm-up, in the background after import",
+        "nbtrain first launch",
+        "nbtrain first launch: forming the group (in rank 0)",
+        "nbtrain relaunch",
+        "nbtrain first launch, next cell at once",
+        "nbtrain (before) first launch",
+        "nbtrain (before) relaunch",
+        "accelerate first launch",
+        "accelerate relaunch",
+        "raw torch fork, first",
+        "raw torch spawn, first",
+        "nbtrain start_ranks(2) + first cell",
+        "nbtrain (before) start_ranks(2) + first cell",
+        "ipyparallel Cluster(n=2) + first execute",
+    ):
         samples[key] = []
     began = time.monotonic()
     for round_ in range(args.rounds):

@@ -18,18 +18,46 @@ WARM_IMPORTS = ["torch", "torch.distributed", "torch._dynamo", "cloudpickle", "e
 PRELOAD = [*WARM_IMPORTS, "nbtrain.rank.worker", "nbtrain.rank.session"]
 
 
-def start() -> None:
+_warm = False  # the server has imported its preload (it served a process)
+
+
+def warm() -> bool:
+    return _warm
+
+
+def served() -> None:
+    """A process was started from the forkserver: it has imported its preload."""
+    global _warm
+    _warm = True
+
+
+def start(*, ready: bool = False) -> None:
     """Start the forkserver with its preload now, unless it runs: the first forkserver launch
     (and warm ranks) then find it warm (warmup.py). Its environment is the kernel's at this
     moment: each rank adopts the kernel's at its launch (rankenv.adopt_environment), and
-    multiprocessing hands it the working directory and sys.path of that moment too."""
+    multiprocessing hands it the working directory and sys.path of that moment too.
+
+    ``ready``: return only once the server has imported its preload (it forks a process that
+    does nothing, once: the server answers only after its imports)."""
     import multiprocessing.forkserver
 
     import torch.multiprocessing as torch_mp
 
-    torch_mp.get_context("forkserver").set_forkserver_preload(PRELOAD)
+    context = torch_mp.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
     with main_module_not_inherited(StartMethod.FORKSERVER):
         multiprocessing.forkserver.ensure_running()
+        if ready:
+            probe = context.Process(target=_nothing, name="nbtrain-forkserver-probe")
+            probe.start()
+    if ready:
+        probe.join()
+        probe.close()
+        served()
+
+
+def _nothing() -> None:
+    pass
 
 
 @contextlib.contextmanager

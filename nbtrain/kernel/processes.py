@@ -121,16 +121,15 @@ class RankProcess:
 
 
 def context(method: StartMethod) -> Any:
-    # Every start comes through here: never fork while the warm-up thread imports (warmup.py).
-    warmup.wait()
+    if method is StartMethod.FORK:
+        # Never fork while the warm-up thread imports (warmup.py). The other methods start
+        # a fresh Python (exec, or from the forkserver): the kernel is not copied.
+        warmup.wait()
     ctx = torch_mp.get_context(method.value)
     if method is StartMethod.FORKSERVER:
         # Takes effect when the forkserver first starts (then later launches reuse it warm).
         ctx.set_forkserver_preload(forkserver.PRELOAD)
     return ctx
-
-
-_forkserver_served = False  # a rank was started from this process's forkserver: it is warm
 
 
 def starting_phase(method: StartMethod) -> str:
@@ -140,7 +139,7 @@ def starting_phase(method: StartMethod) -> str:
     if method is StartMethod.SPAWN:
         return "starting Python"
     if method is StartMethod.FORKSERVER:
-        return "" if _forkserver_served else "starting Python, importing torch (forkserver)"
+        return "" if forkserver.warm() else "starting Python, importing torch (forkserver)"
     cold = warmup.running() or any(name not in sys.modules for name in forkserver.PRELOAD)
     return "importing torch in the kernel (first launch only)" if cold else ""
 
@@ -197,9 +196,8 @@ def start_ranks(
 
 
 def _note_served(method: StartMethod) -> None:
-    global _forkserver_served
     if method is StartMethod.FORKSERVER:
-        _forkserver_served = True
+        forkserver.served()
 
 
 def _foreign_fds(all_pipes: dict[int, RankPipes], own: int) -> tuple[int, ...]:

@@ -11,8 +11,11 @@ its own process (on another core), the kernel's in this thread.
 Safety:
 
 - a fork while this thread imports would give the child a module half imported, whose lock
-  nobody in the child will ever release: every launch calls ``wait()`` before it starts a
-  process (processes.context), so no rank is forked mid-import;
+  nobody in the child will ever release: a fork launch calls ``wait()`` before it forks
+  (processes.context), so no rank is forked mid-import (forkserver and spawn ranks are fresh
+  processes: they need not wait);
+- a fork launch in the very next cell waits for no more than the imports it would have done
+  itself: the kernel's come first, and the forkserver starts only after them;
 - whatever fails here is dropped: the launch then does the same work itself, as it always did;
 - nothing outlives the kernel: the forkserver ends when the kernel's end of its pipe closes
   (it exits with the kernel), and the thread is a daemon.
@@ -38,6 +41,7 @@ KERNEL_IMPORTS = [
 
 _thread: threading.Thread | None = None
 _lock = threading.Lock()
+_imported = threading.Event()  # the kernel's imports are done (what a fork waits for)
 
 
 def start() -> None:
@@ -51,25 +55,30 @@ def start() -> None:
 
 
 def wait() -> None:
-    """Return once the warm-up (if one was started) is over: before any process is started."""
-    thread = _thread
-    if thread is not None and thread is not threading.current_thread():
-        thread.join()
+    """Return once the warm-up's imports into the kernel (if one was started) are over: before
+    a fork. (The forkserver it starts afterwards needs no wait: it is another process.)"""
+    if _thread is not None and _thread is not threading.current_thread():
+        _imported.wait()
 
 
 def running() -> bool:
-    thread = _thread
-    return thread is not None and thread.is_alive()
+    """The warm-up is still importing into the kernel."""
+    return _thread is not None and not _imported.is_set()
 
 
 def _warm() -> None:
     from nbtrain.kernel import environment, forkserver
 
+    # The kernel's own imports first: a fork launch (the default on CPU) in the very next
+    # cell waits for them, and must not share the cores with the forkserver's imports then.
+    try:
+        for module in [*forkserver.PRELOAD, *KERNEL_IMPORTS]:
+            try:
+                importlib.import_module(module)
+            except Exception:  # (ipywidgets missing, ...): the launch imports what it needs
+                continue
+    finally:
+        _imported.set()
     if "forkserver" in environment.available_start_methods():
         with contextlib.suppress(Exception):
-            forkserver.start()  # its preload runs in its own process meanwhile
-    for module in [*forkserver.PRELOAD, *KERNEL_IMPORTS]:
-        try:
-            importlib.import_module(module)
-        except Exception:  # (ipywidgets missing, ...): the launch imports what it needs itself
-            continue
+            forkserver.start(ready=True)  # (at once if a launch or start_ranks started it)
