@@ -11,7 +11,7 @@ for, from ``execute`` to the kernel's idle (the client's clock):
 - the same first launch in the cell right after the import (no pause: the worst case);
 - Accelerate's ``notebook_launcher``: first launch, relaunch;
 - raw ``torch.multiprocessing.start_processes`` with fork, then with spawn;
-- ``nbtrain.start_ranks(2)`` plus a first ``%%ranks`` cell;
+- ``nbtrain.start_ranks(2)`` plus a first ``%%ranks`` cell (after the warm-up, and at once);
 - ipyparallel's ``Cluster(n=2).start_and_connect_sync()`` plus a first ``execute``.
 
 The function forms a gloo group of 2 and does one all_reduce. Cases rotate per round (drift on a
@@ -194,12 +194,16 @@ def raw(samples: Samples, pause: float) -> None:
         fresh.close()
 
 
-def warm_ranks(samples: Samples, pause: float, before: bool = False) -> None:
-    fresh = Fresh(NBTRAIN_IMPORT, pause, BEFORE if before else None)
+def warm_ranks(
+    samples: Samples, pause: float, before: bool = False, at_once: bool = False
+) -> None:
+    fresh = Fresh(NBTRAIN_IMPORT, 0.0 if at_once else pause, BEFORE if before else None)
     try:
-        fresh.warmed()
+        if not at_once:
+            fresh.warmed()
         started = fresh.time(RANKS_START)
         name = "nbtrain (before) start_ranks(2) + first cell" if before else (
+            "nbtrain start_ranks(2) + first cell, next cell at once" if at_once else
             "nbtrain start_ranks(2) + first cell")
         samples[name].append(started + fresh.time(RANKS_CELL))
         fresh.run(RANKS_STOP)
@@ -222,6 +226,7 @@ CASES: dict[str, Callable[[Samples, float], None]] = {
     "nbtrain at once": nbtrain_at_once,
     "nbtrain before": lambda s, p: launches(s, p, "nbtrain (before)"),
     "start_ranks before": lambda s, p: warm_ranks(s, p, before=True),
+    "start_ranks at once": lambda s, p: warm_ranks(s, p, at_once=True),
     "accelerate": lambda s, p: launches(s, p, "accelerate"),
     "raw": raw,
     "start_ranks": warm_ranks,
@@ -294,6 +299,7 @@ def main() -> None:
         "raw torch fork, first",
         "raw torch spawn, first",
         "nbtrain start_ranks(2) + first cell",
+        "nbtrain start_ranks(2) + first cell, next cell at once",
         "nbtrain (before) start_ranks(2) + first cell",
         "ipyparallel Cluster(n=2) + first execute",
     ):
