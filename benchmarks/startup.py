@@ -252,11 +252,13 @@ def split(repeats: int) -> list[tuple[str, float]]:
     rank_side = process_seconds(
         "import torch, torch.distributed, torch._dynamo, nbtrain.rank.worker", repeats
     )
+    # Cumulative (each a fresh process doing all of the above): differences of medians taken
+    # on a loaded machine can come out negative.
     return [
-        ("starting Python (a fresh interpreter, this venv)", python),
-        ("importing torch + torch.distributed", torch - python),
-        ("importing torch._dynamo (any optimizer imports it)", dynamo - torch),
-        ("importing nbtrain's rank side", rank_side - dynamo),
+        ("a fresh Python (this venv) that does nothing", python),
+        ("... that imports torch + torch.distributed", torch),
+        ("... and torch._dynamo (any optimizer imports it)", dynamo),
+        ("... and nbtrain's rank side (what a forkserver preloads)", rank_side),
     ]
 
 
@@ -331,7 +333,7 @@ def main() -> None:
         print(ratio_line(samples, ranks, ipp, RANKS_VS_IPYPARALLEL))
     if args.split_repeats:
         print("\nWhere a fresh rank's seconds go (fresh processes, median of "
-              f"{args.split_repeats}):\n\n| part | s |\n|---|---|")
+              f"{args.split_repeats}):\n\n| process | s |\n|---|---|")
         for part, seconds in split(args.split_repeats):
             print(f"| {part} | {seconds:.3f} |")
     if args.json:
