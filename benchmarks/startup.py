@@ -66,9 +66,7 @@ NBTRAIN_IMPORT = "import nbtrain\n_imported = time.perf_counter()"
 WARMED = """
 try:
     from nbtrain.kernel import warmup
-    warmup.wait()
-    if warmup._thread is not None:
-        warmup._thread.join()
+    warmup.wait(everything=True)
     print(time.perf_counter() - _imported)
 except ImportError:
     print(-1)

@@ -61,8 +61,17 @@ def _warm_up() -> None:
     from now on (nbtrain/kernel/warmup.py); scripts and ranks start nothing."""
     from nbtrain.shared.frontend import Frontend, frontend
 
-    if frontend() is not Frontend.PLAIN:
+    if frontend() is Frontend.PLAIN:
+        return
+    # Begun once the importing cell has finished: a thread importing torch's modules while
+    # that same cell goes on importing and launching deadlocked the kernel.
+    shell = import_module("IPython").get_ipython()
+
+    def begin(*_: Any) -> None:
+        shell.events.unregister("post_run_cell", begin)
         import_module("nbtrain.kernel.warmup").start()
+
+    shell.events.register("post_run_cell", begin)
 
 
 _warm_up()

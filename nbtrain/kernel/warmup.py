@@ -38,6 +38,7 @@ KERNEL_IMPORTS = [
     "nbtrain.display.text",
     "nbtrain.display.widgets",
 ]
+# (started once the cell that imported nbtrain ended: see nbtrain/__init__.py)
 
 _thread: threading.Thread | None = None
 _lock = threading.Lock()
@@ -54,10 +55,17 @@ def start() -> None:
         _thread.start()
 
 
-def wait() -> None:
+def wait(*, everything: bool = False) -> None:
     """Return once the warm-up's imports into the kernel (if one was started) are over: before
-    a fork. (The forkserver it starts afterwards needs no wait: it is another process.)"""
-    if _thread is not None and _thread is not threading.current_thread():
+    a fork. (The forkserver it starts afterwards needs no wait: it is another process.)
+    ``everything``: also until the forkserver is ready (tests and benchmarks that count the
+    kernel's file descriptors or time what follows)."""
+    thread = _thread
+    if thread is None or thread is threading.current_thread():
+        return
+    if everything:
+        thread.join()
+    else:
         _imported.wait()
 
 

@@ -148,8 +148,9 @@ def test_ranks_end_with_the_kernel_even_on_sigkill(tmp_path):
     try:
         # import nbtrain warms up in the background (kernel/warmup.py): the forkserver starts
         # and the kernel imports what a first launch needs; both end with the kernel.
-        out = kernel.run("import os, sys, nbtrain\nfrom nbtrain.kernel import warmup\n"
-                         "warmup._thread.join()\nprint('torch._dynamo' in sys.modules)")
+        kernel.run("import os, sys, nbtrain")  # (the warm-up begins once this cell ended)
+        out = kernel.run("from nbtrain.kernel import warmup\n"
+                         "warmup.wait(everything=True)\nprint('torch._dynamo' in sys.modules)")
         assert out.stdout.strip() == "True", out
         servers = forkservers(kernel)
         assert len(servers) == 1, "import nbtrain did not start the forkserver"
