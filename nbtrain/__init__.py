@@ -56,6 +56,27 @@ def __getattr__(name: str) -> Any:
     return getattr(import_module(module), name)
 
 
+def _warm_up() -> None:
+    """In a kernel (or IPython), what the first launch needs is made ready in the background
+    from now on (nbtrain/kernel/warmup.py); scripts and ranks start nothing."""
+    from nbtrain.shared.frontend import Frontend, frontend
+
+    if frontend() is Frontend.PLAIN:
+        return
+    # Begun once the importing cell has finished: a thread importing torch's modules while
+    # that same cell goes on importing and launching deadlocked the kernel.
+    shell = import_module("IPython").get_ipython()
+
+    def begin(*_: Any) -> None:
+        shell.events.unregister("post_run_cell", begin)
+        import_module("nbtrain.kernel.warmup").start()
+
+    shell.events.register("post_run_cell", begin)
+
+
+_warm_up()
+
+
 def load_ipython_extension(shell: Any) -> None:
     """``%load_ext nbtrain``: registers the ``%%ranks`` cell magic (warm ranks)."""
     import_module("nbtrain.kernel.magics").load_ipython_extension(shell)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from nbtrain.kernel.monitor import RankStatus, RankView
 from nbtrain.shared.units import MAX_METRICS, format_duration, format_metrics, format_value
 
@@ -13,6 +15,7 @@ __all__ = [
     "format_steps",
     "format_value",
     "has_progress",
+    "phase",
     "run_eta",
 ]
 
@@ -61,12 +64,32 @@ def format_status(view: RankView) -> str:
     if view.status is RankStatus.FAILED and view.failure:
         return f"failed: {view.failure}"
     if view.status in (RankStatus.STARTING, RankStatus.RUNNING) and view.note:
-        status = view.note
+        status = phase(view)
     elif view.status is RankStatus.STOPPED and view.stopped_as:
         status = view.stopped_as
     else:
         status = view.status.value
     return f"{status} · {view.gpu}" if view.gpu else status
+
+
+PHASE_TIMED_AFTER = 1.0  # seconds: a phase that lasts this long says for how long
+
+
+def phase(view: RankView, now: float | None = None) -> str:
+    """What the rank is busy with ('importing torch'), and for how long once that is a while
+    ('importing torch (3s)'): starting ranks and waits say what takes the time."""
+    if not view.note or view.note_at is None:
+        return view.note
+    lasted = (time.time() if now is None else now) - view.note_at
+    if lasted < PHASE_TIMED_AFTER:
+        return view.note
+    return f"{view.note} ({lasted:.0f}s)"
+
+
+def timed_phase(view: RankView) -> bool:
+    """The rank shows a phase whose shown duration moves: its row must be redrawn as time
+    passes, not only when an event changed it."""
+    return bool(view.note) and view.note_at is not None and not view.finished
 
 
 def has_progress(view: RankView) -> bool:

@@ -9,7 +9,7 @@ step/total always stays, and only a line that still does not fit is cut.
 
 from __future__ import annotations
 
-from nbtrain.display.formatting import format_duration, format_metrics
+from nbtrain.display.formatting import format_duration, format_metrics, phase
 from nbtrain.kernel.monitor import RankView
 
 # What each level of detail shows, richest first.
@@ -34,7 +34,7 @@ def status_line(views: list[RankView], width: int) -> str:
 def rank_part(view: RankView, shown: tuple[str, ...] = _LEVELS[0]) -> str:
     parts = [f"r{view.rank}"]
     if view.note:  # what the rank waits for says more than a step count that does not move
-        return f"r{view.rank} {view.note}"
+        return f"r{view.rank} {phase(view)}"
     if "desc" in shown and view.desc:
         parts.append(view.desc)
     if view.total is not None:

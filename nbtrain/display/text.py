@@ -15,7 +15,15 @@ import sys
 import time
 from typing import TextIO
 
-from nbtrain.display.formatting import format_metrics, format_status, format_steps, has_progress
+from nbtrain.display.formatting import (
+    PHASE_TIMED_AFTER,
+    format_metrics,
+    format_status,
+    format_steps,
+    has_progress,
+    phase,
+    timed_phase,
+)
 from nbtrain.display.statusline import status_line
 from nbtrain.kernel.monitor import RankStatus, RankView, RunState
 from nbtrain.shared.options import OutputMode
@@ -44,6 +52,7 @@ class TextView:
         self._reported: dict[int, tuple[float, tuple[object, ...]]] = {}
         self._status = ""  # the live status line now on screen
         self._note = ""
+        self._phases: dict[int, str] = {}  # the phase each rank was last said to be in
 
     @property
     def stdout(self) -> TextIO:
@@ -100,6 +109,7 @@ class TextView:
         now = time.monotonic()
         for rank, view in sorted(state.ranks.items()):
             if not (has_progress(view) or view.metrics or view.finished):
+                self._print_phase(view)
                 continue
             shown = _shown_state(view)
             last_time, last_shown = self._reported.get(rank, (-float("inf"), None))
@@ -110,6 +120,18 @@ class TextView:
                 self.stdout.write(format_rank(view) + "\n")
                 self._reported[rank] = (now, shown)
         self.stdout.flush()
+
+    def _print_phase(self, view: RankView) -> None:
+        """A rank that shows no progress yet says what it is busy with (starting Python,
+        importing torch, forming the process group), once per phase that lasted a while: a
+        quick start prints nothing, a slow one says where the seconds go."""
+        if not timed_phase(view) or self._phases.get(view.rank) == view.note:
+            return
+        assert view.note_at is not None
+        if time.time() - view.note_at < PHASE_TIMED_AFTER:
+            return
+        self._phases[view.rank] = view.note
+        self.stdout.write(f"[rank {view.rank}] {phase(view)}\n")
 
     def _print_finished(self, state: RunState) -> None:
         """Live mode: a rank that ended gets its final line above the status line at once."""

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import ipywidgets as widgets
 
 from nbtrain.display.chart import chart_image, rank_color
-from nbtrain.display.formatting import format_duration
+from nbtrain.display.formatting import format_duration, timed_phase
 from nbtrain.display.rows import (
     BAR_MIN,
     COLUMNS,
@@ -102,7 +102,9 @@ class RankRow:
         return [self.label, self.bar, self.steps, self.metrics, self.status, self.box]
 
     def render(self, view: RankView) -> None:
-        if view.version == self.version:
+        # (a phase's duration moves with the clock: such a row is redrawn at every draw, and
+        # ipywidgets sends only the cells whose text changed)
+        if view.version == self.version and not timed_phase(view):
             return
         self.version = view.version
         cells = row_cells(view)
@@ -181,6 +183,10 @@ class WidgetView:
             for rank, row in self.rows.items():
                 row.render(state.ranks[rank])
             self._draw_summary(state)
+        else:  # nothing new, but a phase's duration moved on
+            for rank, row in self.rows.items():
+                if timed_phase(state.ranks[rank]):
+                    row.render(state.ranks[rank])
         # The ranks' output is the cell's own output (kernel/cellout.py), not the dashboard's.
         now = time.monotonic()
         if state.metrics_version != self._metrics_drawn and (

@@ -45,6 +45,7 @@ def _run_ranks(config: LaunchConfig, call: PreparedCall) -> Any:
         before=lambda: call.commit(run.say, len(ranks)),
         release=rendezvous.close,
         debuggable=True,  # breakpoint() in a rank: a pdb prompt in the cell
+        say=run.starting,
     )
     return run.finish(run.supervise(RankGroup(backend)))
 

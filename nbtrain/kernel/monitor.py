@@ -72,6 +72,7 @@ class RankView:
     host: str = ""
     pid: int | None = None
     note: str = ""  # a free-text phase from a Status event; cleared when the rank moves on
+    note_at: float | None = None  # when that phase began (the view shows how long it lasts)
     step: int = 0  # of the innermost running loop
     total: int | None = None
     desc: str | None = None
@@ -160,6 +161,8 @@ class RunState:
             )
             view.started_at, view.note, view.strategy = event.time, "", ""
         elif isinstance(event, Status):
+            if event.text != view.note:
+                view.note_at = event.time if event.text else None
             view.note = event.text
         elif isinstance(event, Strategy):
             view.strategy = event.name

@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -21,17 +21,10 @@ from typing import Any, Protocol
 
 import torch.multiprocessing as torch_mp
 
-from nbtrain.kernel import shm, signal_hold
+from nbtrain.kernel import forkserver, shm, signal_hold, warmup
 from nbtrain.shared.options import StartMethod
 
 _SIGKILL = getattr(signal, "SIGKILL", signal.SIGTERM)
-
-# Imported once by the launching process (fork) or the forkserver, so that ranks start with them
-# loaded. torch._dynamo is imported by the first optimizer or DDP a rank creates and costs seconds
-# per rank per launch otherwise; it starts no threads, so forking after it is safe.
-WARM_IMPORTS = ["torch", "torch.distributed", "torch._dynamo", "cloudpickle"]
-FORKSERVER_PRELOAD = [*WARM_IMPORTS, "nbtrain.rank.worker"]
-
 
 @dataclass
 class RankPipes:
@@ -128,11 +121,27 @@ class RankProcess:
 
 
 def context(method: StartMethod) -> Any:
+    if method is StartMethod.FORK:
+        # Never fork while the warm-up thread imports (warmup.py). The other methods start
+        # a fresh Python (exec, or from the forkserver): the kernel is not copied.
+        warmup.wait()
     ctx = torch_mp.get_context(method.value)
     if method is StartMethod.FORKSERVER:
         # Takes effect when the forkserver first starts (then later launches reuse it warm).
-        ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
+        ctx.set_forkserver_preload(forkserver.PRELOAD)
     return ctx
+
+
+def starting_phase(method: StartMethod) -> str:
+    """What starting ranks by ``method`` will spend its seconds on, said before it blocks
+    (the view cannot redraw while the kernel waits for a fork or for the forkserver); '' when
+    that is only a fork of a kernel that has imported everything already."""
+    if method is StartMethod.SPAWN:
+        return "starting Python"
+    if method is StartMethod.FORKSERVER:
+        return "" if forkserver.warm() else "starting Python, importing torch (forkserver)"
+    cold = warmup.running() or any(name not in sys.modules for name in forkserver.PRELOAD)
+    return "importing torch in the kernel (first launch only)" if cold else ""
 
 
 def start_ranks(
@@ -150,7 +159,7 @@ def start_ranks(
     if method is StartMethod.FORK:
         # What a rank imports anyway (torch, the rank side) is imported here once, as the
         # forkserver preloads it: the first launch pays, later ranks inherit it.
-        for module in FORKSERVER_PRELOAD:
+        for module in forkserver.PRELOAD:
             importlib.import_module(module)
     all_pipes = {rank: RankPipes.create(ctx) for rank in ranks}
     started: list[RankProcess] = []
@@ -167,10 +176,11 @@ def start_ranks(
                     name=f"nbtrain-rank-{rank}",
                     daemon=False,
                 )
-                with _main_module_not_inherited(method):
+                with forkserver.main_module_not_inherited(method):
                     process.start()
                 _claim_group(process, method)
                 started.append(RankProcess(rank, process, pipes))
+        _note_served(method)
     except BaseException:
         stop(started, grace=0.0)
         for pipes in all_pipes.values():
@@ -185,29 +195,9 @@ def start_ranks(
     return started
 
 
-@contextlib.contextmanager
-def _main_module_not_inherited(method: StartMethod) -> Iterator[None]:
-    """Spawned ranks must not re-run the user's script.
-
-    multiprocessing makes spawn/forkserver children import the parent's ``__main__`` (a script
-    without an ``if __name__ == "__main__"`` guard then launches again, recursively). nbtrain's
-    payload travels by cloudpickle, which carries ``__main__`` functions by value, so the child
-    needs nothing from ``__main__``: hide its path while the child's start data is prepared.
-    """
-    main = sys.modules.get("__main__")
-    if method is StartMethod.FORK or main is None:
-        yield
-        return
-    saved = {
-        name: main.__dict__[name] for name in ("__file__", "__spec__") if name in main.__dict__
-    }
-    for name in saved:
-        setattr(main, name, None) if name == "__spec__" else delattr(main, name)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(main, name, value)
+def _note_served(method: StartMethod) -> None:
+    if method is StartMethod.FORKSERVER:
+        forkserver.served()
 
 
 def _foreign_fds(all_pipes: dict[int, RankPipes], own: int) -> tuple[int, ...]:

@@ -49,7 +49,7 @@ from nbtrain.kernel.outcome import Outcome
 from nbtrain.kernel.supervisor import Supervisor
 from nbtrain.shared import checkpoints, stacks
 from nbtrain.shared.errors import ResultError, WorkerError
-from nbtrain.shared.events import Display, Event, Stopped
+from nbtrain.shared.events import Display, Event, Status, Stopped
 
 REFRESH = 0.1  # seconds between redraws of the view (about 10 per second)
 
@@ -159,6 +159,14 @@ class Run:
 
     def _show_hang(self, picture: dict[int, stacks.RankStack]) -> None:
         self.output.note(where.hang_report(picture, self.hang.after or 0.0))
+
+    def starting(self, phase: str) -> None:
+        """Every rank is in this start-up ``phase`` ('starting Python'), said by the kernel
+        before the ranks can say anything themselves; drawn at once, as the kernel may block
+        while it lasts (rank/__init__.py says the next phase from inside the rank)."""
+        for rank in self.ranks:
+            self.emit(Status(rank, phase))
+        self.redraw()
 
     def start_clock(self) -> None:
         """``timeout=`` counts from the first start of ranks (not from rendezvous waits)."""

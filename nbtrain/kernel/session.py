@@ -445,6 +445,12 @@ class Ranks:
             policy = dataclasses.replace(self.config.stopping, on_interrupt=False, resume_from=None)
         return policy
 
+    def _say(self, phase: str) -> None:
+        """A start-up phase that may take seconds, in the cell (where start_ranks shows no
+        view): 'nbtrain: starting 2 warm ranks: starting Python, importing torch ...'."""
+        if self.config.progress is not ProgressMode.OFF:
+            print(f"nbtrain: starting {len(self.ranks)} warm ranks: {phase}...", flush=True)
+
     def _start_world(self) -> None:
         self._failures.forget()  # new processes: no failure's frames
         if self._stop_options:
@@ -488,6 +494,7 @@ class Ranks:
             also_close=others,
             release=release,
             debuggable=True,  # breakpoint() in a rank: a pdb prompt in the cell
+            say=self._say,
         )
         group = RankGroup(backend, warm=True)
         try:
@@ -635,12 +642,8 @@ def start_ranks(
     ``cluster="ray"`` (or ``nbtrain.RayCluster(...)``): the ranks are placed on the Ray cluster
     this kernel is connected to, as notebook_launcher's (notebooks/guides/cluster.md)."""
     global _current
-    # Starting takes seconds (torch imported here, then a fresh Python per rank importing it
-    # too): say so at once rather than leave the cell empty.
+    # A start that takes seconds says what it waits for (Ranks._say), then how long it took.
     began = time.monotonic()
-    if progress != "off":
-        print("nbtrain: starting warm ranks (importing torch, then a fresh Python per rank)...",
-              flush=True)
     config = build_config(
         num_processes=num_processes,
         start_method=start_method,

@@ -421,7 +421,9 @@ class Supervisor:
         elif isinstance(event, Started):
             self._started.add(event.rank)
             self._speaks_for[process_rank].add(event.rank)
-        if self._speaks_for[process_rank] <= self._done_for[process_rank]:
+        done = self._done_for[process_rank]
+        # (a process that reported nothing yet, only a start-up phase, is not done)
+        if done and self._speaks_for[process_rank] <= done:
             self._done_at.setdefault(process_rank, time.monotonic())
         else:
             self._done_at.pop(process_rank, None)  # an XLA host: another ordinal started

@@ -19,8 +19,24 @@ from __future__ import annotations
 from typing import Any
 
 
+def _say_importing_torch(spec: Any, events: Any) -> None:
+    """A fresh Python (spawn) imports torch before it can report anything else: say so first,
+    over the event pipe (args: spec, data, stdout, stderr, events, ...), with nothing heavier
+    than the event's own module."""
+    import contextlib
+    import sys
+
+    if "torch" in sys.modules:  # fork and forkserver ranks have it already
+        return
+    from nbtrain.shared.events import PipeWriter, Status
+
+    with contextlib.suppress(OSError):  # the kernel is gone: the rank finds out next
+        PipeWriter(events.fileno()).send(Status(spec.info.rank, "importing torch"))
+
+
 def rank_entry(*args: Any) -> None:
     """Process target of a rank (see worker.rank_main)."""
+    _say_importing_torch(args[0], args[4])
     from nbtrain.rank.worker import rank_main
 
     rank_main(*args)
@@ -28,6 +44,7 @@ def rank_entry(*args: Any) -> None:
 
 def session_entry(*args: Any) -> None:
     """Process target of a warm rank (see session.session_main)."""
+    _say_importing_torch(args[0], args[4])
     from nbtrain.rank.session import session_main
 
     session_main(*args)

@@ -142,15 +142,30 @@ def test_a_cell_timeout_keeps_state_when_the_ranks_return(kernel):
     assert kernel.value("ranks.pull('before')") == [1, 2]
 
 
+def forkservers(kernel: Kernel) -> list[int]:
+    return [child.pid for child in psutil.Process(kernel.pid).children()
+            if "forkserver import main" in " ".join(child.cmdline())]
+
+
 def test_ranks_end_with_the_kernel_even_on_sigkill(tmp_path):
     kernel = Kernel(tmp_path)
     try:
-        out = kernel.run("import os, nbtrain\nranks = nbtrain.start_ranks(2, progress='off')")
+        # import nbtrain warms up in the background (kernel/warmup.py): the forkserver starts
+        # and the kernel imports what a first launch needs; both end with the kernel.
+        kernel.run("import os, sys, nbtrain")  # (the warm-up begins once this cell ended)
+        out = kernel.run("from nbtrain.kernel import warmup\n"
+                         "warmup.wait(everything=True)\nprint('torch._dynamo' in sys.modules)")
+        assert out.stdout.strip() == "True", out
+        servers = forkservers(kernel)
+        assert len(servers) == 1, "import nbtrain did not start the forkserver"
+        out = kernel.run("ranks = nbtrain.start_ranks(2, progress='off')")
         assert out.error is None, out.traceback_text
+        assert forkservers(kernel) == servers, "start_ranks did not use the warm forkserver"
         pids = kernel.value("ranks.pull('__import__(\"os\").getpid()')")
         assert len(pids) == 2
         os.kill(kernel.pid, signal.SIGKILL)
         assert gone(pids), "warm ranks outlived their SIGKILLed kernel"
+        assert gone(servers), "the forkserver outlived its SIGKILLed kernel"
     finally:
         kernel.shutdown()
 

@@ -17,6 +17,8 @@ import torch.distributed as dist
 from procguard import ProcessWatch
 
 from nbtrain import WorkerError, debug_launcher, notebook_launcher
+from nbtrain.kernel.monitor import RunState
+from nbtrain.shared.events import Event, Status
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -31,11 +33,24 @@ def all_reduce_sum(scale):
     return t * scale
 
 
-def test_results_from_rank_zero_and_from_all(method):
+def test_results_from_rank_zero_and_from_all(method, monkeypatch):
+    phases: list[tuple[int, str]] = []
+    apply = RunState.apply
+
+    def recorded(state: RunState, event: Event) -> None:
+        if isinstance(event, Status):
+            phases.append((event.rank, event.text))
+        apply(state, event)
+
+    monkeypatch.setattr(RunState, "apply", recorded)
     assert torch.equal(
         notebook_launcher(all_reduce_sum, (2.0,), num_processes=2, start_method=method, **QUIET),
         torch.tensor([6.0]),
     )
+    if method == "spawn":  # the start-up phases a fresh Python goes through, for every rank
+        for rank in (0, 1):
+            said = [text for r, text in phases if r == rank]
+            assert said[:2] == ["starting Python", "importing torch"], phases
     values = notebook_launcher(
         all_reduce_sum, (1.0,), num_processes=3, start_method=method, return_all=True, **QUIET
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import time
 
 from nbtrain.display.text import TextView, format_rank
 from nbtrain.kernel.cellout import CellOutput
@@ -161,3 +162,28 @@ def test_the_status_line_shows_a_ranks_note_until_it_moves_on() -> None:
     view.draw(state)
     moved_on = "r0 4/10 1.0 it/s ETA 0:06 | r1 running"  # (it/s from two progress events)
     assert out.getvalue().endswith("\r" + moved_on.ljust(len(waiting)))
+
+
+def test_a_start_up_phase_says_what_a_rank_is_busy_with_and_for_how_long() -> None:
+    """Issue 34: a rank still starting shows its phase ('importing torch'), and once it lasted
+    a second, for how long, in the row's status, the status line and the text log."""
+    from nbtrain.display.formatting import format_status, phase
+
+    now = time.time()
+    state = RunState([0, 1], title="2 ranks, spawn")
+    state.apply(Status(0, "starting Python", time=now - 5))
+    state.apply(Status(0, "importing torch", time=now - 3))
+    state.apply(Status(1, "starting Python", time=now - 0.2))
+    starting, quick = state.ranks[0], state.ranks[1]
+    assert phase(starting, now) == "importing torch (3s)"  # timed from its own start
+    assert phase(quick, now) == "starting Python"  # a quick phase: no count yet
+    assert format_status(starting).startswith("importing torch (3")
+    live, out, _ = make_view(live=True)
+    live.draw(state)
+    assert out.getvalue().startswith("\rr0 importing torch (3s) | r1 starting Python")
+    log, out, _ = make_view()
+    log.draw(state)
+    log.draw(state)  # once per phase, and only a phase that lasted
+    assert out.getvalue() == "[rank 0] importing torch (3s)\n"
+    state.apply(Started(0, 10, "cpu", "host", 0))
+    assert state.ranks[0].note == "" and phase(state.ranks[0]) == ""  # it moved on

@@ -455,3 +455,21 @@ def test_a_node_note_shows_in_the_header_until_ranks_start(frontend) -> None:
     state.finish("Done in 1.0s")
     view.close(state)
     assert "1 of 2 done" not in text(display.final_html)
+
+
+def test_a_start_up_phase_counts_its_seconds_without_new_events(frontend, monkeypatch) -> None:
+    """The row of a rank in a phase ('importing torch') is redrawn as time passes, not only
+    when an event arrives: the seconds it has taken keep counting."""
+    from nbtrain.display import formatting
+
+    clock = [1000.0]
+    monkeypatch.setattr(formatting.time, "time", lambda: clock[0])  # (the time module's)
+    view, _ = dashboard()
+    state = RunState([0, 1], title="2 ranks, spawn")
+    state.apply(Status(0, "importing torch", time=999.5))
+    view.draw(state)
+    status = view.rows[0].status
+    assert text(frontend.state_of(status)["value"]) == "importing torch"
+    clock[0] = 1002.0
+    view.draw(state)  # no event since
+    assert text(frontend.state_of(status)["value"]) == "importing torch (2s)"

@@ -37,6 +37,10 @@ def _no_fds(rank: int) -> tuple[int, ...]:
     return ()
 
 
+def _silent(text: str) -> None:
+    pass
+
+
 @dataclasses.dataclass
 class LocalProcesses:
     """Ranks as processes of this machine (fork, forkserver or spawn), bytes over pipes.
@@ -55,8 +59,14 @@ class LocalProcesses:
     before: Callable[[], None] = _nothing  # just before the first process starts
     release: Callable[[], None] = _nothing  # what close() frees (the rendezvous, ...)
     debuggable: bool = False  # the target takes the debug pipe's end last (rank/debugger.py)
+    # Told what starting will spend its seconds on, before it blocks (a launch shows it in
+    # every rank's row; start_ranks prints it): the phases until a rank can speak for itself.
+    say: Callable[[str], None] = _silent
 
     def start(self) -> list[processes.RankProcess]:
+        phase = processes.starting_phase(self.method)
+        if phase:
+            self.say(phase)
         self.before()
         return processes.start_ranks(self.method, list(self.specs), self.target, self._args)
 
