@@ -56,15 +56,22 @@ def __getattr__(name: str) -> Any:
     return getattr(import_module(module), name)
 
 
-def _warm_up() -> None:
-    """In a kernel (or IPython), what the first launch needs is made ready in the background
-    from now on (nbtrain/kernel/warmup.py); scripts and ranks start nothing."""
+def warm_up() -> None:
+    """Make what the first launch needs ready in the background, once the current cell has
+    finished (nbtrain/kernel/warmup.py): the forkserver with torch imported, and the kernel's
+    own imports for a fork launch. In a kernel (or IPython) only; elsewhere it does nothing.
+
+    Opt-in, not done by ``import nbtrain``: while the warm-up imports torch's modules in a
+    thread, code of yours that forks the kernel (a DataLoader with workers in the kernel,
+    ``os.fork``) or imports the same modules in the next cell would race with it. Call it in
+    the cell that imports nbtrain when the next cells only launch (notebooks/guides/launching.md).
+    """
     from nbtrain.shared.frontend import Frontend, frontend
 
     if frontend() is Frontend.PLAIN:
         return
-    # Begun once the importing cell has finished: a thread importing torch's modules while
-    # that same cell goes on importing and launching deadlocked the kernel.
+    # Begun once the current cell has finished: a thread importing torch's modules while that
+    # same cell goes on importing and launching deadlocked the kernel.
     shell = import_module("IPython").get_ipython()
 
     def begin(*_: Any) -> None:
@@ -72,9 +79,6 @@ def _warm_up() -> None:
         import_module("nbtrain.kernel.warmup").start()
 
     shell.events.register("post_run_cell", begin)
-
-
-_warm_up()
 
 
 def load_ipython_extension(shell: Any) -> None:
@@ -102,4 +106,5 @@ __all__ = [
     "progress",
     "set_seed",
     "start_ranks",
+    "warm_up",
 ]

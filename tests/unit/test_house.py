@@ -28,8 +28,9 @@ ALLOWED = {
     "accelerator": {"shared", "rank", "accelerator"},
     "integrations": {"shared", "rank", "integrations"},
     # The display renders the kernel's RunState (kernel.monitor) for the kernel's frontend
-    # (kernel.environment); nothing else of the kernel.
-    "display": {"shared", "display", "kernel.monitor", "kernel.environment"},
+    # (kernel.environment), and shows its "where?" button only where the kernel's messages can
+    # be read while a cell is busy (kernel.commpump); nothing else of the kernel.
+    "display": {"shared", "display", "kernel.monitor", "kernel.environment", "kernel.commpump"},
     # ...and ``nbtrain.rank`` itself: its __init__ holds only the process targets (trampolines).
     "kernel": {"shared", "kernel", "display", "rank.__init__"},
     "": {"shared", "kernel", "rank", "accelerator", "integrations", "display", ""},  # nbtrain/*
