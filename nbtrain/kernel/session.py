@@ -38,7 +38,7 @@ from typing import Any, Protocol
 from nbtrain.kernel import cellnames, environment, processes
 from nbtrain.kernel.cluster.spec import RayCluster
 from nbtrain.kernel.config import LaunchConfig, build_config, check_function
-from nbtrain.kernel.group import LocalProcesses, RankGroup
+from nbtrain.kernel.group import Backend, LocalProcesses, RankGroup
 from nbtrain.kernel.local import rank_specs
 from nbtrain.kernel.monitor import Verdict
 from nbtrain.kernel.payload import prepare_call, share
@@ -496,12 +496,8 @@ class Ranks:
             debuggable=True,  # breakpoint() in a rank: a pdb prompt in the cell
             say=self._say,
         )
-        group = RankGroup(backend, warm=True)
         try:
-            group.start(_drop, failed=lambda: False)
-        except BaseException:
-            group.close()
-            raise
+            group = _started(backend)
         finally:
             for reader, _ in pipes.values():
                 reader.close()  # the ranks' ends: each has its own now
@@ -514,13 +510,18 @@ def _cluster_world(config: LaunchConfig, cluster: RayCluster) -> _World:
     from nbtrain.kernel.cluster.ray_backend import RayRanks
 
     backend = RayRanks(config, cluster, None, say=lambda text: None)
+    return _World(_started(backend), dict(backend.senders()))
+
+
+def _started(backend: Backend) -> RankGroup:
+    """A warm session's rank group, started; closed again if the start fails."""
     group = RankGroup(backend, warm=True)
     try:
         group.start(_drop, failed=lambda: False)
     except BaseException:
         group.close()
         raise
-    return _World(group, dict(backend.senders()))
+    return group
 
 
 def _xla_allowed(specs: dict[int, RankSpec]) -> dict[int, RankSpec]:
