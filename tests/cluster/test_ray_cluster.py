@@ -423,6 +423,34 @@ def test_warm_ranks_across_nodes(nodes, tmp_path) -> None:
     _nothing_left()
 
 
+# Kept before test_bad_input_without_ray_or_connection: run after that one (a fresh interpreter
+# that imports ray), the client's server process died at its start (Ray 2.60; alone, or after the
+# other tests, it starts; the cause is not found yet).
+# Ray's client proxy keeps the per-client server process it started for this client (a part of
+# the cluster, ended with it at the module's teardown); actors and groups are checked below.
+@pytest.mark.allow_leaks
+def test_from_a_ray_client_outside_the_cluster(cluster, nodes) -> None:
+    """A kernel connected only through Ray Client (ray://): no socket back to it."""
+    port = cluster.client_port
+    script = f"""
+import ray, nbtrain
+ray.init("ray://127.0.0.1:{port}")
+def where():
+    import os
+    print("rank", os.environ["RANK"], "here")
+    return os.environ["NBTRAIN_RAY_NODE_ID"]
+print(nbtrain.notebook_launcher(where, num_processes=2, return_all=True, progress="text",
+                                cluster=nbtrain.RayCluster(placement="spread")))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=180)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "[rank 0] rank 0 here" in done.stdout and "[rank 1] rank 1 here" in done.stdout
+    assert repr([nodes["n0"], nodes["n1"]]) in done.stdout or repr(
+        [nodes["n1"], nodes["n0"]]) in done.stdout
+    _nothing_left()
+
+
 def test_bad_input_without_ray_or_connection() -> None:
     """In a fresh interpreter: no ray.init (says how to connect), no Ray (says what to
     install), a bad cluster= value; nothing started."""
@@ -453,31 +481,6 @@ except ImportError as exc:
     assert lines[3].startswith("RuntimeError cluster='ray' found no Ray connection")
     assert "ray.init(address='auto')" in lines[3]
     assert lines[4].startswith("ImportError") and "pip install nbtrain[ray]" in lines[4]
-
-
-# Ray's client proxy keeps the per-client server process it started for this client (a part of
-# the cluster, ended with it at the module's teardown); actors and groups are checked below.
-@pytest.mark.allow_leaks
-def test_from_a_ray_client_outside_the_cluster(cluster, nodes) -> None:
-    """A kernel connected only through Ray Client (ray://): no socket back to it."""
-    port = cluster.client_port
-    script = f"""
-import ray, nbtrain
-ray.init("ray://127.0.0.1:{port}")
-def where():
-    import os
-    print("rank", os.environ["RANK"], "here")
-    return os.environ["NBTRAIN_RAY_NODE_ID"]
-print(nbtrain.notebook_launcher(where, num_processes=2, return_all=True, progress="text",
-                                cluster=nbtrain.RayCluster(placement="spread")))
-"""
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=180)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    assert "[rank 0] rank 0 here" in done.stdout and "[rank 1] rank 1 here" in done.stdout
-    assert repr([nodes["n0"], nodes["n1"]]) in done.stdout or repr(
-        [nodes["n1"], nodes["n0"]]) in done.stdout
-    _nothing_left()
 
 
 def test_a_node_lost_mid_run_names_it_and_stops_the_rest(cluster, nodes, tmp_path) -> None:
