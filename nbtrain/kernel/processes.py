@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import torch.multiprocessing as torch_mp
 
-from nbtrain.kernel import forkserver, shm, signal_hold, warmup
+from nbtrain.kernel import fork_gc, forkserver, shm, signal_hold, warmup
 from nbtrain.shared.options import StartMethod
 
 _SIGKILL = getattr(signal, "SIGKILL", signal.SIGTERM)
@@ -166,7 +166,7 @@ def start_ranks(
     try:
         # A Ctrl-C during a fork would be raised in an at-fork callback and lost: held, then
         # raised here, after the loop (signal_hold.py), so the ranks started are stopped below.
-        with signal_hold.held():
+        with signal_hold.held(), fork_gc.kernel_objects_frozen(method):
             for rank in ranks:
                 pipes = all_pipes[rank]
                 foreign = _foreign_fds(all_pipes, rank) if method is StartMethod.FORK else ()

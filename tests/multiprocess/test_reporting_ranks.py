@@ -221,6 +221,12 @@ def test_a_starting_rank_says_what_it_is_busy_with(received: list[Event]) -> Non
     notebook_launcher(accelerated, num_processes=2, start_method="spawn", progress="off")
     for rank in (0, 1):
         notes = [event.text for event in of(received, Status, rank)]
-        assert notes[:2] == ["loading the function and importing its modules", ""], notes
+        # A spawned rank is a fresh Python: each phase of its start is said before it begins.
+        assert notes[:4] == [
+            "starting Python",
+            "importing torch",
+            "loading the function and importing its modules",
+            "",
+        ], notes
         assert any(note.startswith("forming the process group") for note in notes), notes
         assert notes[-1] == "", notes  # said, then cleared: the row does not keep a stale note
