@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -39,10 +38,9 @@ def _launch(options: argparse.Namespace) -> int:
     script = Path(options.script)
     if not script.is_file():
         return _usage_error(f"script {options.script!r} not found (pass a path to a .py file)")
-    from nbtrain.kernel.config import build_config, check_function
-    from nbtrain.kernel.launcher import dispatch
+    from nbtrain.kernel.config import check_function
     from nbtrain.kernel.option_names import command_line
-    from nbtrain.kernel.postmortem import check_debug
+    from nbtrain.kernel.options import Requested, check_options
     from nbtrain.kernel.where import SignalAsks
     from nbtrain.rank.script import run_script  # what each rank runs (rank side)
     from nbtrain.shared.errors import LaunchError, WorkerError
@@ -53,10 +51,11 @@ def _launch(options: argparse.Namespace) -> int:
             run_script, (str(script.resolve()), list(options.script_args)), None
         )
         with command_line():  # messages name --timeout, not notebook_launcher(timeout=)
-            config = build_config(**_launch_keywords(options), return_all=False)
-            config = replace(config, debug=check_debug(options.debug))
+            requested = Requested(**_launch_keywords(options), debug=options.debug)
+            # torch's elastic agent even on one node without restarts, as torchrun
+            checked = check_options(requested, script.stem, elastic=True)
             with SignalAsks():  # Ctrl-\ (SIGQUIT): where each rank is, the run goes on
-                dispatch(config, run_script, args, kwargs, elastic=True)
+                checked.launch.run(checked, run_script, args, kwargs)
     except WorkerError as err:
         _report_failure(err, str(script.resolve()))
         return err.exitcode if err.exitcode and err.exitcode > 0 else 1

@@ -15,7 +15,8 @@ import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from nbtrain.kernel import environment
 from nbtrain.kernel.config import LaunchConfig
@@ -24,21 +25,56 @@ from nbtrain.kernel.run import Run
 from nbtrain.shared.events import CallbackSink, Event, Exited, Finished, Started, Stopped
 from nbtrain.shared.serialization import unpack
 from nbtrain.shared.specs import RankInfo
+from nbtrain.shared.stacks import RankStack
 from nbtrain.shared.stopping import TrainingStopped
+
+if TYPE_CHECKING:
+    from nbtrain.kernel.options import LaunchOptions
 
 
 class _Expired(BaseException):
     """Raised inside the function by the timeout alarm; never escapes to the user."""
 
 
+class InProcess:
+    """The launch kind (launch.py) of one rank without gpu_ids=: the kernel is rank 0."""
+
+    no_stop_resume = ""  # the kernel's own Ctrl-C asks for the stop (rank/interrupts.py)
+
+    def check(self, options: LaunchOptions) -> None:
+        _check_alarm(options.config.timeout)  # before anything starts, not as "rank 0 failed"
+
+    def run(
+        self,
+        options: LaunchOptions,
+        function: Callable[..., Any],
+        args: tuple,
+        kwargs: dict[str, Any],
+    ) -> Any:
+        __tracebackhide__ = True
+        return run_in_process(options.config, function, args, kwargs)
+
+
+@dataclass
+class _Ended:
+    """How the call ended, read by ``Run.finish`` as it reads a Supervisor's flags."""
+
+    timed_out: bool = False
+    stop_asked: bool = False  # (a graceful stop ends the call with TrainingStopped)
+
+    def stuck_frames(self) -> dict[int, RankStack]:
+        return {}  # where the function was is in its own traceback, in this process
+
+
 def run_in_process(
     config: LaunchConfig, function: Callable[..., Any], args: tuple, kwargs: dict[str, Any]
 ) -> Any:
+    """Call the function as rank 0 of a one-rank launch, then end as every launch ends
+    (``Run.finish``: root cause, timeout, graceful stop, or the value)."""
+    __tracebackhide__ = True
     from nbtrain.rank import runtime
-    from nbtrain.rank.failures import exit_code_of, failure_event
 
-    _check_alarm(config.timeout)  # before anything starts, not as "rank 0 failed"
-    run = Run(config, [0], title="in-process")
+    run = Run(config, [0], title="in-process", in_process=True)
 
     def emit(event: Event) -> None:
         run.emit(event)
@@ -48,6 +84,9 @@ def run_in_process(
     rank_runtime = runtime.Runtime(RankInfo(0, 0, 1, 1), CallbackSink(emit), precision,
                                    in_kernel=True, stopping=config.stopping)
     emit(Started(0, os.getpid(), _device(), socket.gethostname()))
+    ended = _Ended()
+    raised: BaseException | None = None
+    values: dict[int, Any] | None = None  # the call's value, once it returned
     try:
         with (
             _rank_environment(),
@@ -56,41 +95,67 @@ def run_in_process(
             runtime.activate(rank_runtime),
             _graceful(config),
         ):
-            raised: BaseException | None = None
-            try:
-                value = function(*args, **kwargs)
-            except BaseException as exc:
-                raised = exc
-                raise
-            finally:
-                runtime.end_tracker_run(raised)
+            value = _call(function, args, kwargs)
     except TrainingStopped as stop:
         emit(Stopped(0, stop.step, stop.path))
-        emit(Exited(0, 0, None, stopped_by_launcher=False))
-        run.stopped(run.outcome.stops())
     except _Expired:
-        emit(Exited(0, None, None, stopped_by_launcher=True))
-        run.time_out({}, in_process=True)
-    except KeyboardInterrupt:
-        run.end(f"Interrupted after {run.state.elapsed:.1f}s")
+        ended.timed_out = True
+    except KeyboardInterrupt as exc:
+        run.abandon(exc)
         raise
     except BaseException as exc:
-        code = exit_code_of(exc) if isinstance(exc, SystemExit) else 1
-        if isinstance(exc, SystemExit) and code == 0:
-            value = None
+        if isinstance(exc, SystemExit) and _exit_code(exc) == 0:
+            values = {0: None}  # sys.exit() / sys.exit(0): a clean end without a value
         else:
-            emit(failure_event(0, exc, code))
-            if config.debug:  # the frames are in this process: the kernel's own pdb
-                in_kernel(exc)
-            emit(Exited(0, code, None, stopped_by_launcher=False))
-            error = run.outcome.error()
-            error.original = exc
-            run.end(run.state.failed_summary(error))
-            # The traceback of the user's own frames, so %debug lands on the failing line.
-            raise error.with_traceback(exc.__traceback__) from None
-    emit(Finished(0, None))
-    emit(Exited(0, 0, None, stopped_by_launcher=False))
-    return run.deliver({0: _to_cpu(value)})  # (return_all: a list, as from ranks)
+            raised = _failed(exc, config, emit)
+    else:
+        values = {0: _to_cpu(value)}
+    if values is not None:
+        emit(Finished(0, None))
+    emit(_exit(ended, raised))
+    return run.finish(ended, values=values, raised=raised)
+
+
+def _call(function: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
+    """The function itself; the rank runtime's trackers learn how it ended."""
+    from nbtrain.rank import runtime
+
+    raised: BaseException | None = None
+    try:
+        return function(*args, **kwargs)
+    except BaseException as exc:
+        raised = exc
+        raise
+    finally:
+        runtime.end_tracker_run(raised)
+
+
+def _failed(
+    exc: BaseException, config: LaunchConfig, emit: Callable[[Event], None]
+) -> BaseException:
+    """The function raised: rank 0's failure, reported as a rank reports it (and, with
+    debug=True, a post-mortem here first)."""
+    from nbtrain.rank.failures import failure_event
+
+    emit(failure_event(0, exc, _exit_code(exc)))
+    if config.debug:  # the frames are in this process: the kernel's own pdb
+        in_kernel(exc)
+    return exc
+
+
+def _exit_code(exc: BaseException | None) -> int:
+    from nbtrain.rank.failures import exit_code_of
+
+    if exc is None:
+        return 0
+    return exit_code_of(exc) if isinstance(exc, SystemExit) else 1
+
+
+def _exit(ended: _Ended, raised: BaseException | None) -> Exited:
+    """Rank 0's exit, as a process's would be seen: stopped by the launcher at a timeout."""
+    if ended.timed_out:
+        return Exited(0, None, None, stopped_by_launcher=True)
+    return Exited(0, _exit_code(raised), None, stopped_by_launcher=False)
 
 
 def in_kernel(exc: BaseException) -> None:

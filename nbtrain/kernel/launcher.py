@@ -1,34 +1,24 @@
 """notebook_launcher and debug_launcher: the public entry points of the kernel side.
 
-They validate every option (config.py) before anything starts, then hand the launch to the path
-it needs: local ranks (local.py), torch_xla's host (xla.py), torch's elastic agent (agent.py) or
-the kernel's own process (inprocess.py). Each path feeds one ``run.Run``, which owns the
-lifecycle: view, interrupt, timeout, root cause, results.
+Their parameters go into one ``options.Requested``, checked once (``check_options``: every
+option, before anything starts), which also picks the launch kind (``launch.choose``): the
+kernel's own process (inprocess.py), local ranks (local.py), torch_xla's host (xla.py), torch's
+elastic agent (elastic/) or a Ray cluster (cluster/). The kind runs it; each feeds one
+``run.Run``, which owns the lifecycle: view, interrupt, timeout, root cause, results.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import os
 from collections.abc import Callable
 from typing import Any
 
-from nbtrain.kernel import accelerate_options, cuda_origin, environment
+from nbtrain.kernel import cuda_origin, environment
 from nbtrain.kernel.cluster.spec import RayCluster
-from nbtrain.kernel.config import (
-    LaunchConfig,
-    OutputMode,
-    ProgressMode,
-    build_config,
-    check_function,
-)
-from nbtrain.kernel.inprocess import run_in_process
-from nbtrain.kernel.local import run_ranks
-from nbtrain.kernel.payload import prepare_call
-from nbtrain.kernel.postmortem import check_debug
-from nbtrain.kernel.stopping import build_policy
-from nbtrain.shared.options import StartMethod
+from nbtrain.kernel.config import OutputMode, ProgressMode, check_function
+from nbtrain.kernel.options import Requested, check_options
+from nbtrain.kernel.stopping import StopOptions
 
 
 def notebook_launcher(
@@ -101,11 +91,32 @@ def notebook_launcher(
     # rank's own traceback, not the launcher's internals.
     __tracebackhide__ = True
     args, kwargs = check_function(function, args, kwargs)
-    rendezvous = accelerate_options.resolve(
+    stop = StopOptions(
+        on_interrupt=on_interrupt,
+        checkpoint_every=checkpoint_every,
+        resume=resume,
+        resume_from=resume_from,
+        project_dir=project_dir,
+        total_limit=total_limit,
+    )
+    requested = Requested(
+        num_processes=num_processes,
+        start_method=start_method,
+        mixed_precision=mixed_precision,
+        gpu_ids=gpu_ids,
         num_nodes=num_nodes,
         node_rank=node_rank,
         rdzv_endpoint=rdzv_endpoint,
+        max_restarts=max_restarts,
+        timeout=timeout,
+        hang_after=hang_after,
+        output=output,
+        progress=progress,
+        return_all=return_all,
         rdzv_timeout=rdzv_timeout,
+        stop=stop,
+        cluster=cluster,
+        debug=debug,
         use_port=use_port,
         master_addr=master_addr,
         rdzv_backend=rdzv_backend,
@@ -114,100 +125,19 @@ def notebook_launcher(
         monitor_interval=monitor_interval,
         log_line_prefix_template=log_line_prefix_template,
     )
-    config = build_config(
-        num_processes=num_processes,
-        start_method=start_method,
-        mixed_precision=mixed_precision,
-        gpu_ids=gpu_ids,
-        num_nodes=num_nodes,
-        node_rank=node_rank,
-        rdzv_endpoint=rendezvous.endpoint,
-        max_restarts=max_restarts,
-        timeout=timeout,
-        output=output,
-        progress=progress,
-        return_all=return_all,
-        rdzv_timeout=rendezvous.timeout,
-        hang_after=hang_after,
-    )
-    policy = build_policy(
-        getattr(function, "__name__", "run"),
-        config.world_size,
-        on_interrupt=on_interrupt,
-        checkpoint_every=checkpoint_every,
-        resume=resume,
-        resume_from=resume_from,
-        project_dir=project_dir,
-        total_limit=total_limit,
-        # a cluster restarts its ranks itself (ray_backend.py), not through torch's agent
-        launch=config if cluster is None else dataclasses.replace(config, max_restarts=0),
-    )
-    debug = check_debug(debug, cluster=cluster, xla=bool(config.xla_device))
-    config = dataclasses.replace(config, stopping=policy, debug=debug)
-    if cluster is not None:
-        from nbtrain.kernel.cluster import launch_on_cluster
-
-        return launch_on_cluster(cluster, config, function, args, kwargs, given=_given(locals()))
-    return dispatch(config, function, args, kwargs)
-
-
-def _given(options: dict[str, Any]) -> dict[str, Any]:
-    """The options a cluster launch does not take (yet), as the user gave them."""
-    names = ("start_method", "gpu_ids", "num_nodes", "node_rank", "rdzv_endpoint", "max_restarts",
-             "num_processes")
-    return {name: options[name] for name in names}
-
-
-def dispatch(
-    config: LaunchConfig,
-    function: Callable[..., Any],
-    args: tuple,
-    kwargs: dict[str, Any],
-    *,
-    elastic: bool = False,
-) -> Any:
-    """Run a checked launch the way its configuration needs; ``elastic`` sends it through
-    torch's elastic agent even on one node without restarts (``nbtrain launch`` does)."""
-    __tracebackhide__ = True
-    if config.xla_device:
-        # torch_xla runs the ordinals in a host process of their own
-        from nbtrain.kernel.xla import run_xla
-
-        # (segments, not fork references: torch_xla may start the ordinals' processes itself)
-        return run_xla(config, prepare_call(function, args, kwargs, StartMethod.SPAWN))
-    if elastic or config.multi_node or config.max_restarts:
-        from nbtrain.kernel.elastic.agent import run_elastic  # torch's elastic agent and rendezvous
-
-        call = prepare_call(function, args, kwargs, config.start.method)
-        return run_elastic(config, call)
-    if config.num_processes == 1 and config.gpu_ids is None:
-        return run_in_process(config, function, args, kwargs)
-    # gpu_ids= limits the ranks to those GPUs (CUDA_VISIBLE_DEVICES), which only a process of
-    # their own can be: the kernel sees every GPU, so even one rank then runs apart from it.
-    return run_ranks(config, prepare_call(function, args, kwargs, config.start.method))
+    options = check_options(requested, getattr(function, "__name__", "run"))
+    return options.launch.run(options, function, args, kwargs)
 
 
 def debug_launcher(function: Callable[..., Any], args: tuple = (), num_processes: int = 2) -> Any:
     """CPU-only launch for debugging distributed code on a laptop (as in Accelerate)."""
     __tracebackhide__ = True
     args, kwargs = check_function(function, args, None)
-    config = build_config(
-        num_processes=num_processes,
-        start_method="auto",
-        mixed_precision=None,
-        gpu_ids=None,
-        num_nodes=1,
-        node_rank=0,
-        rdzv_endpoint=None,
-        max_restarts=0,
-        timeout=None,
-        output="all",
-        progress="auto",
-        return_all=False,
-        allow_xla=False,  # CPU only, even on a TPU host
-    )
+    requested = Requested(num_processes=num_processes)
+    # CPU only, even on a TPU host: in process, or local ranks
+    options = check_options(requested, getattr(function, "__name__", "run"), allow_xla=False)
     with environment.gpus_hidden():  # the ranks see no GPU (they inherit the environment)
-        return dispatch(config, function, args, kwargs)  # in process, or local ranks
+        return options.launch.run(options, function, args, kwargs)
 
 
 # From here on, the line of the notebook that first initialises CUDA is noted (cuda_origin).

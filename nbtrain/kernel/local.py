@@ -1,25 +1,50 @@
-"""Ranks on this machine: the plain launch path (``num_processes >= 2``, one node, no restarts).
+"""Ranks on this machine: the plain launch kind (``num_processes >= 2``, or ``gpu_ids=``; one
+node, no restarts).
 
-A strategy for ``run.Run``: it opens the local rendezvous, describes each rank (``rank_specs``,
-also used by the elastic agent and the warm ranks) and gives the run a ``RankGroup`` of local
-processes to start and watch.
+``LocalRanks`` (the ``Launch`` of launch.py) opens the local rendezvous, describes each rank
+(``rank_specs``, also used by the elastic agent and the warm ranks) and gives a ``run.Run`` a
+``RankGroup`` of local processes to start and watch.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from nbtrain.kernel import environment
 from nbtrain.kernel.config import LaunchConfig
 from nbtrain.kernel.group import LocalProcesses, RankGroup
-from nbtrain.kernel.payload import PreparedCall, released
+from nbtrain.kernel.payload import PreparedCall, prepare_call, released
 from nbtrain.kernel.rankspec import rank_spec
 from nbtrain.kernel.rendezvous import LocalRendezvous, open_local
 from nbtrain.kernel.run import Run
 from nbtrain.rank import rank_entry
 from nbtrain.shared.options import StartMethod
 from nbtrain.shared.specs import RankInfo, RankSpec
+
+if TYPE_CHECKING:
+    from nbtrain.kernel.options import LaunchOptions
+
+
+class LocalRanks:
+    """The launch kind (launch.py) of ranks in processes of this machine."""
+
+    no_stop_resume = ""
+
+    def check(self, options: LaunchOptions) -> None:
+        pass  # config.py checked all it needs
+
+    def run(
+        self,
+        options: LaunchOptions,
+        function: Callable[..., Any],
+        args: tuple,
+        kwargs: dict[str, Any],
+    ) -> Any:
+        __tracebackhide__ = True
+        method = options.config.start.method
+        return run_ranks(options.config, prepare_call(function, args, kwargs, method))
 
 
 def run_ranks(config: LaunchConfig, payload: bytes | PreparedCall) -> Any:

@@ -1,4 +1,4 @@
-"""``%%ranks``: a notebook cell that runs on the warm ranks (kernel/session.py).
+"""``%%ranks``: a notebook cell that runs on the warm ranks (kernel/warm/).
 
 ``%load_ext nbtrain`` registers it (``start_ranks`` does too). The line selects ranks and
 options; everything is checked before the cell is sent anywhere::
@@ -20,8 +20,9 @@ import functools
 import shlex
 from typing import Any
 
-from nbtrain.kernel import cellnames, session
+from nbtrain.kernel import cellnames
 from nbtrain.kernel.cellout import with_label
+from nbtrain.kernel.warm import session
 
 _registered: set[int] = set()  # ids of the shells %%ranks is registered with
 

@@ -11,18 +11,19 @@ A ``Run`` owns a launch from validated options to the value returned in the cell
   with the view closed first in every case (a broken frontend never masks the outcome).
 
 The processes themselves belong to a ``RankGroup`` (group/): start, the one watch loop, Ctrl-C,
-stacks, teardown. Launch paths are small strategies that give the run a group and feed it:
-``local.py`` (ranks on this machine), ``xla.py`` (torch_xla's host process), ``agent.py``
-(torch's elastic agent: a group per attempt, stepped from torch's loop) and
-``inprocess.py`` (``num_processes=1`` in the kernel itself). The warm ranks of a distributed
-session run one ``Run`` per cell on their group.
+stacks, teardown. The launch kinds (launch.py) give the run a group and feed it: ``local.py``
+(ranks on this machine), ``xla.py`` (torch_xla's host process), ``elastic/agent.py`` (torch's
+elastic agent: a group per attempt, stepped from torch's loop), ``cluster/`` (Ray) and
+``inprocess.py`` (``num_processes=1`` in the kernel itself: no group, its own ``Ending``). The
+warm ranks of a distributed session (warm/) run one ``Run`` per command on their group.
 
 The interface, in the order a launch uses it::
 
     run = Run(config, ranks, title)     # shows the view at once
     run.emit(event)                     # every event, from a Supervisor or in process
     run.supervise(group)                # start the group, watch until every rank exited
-    value = run.finish(supervisor)      # deliver, or raise the root cause / TimeoutError
+    value = run.finish(supervisor)      # deliver, or raise the root cause / TimeoutError /
+                                        # the graceful stop (in process: finish(ending, ...))
 
 plus ``tick()`` (a throttled redraw), ``say(text)`` (a node-level status), ``interrupts()``
 (the Ctrl-C policy), ``new_attempt()`` (restarts), ``abandon(exc)`` and ``end(summary,
@@ -34,7 +35,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 from nbtrain.display import View, make_view
 from nbtrain.display.deferred import DeferredView
@@ -53,7 +54,20 @@ from nbtrain.shared.events import Display, Event, Status, Stopped
 
 REFRESH = 0.1  # seconds between redraws of the view (about 10 per second)
 
-__all__ = ["REFRESH", "Run", "open_view"]
+__all__ = ["REFRESH", "Ending", "Run", "open_view"]
+
+
+class Ending(Protocol):
+    """How a launch's watch ended, as ``Run.finish`` reads it: a Supervisor's flags, or the
+    in-process path's own (inprocess.py: no processes, no stacks to ask)."""
+
+    @property
+    def stop_asked(self) -> bool: ...
+
+    @property
+    def timed_out(self) -> bool: ...
+
+    def stuck_frames(self) -> dict[int, stacks.RankStack]: ...
 
 
 def open_view(config: LaunchConfig) -> View:
@@ -65,12 +79,20 @@ class Run:
     """One launch (or one warm cell): state, view, deadline, outcome and ending."""
 
     def __init__(
-        self, config: LaunchConfig, ranks: list[int], title: str, *, view_after: float = 0.0
+        self,
+        config: LaunchConfig,
+        ranks: list[int],
+        title: str,
+        *,
+        view_after: float = 0.0,
+        in_process: bool = False,
     ) -> None:
         """``view_after``: show the view only once the run has lasted that long (warm ranks:
-        a quick cell gets no dashboard)."""
+        a quick cell gets no dashboard). ``in_process``: the function runs in this process
+        (inprocess.py): no rank is stopped at its end, which the messages say."""
         self.config = config
         self.ranks = ranks
+        self.in_process = in_process
         self.state = RunState(ranks, title=title)
         self.outcome = Outcome(ranks)
         tracebacks.install()  # the cell's tracebacks show the user's frames, not nbtrain's
@@ -229,19 +251,28 @@ class Run:
             f"stopped at step {step}; every rank's state is saved in {path}. {then}"
         )
 
-    def _interrupted_early(self, supervisor: Supervisor | None) -> bool:
+    def _interrupted_early(self, ending: Ending | None) -> bool:
         """A stop was asked for, and the ranks ended as interrupted (no place to stop at yet)."""
-        if supervisor is None or not supervisor.stop_asked:
+        if ending is None or not ending.stop_asked:
             return False
         failures = [self.outcome.records[rank].failure for rank in self.outcome.failed_ranks()]
         return all(f is not None and f.type_name == "KeyboardInterrupt" for f in failures)
 
     # -- endings -----------------------------------------------------------------------------
 
-    def finish(self, supervisor: Supervisor | None = None) -> Any:
-        """The ranks ended: raise the root cause, or TimeoutError, or return the values."""
+    def finish(
+        self,
+        ending: Ending | None = None,
+        *,
+        values: dict[int, Any] | None = None,
+        raised: BaseException | None = None,
+    ) -> Any:
+        """The ranks ended (``ending``: how their watch ended, a Supervisor's flags): raise the
+        root cause, or TimeoutError, or the graceful stop, or return the values. The same
+        order for every launch kind; in process, ``values`` and ``raised`` are the function's
+        own value and exception (nothing was pickled)."""
         __tracebackhide__ = True
-        if self.outcome.has_failure() and self._interrupted_early(supervisor):
+        if self.outcome.has_failure() and self._interrupted_early(ending):
             self.end(f"Interrupted after {self.state.elapsed:.1f}s", Verdict.STOPPED)
             raise KeyboardInterrupt(
                 "every rank was stopped at once: its loop had no nbtrain-prepared DataLoader to "
@@ -249,13 +280,13 @@ class Run:
                 f"Trainer, or code still setting up){self._kept()}"
             )
         if self.outcome.has_failure():
-            self.fail(self.outcome.error(node=self.config.node_rank))
-        if supervisor is not None and supervisor.timed_out:
-            self.time_out(supervisor.stuck_frames())
+            self.fail(self.outcome.error(node=self.config.node_rank), raised=raised)
+        if ending is not None and ending.timed_out:
+            self.time_out(ending.stuck_frames())
         stops = self.outcome.stops()
         if stops:
             self.stopped(stops)
-        return self.deliver()
+        return self.deliver(values)
 
     def deliver(self, results: dict[int, Any] | None = None) -> Any:
         """The ranks succeeded: end the view and return their values (this node's first
@@ -273,25 +304,33 @@ class Run:
             return [results.get(rank) for rank in sorted(self.state.ranks)]
         return results.get(self.config.node_rank * self.config.num_processes)
 
-    def fail(self, error: WorkerError, cause: BaseException | None = None) -> NoReturn:
-        """End with ``error``; its cause is the rank's own traceback (shown in the cell)."""
+    def fail(
+        self,
+        error: WorkerError,
+        cause: BaseException | None = None,
+        *,
+        raised: BaseException | None = None,
+    ) -> NoReturn:
+        """End with ``error``; its cause is the rank's own traceback (shown in the cell). In
+        process, ``raised`` is the function's exception itself: the error carries its frames,
+        so %debug lands on the failing line."""
         __tracebackhide__ = True
+        if raised is not None:
+            error.original = raised
         self.end(self.state.failed_summary(error), Verdict.FAILED)
+        if raised is not None:
+            raise error.with_traceback(raised.__traceback__) from None
         if cause is None:
             cause = tracebacks.rank_cause(error)
         raise error from cause
 
-    def time_out(
-        self, stuck: dict[int, stacks.RankStack], *, in_process: bool = False
-    ) -> NoReturn:
-        """End as timed out; ``in_process``: the function ran in the kernel (inprocess.py)."""
+    def time_out(self, stuck: dict[int, stacks.RankStack]) -> NoReturn:
+        """End as timed out, saying where the ranks were."""
         __tracebackhide__ = True
         self.end(f"Timed out after {self.config.timeout:g}s", Verdict.TIMED_OUT)
-        raise TimeoutError(self.timeout_message(stuck, in_process=in_process)) from None
+        raise TimeoutError(self.timeout_message(stuck)) from None
 
-    def timeout_message(
-        self, stuck: dict[int, stacks.RankStack], *, in_process: bool = False
-    ) -> str:
+    def timeout_message(self, stuck: dict[int, stacks.RankStack]) -> str:
         where = "; ".join(
             f"rank {rank}: {view.status.value}"
             + (f" at step {view.step}/{view.total}" if view.total is not None else "")
@@ -299,7 +338,7 @@ class Run:
         )
         what = (
             " while the function ran in this process"
-            if in_process
+            if self.in_process
             else f"; every rank was stopped ({where})"
         )
         stacks_text = stacks.describe(stuck, cellnames.place)
@@ -315,7 +354,8 @@ class Run:
 
     def abandon(self, exc: BaseException, verdict: Verdict | None = None) -> None:
         """Interrupted (or an error in the kernel): say so and end the view."""
-        self.end(_interrupted_summary(exc, self.state).splitlines()[0], verdict)
+        summary = _interrupted_summary(exc, self.state, self.in_process)
+        self.end(summary.splitlines()[0], verdict)
 
     def end(self, summary: str, verdict: Verdict | None = None) -> None:
         self.ended = True
@@ -336,7 +376,9 @@ def _never() -> bool:
     return False
 
 
-def _interrupted_summary(exc: BaseException, state: RunState) -> str:
+def _interrupted_summary(exc: BaseException, state: RunState, in_process: bool) -> str:
+    if isinstance(exc, KeyboardInterrupt) and in_process:  # nothing to stop: the call ended
+        return f"Interrupted after {state.elapsed:.1f}s"
     if isinstance(exc, KeyboardInterrupt):
         return f"Interrupted after {state.elapsed:.1f}s: every rank was stopped"
     return f"Stopped after {state.elapsed:.1f}s: {type(exc).__name__}: {exc}"

@@ -12,10 +12,11 @@ import dataclasses
 import datetime
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nbtrain.kernel.config import LaunchConfig, choice, whole
+from nbtrain.kernel.config import choice, whole
 from nbtrain.shared import checkpoints
 from nbtrain.shared.options import OnInterrupt
 from nbtrain.shared.stopping import STOP_SIGNAL, StopPolicy
@@ -25,30 +26,39 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|min|m|h)\s*$")
 _SECONDS = {"s": 1.0, "sec": 1.0, "min": 60.0, "m": 60.0, "h": 3600.0}
 
 
+@dataclass(frozen=True)
+class StopOptions:
+    """The stop and resume options as given (notebook_launcher's and start_ranks'), unchecked:
+    ``build_policy`` checks them, again whenever a warm session starts new ranks."""
+
+    on_interrupt: object = "stop"
+    checkpoint_every: object = None
+    resume: object = False
+    resume_from: object = None
+    project_dir: object = None
+    total_limit: object = 3
+
+
 def build_policy(
     function_name: str,
     world_size: int,
+    options: StopOptions = StopOptions(),
     *,
-    on_interrupt: object = "stop",
-    checkpoint_every: object = None,
-    resume: object = False,
-    resume_from: object = None,
-    project_dir: object = None,
-    total_limit: object = 3,
-    launch: LaunchConfig | None = None,
+    refused: str = "",
 ) -> StopPolicy | None:
     """The launch's policy, or None when it asked for none of stop, periodic saves, resume.
-    ``launch``: refused (check_launch) if it asked for any where they do not run yet, before
-    any folder is made."""
-    graceful = choice("on_interrupt", on_interrupt, OnInterrupt) is OnInterrupt.CHECKPOINT
+    ``refused``: where they do not run yet for this launch's kind (launch.py), in the error's
+    words; asking for any there is refused before any folder is made."""
+    graceful = choice("on_interrupt", options.on_interrupt, OnInterrupt) is OnInterrupt.CHECKPOINT
     if graceful and STOP_SIGNAL is None:
         raise ValueError(
             "on_interrupt='checkpoint' needs POSIX signals, which this platform lacks; use "
             "checkpoint_every= for periodic checkpoints instead."
         )
-    steps, seconds = _every(checkpoint_every)
-    mode = _resume_mode(resume)
-    limit = None if total_limit is None else whole("total_limit", total_limit, 1)
+    steps, seconds = _every(options.checkpoint_every)
+    mode = _resume_mode(options.resume)
+    limit = None if options.total_limit is None else whole("total_limit", options.total_limit, 1)
+    resume_from, project_dir = options.resume_from, options.project_dir
     if not (graceful or steps or seconds or mode or resume_from is not None):
         if project_dir is not None:
             raise ValueError(
@@ -56,8 +66,8 @@ def build_policy(
                 "on_interrupt='checkpoint', checkpoint_every= or resume=True."
             )
         return None
-    if launch is not None:
-        check_launch(launch)
+    if refused:
+        _refuse(refused)
     root = _project_dir(project_dir, function_name)
     if graceful or steps or seconds:
         _check_writable(root)
@@ -173,19 +183,13 @@ def _check_world(source: Path, meta: dict[str, Any], world_size: int) -> None:
         )
 
 
-def check_launch(config: LaunchConfig) -> None:
-    """Stop and resume run on one machine's ranks started by nbtrain (for now)."""
-    where = None
-    if config.xla_device:
-        where = "on XLA/TPU"
-    elif config.multi_node or config.max_restarts:
-        where = "through torch's elastic agent (num_nodes > 1 or max_restarts > 0)"
-    if where is not None:
-        raise ValueError(
-            f"on_interrupt='checkpoint', checkpoint_every= and resume= are not available {where} "
-            "yet: launch num_processes >= 2 ranks on this machine, or save and load with "
-            "accelerator.save_state() / load_state() in the function."
-        )
+def _refuse(where: str) -> None:
+    """Stop and resume run on ranks started by nbtrain on one machine or a cluster (for now)."""
+    raise ValueError(
+        f"on_interrupt='checkpoint', checkpoint_every= and resume= are not available {where} "
+        "yet: launch num_processes >= 2 ranks on this machine, or save and load with "
+        "accelerator.save_state() / load_state() in the function."
+    )
 
 
 def resumed(policy: StopPolicy | None) -> StopPolicy | None:

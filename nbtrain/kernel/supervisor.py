@@ -56,7 +56,7 @@ READ_BUDGET = 4 * READ_SIZE  # bytes read from one pipe per pass of the loop (un
 # waits for non-daemon threads (and multiprocessing for non-daemon children): one left running
 # would keep the launch from ever returning.
 EXIT_WAIT = 10.0  # generous: a loaded machine can take seconds to finalize a spawned rank
-# Warm ranks (kernel/session.py): seconds the other ranks of a cell get to finish (or fail) after
+# Warm ranks (kernel/warm/): seconds the other ranks of a cell get to finish (or fail) after
 # one failed, and to return to idle after an interrupt, before they count as stuck.
 STUCK_GRACE = 1.0
 

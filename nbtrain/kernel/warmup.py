@@ -33,7 +33,7 @@ KERNEL_IMPORTS = [
     "multiprocessing.popen_fork",
     "multiprocessing.popen_forkserver",
     "nbtrain.kernel.launcher",
-    "nbtrain.kernel.session",
+    "nbtrain.kernel.warm.session",
     "nbtrain.kernel.magics",
     "nbtrain.display.text",
     "nbtrain.display.widgets",

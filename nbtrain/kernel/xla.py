@@ -17,19 +17,44 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nbtrain.kernel.config import LaunchConfig
 from nbtrain.kernel.group import LocalProcesses, RankGroup
 from nbtrain.kernel.local import current_environment
 from nbtrain.kernel.outcome import Outcome
-from nbtrain.kernel.payload import PreparedCall, released
+from nbtrain.kernel.payload import PreparedCall, prepare_call, released
 from nbtrain.kernel.run import Run
 from nbtrain.rank import host_entry
 from nbtrain.shared.events import Event, Exited
+from nbtrain.shared.options import StartMethod
 from nbtrain.shared.specs import HostSpec
 
+if TYPE_CHECKING:
+    from nbtrain.kernel.options import LaunchOptions
+
 HOST = 0  # the host process's key for processes/Supervisor; its raw output counts as ordinal 0
+
+
+class XlaOrdinals:
+    """The launch kind (launch.py) of XLA ordinals, in torch_xla's host process."""
+
+    no_stop_resume = "on XLA/TPU"
+
+    def check(self, options: LaunchOptions) -> None:
+        pass  # config.py checked the ordinals (tpu.check_launch), postmortem.py debug=
+
+    def run(
+        self,
+        options: LaunchOptions,
+        function: Callable[..., Any],
+        args: tuple,
+        kwargs: dict[str, Any],
+    ) -> Any:
+        __tracebackhide__ = True
+        # (segments, not fork references: torch_xla may start the ordinals' processes itself)
+        call = prepare_call(function, args, kwargs, StartMethod.SPAWN)
+        return run_xla(options.config, call)
 
 
 def host_env(config: LaunchConfig) -> dict[str, str]:

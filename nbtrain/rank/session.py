@@ -1,5 +1,5 @@
 """A warm rank: a long-lived rank process that serves one command at a time (a distributed
-session, kernel/session.py), keeping its namespace, process group and Accelerator between them.
+session, kernel/warm/), keeping its namespace, process group and Accelerator between them.
 
 Set up like any rank (worker.py), then a loop: read a command from the kernel's pipe, report
 Started, run it, report Finished (with the value) or Failed (with the traceback) on the same

@@ -1,4 +1,4 @@
-"""What the kernel asks a warm rank to do (a distributed session, kernel/session.py): records
+"""What the kernel asks a warm rank to do (a distributed session, kernel/warm/): records
 sent down each rank's own command pipe, one at a time, each answered by Started then Finished
 or Failed on the rank's event pipe.
 

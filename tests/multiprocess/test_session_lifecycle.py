@@ -16,7 +16,7 @@ import torch
 
 import nbtrain
 from nbtrain import WorkerError
-from nbtrain.kernel.session import SessionError
+from nbtrain.kernel.warm import SessionError
 
 pytestmark = pytest.mark.timeout(240)
 

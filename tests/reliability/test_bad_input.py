@@ -46,7 +46,7 @@ def nothing_starts(monkeypatch: pytest.MonkeyPatch):
     """Any rank process, any multiprocessing child, or an in-process run fails the test."""
     import multiprocessing.process
 
-    import nbtrain.kernel.launcher as launcher
+    import nbtrain.kernel.inprocess as inprocess
     import nbtrain.kernel.processes as processes
 
     def refuse(*args, **kwargs):
@@ -54,7 +54,7 @@ def nothing_starts(monkeypatch: pytest.MonkeyPatch):
 
     monkeypatch.setattr(processes, "start_ranks", refuse)
     monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
-    monkeypatch.setattr(launcher, "run_in_process", refuse)
+    monkeypatch.setattr(inprocess, "run_in_process", refuse)
     children = {child.pid for child in psutil.Process().children(recursive=True)}
     yield
     new = {child.pid for child in psutil.Process().children(recursive=True)} - children

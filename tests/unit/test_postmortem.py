@@ -144,7 +144,7 @@ def test_commands_given_in_advance_answer_the_prompt_then_c(rank_3, no_last_fail
 
 
 def test_commands_must_be_a_list_of_strings():
-    from nbtrain.kernel.session import _pdb_commands
+    from nbtrain.kernel.warm.debugging import pdb_commands as _pdb_commands
 
     with pytest.raises(TypeError, match=r"debug\(commands='p x'\): give a list of pdb commands"):
         _pdb_commands("p x")

@@ -12,14 +12,15 @@ import pytest
 
 from nbtrain.display.formatting import format_status
 from nbtrain.kernel.config import build_config
+from nbtrain.kernel.launch import choose
 from nbtrain.kernel.monitor import RankStatus, RunState
 from nbtrain.kernel.outcome import Outcome
-from nbtrain.kernel.stopping import build_policy
+from nbtrain.kernel.stopping import StopOptions, build_policy
 from nbtrain.shared.events import Exited, Status, Stopped
 
 
 def policy(tmp_path: Path, **options):
-    return build_policy("train", 2, project_dir=tmp_path, **options)
+    return build_policy("train", 2, StopOptions(project_dir=tmp_path, **options))
 
 
 def test_no_stop_option_means_no_policy(tmp_path: Path) -> None:
@@ -32,7 +33,8 @@ def xla_launch():
         node_rank=0, rdzv_endpoint=None, max_restarts=0, timeout=None, output="all",
         progress="off", return_all=False, allow_xla=False,
     )
-    return dataclasses.replace(config, xla_device="CPU")  # (no torch_xla in this venv)
+    config = dataclasses.replace(config, xla_device="CPU")  # (no torch_xla in this venv)
+    return choose(config, cluster=False)  # the kind that runs it: torch_xla's host
 
 
 def test_a_launch_asking_for_stop_where_it_does_not_run_is_refused_before_any_folder(
@@ -40,11 +42,11 @@ def test_a_launch_asking_for_stop_where_it_does_not_run_is_refused_before_any_fo
 ) -> None:
     with pytest.raises(ValueError, match="on XLA/TPU"):
         build_policy(
-            "train", 2, on_interrupt="checkpoint", project_dir=tmp_path / "run",
-            launch=xla_launch(),
+            "train", 2, StopOptions(on_interrupt="checkpoint", project_dir=tmp_path / "run"),
+            refused=xla_launch().no_stop_resume,
         )
     assert not (tmp_path / "run").exists()
-    assert build_policy("train", 2, launch=xla_launch()) is None  # asked for nothing: fine
+    assert build_policy("train", 2, refused=xla_launch().no_stop_resume) is None  # asked none
 
 
 @pytest.mark.parametrize(
@@ -81,12 +83,12 @@ def test_bad_on_interrupt_and_resume_values_name_the_choices(tmp_path) -> None:
 
 def test_project_dir_alone_asks_what_it_is_for(tmp_path) -> None:
     with pytest.raises(ValueError, match="only used for checkpoints"):
-        build_policy("train", 2, project_dir=tmp_path)
+        build_policy("train", 2, StopOptions(project_dir=tmp_path))
 
 
 def test_the_default_project_dir_is_named_after_the_function(tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
-    made = build_policy("<lambda>", 2, on_interrupt="checkpoint")
+    made = build_policy("<lambda>", 2, StopOptions(on_interrupt="checkpoint"))
     assert made is not None and made.on_interrupt
     assert made.project_dir == str(tmp_path / "nbtrain-runs" / "lambda")
 
@@ -113,7 +115,7 @@ def test_resume_picks_the_newest_complete_checkpoint_and_numbers_after_all(tmp_p
 def test_resume_from_must_be_a_complete_checkpoint(tmp_path) -> None:
     cut = fake_checkpoint(tmp_path, 0, 2, 10, complete=False)
     with pytest.raises(FileNotFoundError, match=r"resume_from=.*not a complete checkpoint"):
-        build_policy("train", 2, resume_from=cut)
+        build_policy("train", 2, StopOptions(resume_from=cut))
 
 
 def test_a_graceful_stop_is_no_failure_and_its_row_says_where_it_stopped() -> None:

@@ -27,7 +27,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 # Models any Accelerator of this process prepared: as in Accelerate (whose state is one per
 # process), a later Accelerator() works with what an earlier one prepared, e.g. in a later cell
-# of warm ranks (kernel/session.py).
+# of warm ranks (kernel/warm/).
 PREPARED_MODELS: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
 

@@ -1,6 +1,8 @@
 """Ranks on a cluster (``notebook_launcher(..., cluster=...)``): a new way to place ranks and
 move their bytes behind the rank group's Backend seam, not a new lifecycle.
 
+- here: ``RayLaunch``, the launch kind (launch.py), and ``resolve``: ``cluster=`` checked
+  against the other options and the connected Ray cluster (also for warm ranks);
 - ``spec``: ``RayCluster`` (what ``cluster=`` says) and the checks made before anything starts;
 - ``ray_backend``: the Backend (placement group, one actor per rank, env as torchrun sets it)
   and the one-shot launch path;
@@ -11,12 +13,17 @@ move their bytes behind the rank group's Backend seam, not a new lifecycle.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nbtrain.kernel.cluster.spec import RayCluster, as_cluster, check_connected, check_room
 from nbtrain.kernel.cluster.spec import import_ray as _import_ray
 from nbtrain.kernel.config import LaunchConfig
 
+if TYPE_CHECKING:
+    from nbtrain.kernel.options import LaunchOptions, Requested
+
+# The options a cluster does not take (yet), as the launcher's defaults: given otherwise, an
+# error names them (checked in this order).
 _DEFAULTS: dict[str, Any] = {
     "start_method": "auto",
     "gpu_ids": None,
@@ -26,34 +33,42 @@ _DEFAULTS: dict[str, Any] = {
 }
 
 
-def launch_on_cluster(
-    cluster: object,
-    config: LaunchConfig,
-    function: Callable[..., Any],
-    args: tuple,
-    kwargs: dict[str, Any],
-    *,
-    given: dict[str, Any],
-) -> Any:
-    """Check ``cluster=`` against the launch and the cluster, then run the ranks there."""
-    __tracebackhide__ = True
-    max_restarts = given.pop("max_restarts")  # checked by build_config: a whole number >= 0
-    chosen = resolve(cluster, config, given)
-    from nbtrain.kernel.cluster.ray_backend import run_on_ray
+class RayLaunch:
+    """The launch kind (launch.py) of ranks placed by Ray (``cluster=``)."""
 
-    return run_on_ray(config, chosen, function, args, kwargs, max_restarts=max_restarts)
+    no_stop_resume = ""  # (cluster/checks.py: every node must see the checkpoint folder)
+
+    def check(self, options: LaunchOptions) -> None:
+        resolve(options.requested.cluster, options.config, options.requested)
+
+    def run(
+        self,
+        options: LaunchOptions,
+        function: Callable[..., Any],
+        args: tuple,
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """Run the ranks there: after a failure, placed again up to ``max_restarts`` times."""
+        __tracebackhide__ = True
+        from nbtrain.kernel.cluster.ray_backend import run_on_ray
+
+        config, chosen = options.config, as_cluster(options.requested.cluster)
+        return run_on_ray(
+            config, chosen, function, args, kwargs, max_restarts=config.max_restarts
+        )
 
 
-def resolve(cluster: object, config: LaunchConfig, given: dict[str, Any]) -> RayCluster:
-    """``cluster=`` checked against the other options (``given``: as the user gave them) and
-    against the Ray cluster this kernel is connected to, before anything starts."""
+def resolve(cluster: object, config: LaunchConfig, requested: Requested) -> RayCluster:
+    """``cluster=`` checked against the other options (``requested``: as the user gave them)
+    and against the Ray cluster this kernel is connected to, before anything starts."""
     chosen = as_cluster(cluster)
-    if given.pop("num_processes") is None:  # one per local GPU means nothing on a cluster
+    if requested.num_processes is None:  # one per local GPU means nothing on a cluster
         raise ValueError(
             f"cluster={cluster!r} needs num_processes=: how many ranks Ray should place."
         )
-    for name, value in given.items():
-        if value != _DEFAULTS[name]:
+    for name, default in _DEFAULTS.items():
+        value = getattr(requested, name)
+        if value != default:
             raise ValueError(
                 f"{name}={value!r} does not apply to cluster={cluster!r}: Ray places the ranks "
                 f"(leave {name} out; see notebooks/guides/cluster.md for what works on a "
@@ -65,4 +80,4 @@ def resolve(cluster: object, config: LaunchConfig, given: dict[str, Any]) -> Ray
     return chosen
 
 
-__all__ = ["RayCluster", "launch_on_cluster", "resolve"]
+__all__ = ["RayCluster", "RayLaunch", "resolve"]

@@ -109,7 +109,7 @@ class RayRanks:
         say: Callable[[str], None],
         started: Callable[[], None] = lambda: None,
     ) -> None:
-        """``payload`` None: warm ranks (kernel/session.py), which get their commands through
+        """``payload`` None: warm ranks (kernel/warm/), which get their commands through
         ``senders()``."""
         self.config = config
         self.cluster = cluster

@@ -28,5 +28,41 @@ rendezvous round (so nothing here is a cluster layer of its own):
 One node with ``max_restarts > 0`` uses the same agent with a ``LocalCoordinator``: an
 in-process rendezvous handler and store, and a fresh loopback worker store per attempt.
 
-Imported only by launches that use it: it imports torch's elastic package.
+``ElasticAgent`` is the launch kind (launch.py); it imports the agent (agent.py, and with it
+torch's elastic package) only when a launch runs through it.
 """
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from nbtrain.kernel.payload import prepare_call
+
+if TYPE_CHECKING:
+    from nbtrain.kernel.options import LaunchOptions
+
+
+class ElasticAgent:
+    """The launch kind of several nodes, restarts, or ``nbtrain launch``: torch's agent."""
+
+    no_stop_resume = "through torch's elastic agent (num_nodes > 1 or max_restarts > 0)"
+
+    def check(self, options: LaunchOptions) -> None:
+        pass  # config.py checked the nodes; elastic/news.py checks them across nodes
+
+    def run(
+        self,
+        options: LaunchOptions,
+        function: Callable[..., Any],
+        args: tuple,
+        kwargs: dict[str, Any],
+    ) -> Any:
+        __tracebackhide__ = True
+        from nbtrain.kernel.elastic.agent import run_elastic  # torch's agent and rendezvous
+
+        call = prepare_call(function, args, kwargs, options.config.start.method)
+        return run_elastic(options.config, call)
+
+
+__all__ = ["ElasticAgent"]

@@ -7,10 +7,10 @@ closes them. A backend (backend.py) says only where ranks are placed and how the
 ``LocalProcesses`` (processes of this machine, pipes and /dev/shm) serves the plain local launch,
 torch_xla's host process and the warm ranks; a cluster backend implements the same two methods.
 
-Users: ``run.Run.supervise`` (one-shot local and XLA launches), ``session.Ranks`` (warm ranks,
+Users: ``run.Run.supervise`` (one-shot local, XLA and Ray launches), the warm ranks (warm/:
 one command at a time on the same group) and the elastic agent (elastic/agent.py: one group per
 attempt, stepped from torch's own monitor loop). The in-process path (inprocess.py) has no
-processes; it shares the run's endings instead.
+processes; it ends through the same ``Run.finish`` (an ``Ending`` of its own).
 """
 
 from nbtrain.kernel.group.backend import Backend, LocalProcesses

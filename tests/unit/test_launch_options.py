@@ -1,0 +1,133 @@
+"""The launch interface (kernel/launch.py): the options as one object (kernel/options.py), the
+kind picked in one place, and one ending for every kind (run.Run.finish), in process too."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+
+import pytest
+
+from nbtrain import notebook_launcher
+from nbtrain.kernel.cluster import RayLaunch
+from nbtrain.kernel.config import LaunchConfig, build_config
+from nbtrain.kernel.elastic import ElasticAgent
+from nbtrain.kernel.inprocess import InProcess
+from nbtrain.kernel.launch import choose
+from nbtrain.kernel.local import LocalRanks
+from nbtrain.kernel.options import Requested
+from nbtrain.kernel.run import Run
+from nbtrain.kernel.stopping import StopOptions
+from nbtrain.kernel.xla import XlaOrdinals
+from nbtrain.shared.errors import WorkerError
+from nbtrain.shared.events import Exited, Started
+
+
+def test_requested_has_every_launcher_parameter_with_the_launchers_default():
+    """notebook_launcher's signature is public: Requested must take each of its options, with
+    the same default, so debug_launcher / nbtrain launch / start_ranks get the same values."""
+    defaults = {
+        name: p.default
+        for name, p in inspect.signature(notebook_launcher).parameters.items()
+        if name not in ("function", "args", "kwargs")
+    }
+    fields = {f.name: f for f in dataclasses.fields(Requested) if f.name != "stop"}
+    ours = {name: field.default for name, field in fields.items()}
+    ours |= {f.name: f.default for f in dataclasses.fields(StopOptions)}
+    assert ours == defaults
+
+
+def config(**given: object) -> LaunchConfig:
+    values: dict[str, object] = {
+        "num_processes": 2, "start_method": "fork", "mixed_precision": None, "gpu_ids": None,
+        "num_nodes": 1, "node_rank": 0, "rdzv_endpoint": None, "max_restarts": 0,
+        "timeout": None, "output": "all", "progress": "off", "return_all": False,
+        "allow_xla": False,
+    }
+    return build_config(**(values | given))
+
+
+@pytest.mark.parametrize(
+    ("given", "cluster", "elastic", "kind"),
+    [
+        ({"num_processes": 1}, False, False, InProcess),
+        ({"num_processes": 2}, False, False, LocalRanks),
+        # gpu_ids= needs a process of its own, even for one rank
+        ({"num_processes": 1, "gpu_ids": [0]}, False, False, LocalRanks),
+        ({"max_restarts": 1}, False, False, ElasticAgent),
+        ({"num_nodes": 2, "rdzv_endpoint": "127.0.0.1:29400"}, False, False, ElasticAgent),
+        ({"num_processes": 1}, False, True, ElasticAgent),  # nbtrain launch
+        ({"max_restarts": 1}, True, False, RayLaunch),  # a cluster restarts its ranks itself
+    ],
+)
+def test_one_place_picks_the_kind(monkeypatch, given, cluster, elastic, kind):
+    from nbtrain.kernel import environment
+
+    monkeypatch.setattr(environment, "cuda_device_count", lambda: 1)  # (gpu_ids=[0] exists)
+    assert type(choose(config(**given), cluster=cluster, elastic=elastic)) is kind
+
+
+def test_xla_comes_first_and_refuses_stop_and_resume():
+    xla = dataclasses.replace(config(max_restarts=1), xla_device="CPU")
+    kind = choose(xla, cluster=False, elastic=True)
+    assert type(kind) is XlaOrdinals and kind.no_stop_resume == "on XLA/TPU"
+    assert ElasticAgent().no_stop_resume.startswith("through torch's elastic agent")
+    assert InProcess().no_stop_resume == LocalRanks().no_stop_resume == ""
+
+
+# --- one ending ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Ended:
+    """An Ending as the in-process path gives one (a Supervisor's flags otherwise)."""
+
+    timed_out: bool = False
+    stop_asked: bool = False
+
+    def stuck_frames(self) -> dict:
+        return {}
+
+
+def failed_run(in_process: bool) -> tuple[Run, ZeroDivisionError]:
+    from nbtrain.rank.failures import failure_event
+
+    run = Run(config(num_processes=1, output="none"), [0], title="t", in_process=in_process)
+    try:
+        1 / 0  # noqa: B018
+    except ZeroDivisionError as exc:
+        raised = exc
+    for event in (Started(0, 1, "cpu", "host"), failure_event(0, raised, 1), Exited(0, 1, None, False)):
+        run.emit(event)
+    return run, raised
+
+
+def test_the_same_failure_ends_with_the_same_error_in_process_or_not():
+    ranks, _ = failed_run(in_process=False)
+    with pytest.raises(WorkerError) as of_ranks:
+        ranks.finish(Ended())
+    here, raised = failed_run(in_process=True)
+    with pytest.raises(WorkerError) as in_process:
+        here.finish(Ended(), raised=raised)
+    assert str(in_process.value) == str(of_ranks.value)
+    assert in_process.value.original is raised  # the exception itself, for %debug
+    assert in_process.value.__traceback__ is not None
+    summaries = [re.sub(r"[\d.]+s", "", run.state.summary) for run in (ranks, here)]
+    assert summaries[0] == summaries[1] and summaries[0].startswith("Failed after")
+
+
+def test_a_timeout_says_whether_ranks_were_stopped():
+    for in_process, said in ((True, "while the function ran in this process"),
+                             (False, "every rank was stopped (rank 0: ")):
+        run = Run(config(num_processes=1, timeout=3), [0], title="t", in_process=in_process)
+        run.emit(Exited(0, None, None, stopped_by_launcher=True))
+        with pytest.raises(TimeoutError, match=r"timeout=3\) expired") as info:
+            run.finish(Ended(timed_out=True))
+        assert said in str(info.value)
+
+
+def test_values_in_process_are_the_objects_themselves_and_return_all_is_a_list():
+    value = object()  # could not even be pickled as a result
+    run = Run(config(num_processes=1, return_all=True), [0], title="t", in_process=True)
+    assert run.finish(Ended(), values={0: value}) == [value]
