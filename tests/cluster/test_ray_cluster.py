@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -199,25 +200,34 @@ def _sleep_forever(marks: str) -> None:
 
 def test_interrupt_stops_every_rank_on_every_node(nodes, tmp_path) -> None:
     pressed: list[float] = []
+    seen: list[str] = []  # at the press: the SIGINT handler and where the main thread was
 
     def interrupt_once_started() -> None:
         deadline = time.monotonic() + 90
         while len(list(tmp_path.glob("*.pid"))) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
         pressed.append(time.monotonic())
+        main = sys._current_frames()[threading.main_thread().ident or 0]
+        seen.append(f"handler {signal.getsignal(signal.SIGINT)!r}, main thread at:\n"
+                    + "".join(traceback.format_stack(main)[-6:]))
         os.kill(os.getpid(), signal.SIGINT)
 
     pressing = threading.Thread(target=interrupt_once_started)
     pressing.start()
+    interrupted = False
     try:
-        with pytest.raises(KeyboardInterrupt):
-            nbtrain.notebook_launcher(
-                _sleep_forever, (str(tmp_path),), num_processes=2, cluster=SPREAD,
-                progress="off",
-            )
-        stopped_at = time.monotonic()
+        nbtrain.notebook_launcher(
+            _sleep_forever, (str(tmp_path),), num_processes=2, cluster=SPREAD, progress="off",
+        )
+    except KeyboardInterrupt:
+        interrupted = True
     finally:
+        stopped_at = time.monotonic()
         pressing.join()
+    # Seen once in a CI run (not reproduced): the press was lost and the launch ran to its end.
+    # What the press met is in the message for the next time.
+    lost = f"the launch ended {stopped_at - pressed[0]:.0f} s after the press; {seen}"
+    assert interrupted, f"Ctrl-C lost: {lost}"
     # SIGTERM through each rank's actor; SIGKILL after GRACE (2 s); generous under load.
     assert stopped_at - pressed[0] < 8
     pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")]
