@@ -37,13 +37,13 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from nbtrain.display import View, make_view
+from nbtrain.display.commpump import CommPump
 from nbtrain.display.deferred import DeferredView
+from nbtrain.display.runstate import RunState, Verdict
 from nbtrain.kernel import cellnames, tracebacks, where
 from nbtrain.kernel.cellout import CellOutput
-from nbtrain.kernel.commpump import CommPump
 from nbtrain.kernel.config import LaunchConfig
 from nbtrain.kernel.group import Interrupts, RankGroup
-from nbtrain.kernel.monitor import RunState, Verdict
 from nbtrain.kernel.option_names import given, to_raise
 from nbtrain.kernel.outcome import Outcome
 from nbtrain.kernel.supervisor import Supervisor

@@ -35,12 +35,12 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
+from nbtrain.display.runstate import Verdict
 from nbtrain.kernel import cellnames, environment, processes
 from nbtrain.kernel.cluster.spec import RayCluster
 from nbtrain.kernel.config import LaunchConfig, build_config, check_function
 from nbtrain.kernel.group import Backend, LocalProcesses, RankGroup
 from nbtrain.kernel.local import rank_specs
-from nbtrain.kernel.monitor import Verdict
 from nbtrain.kernel.payload import prepare_call, share
 from nbtrain.kernel.pdbprompt import can_ask
 from nbtrain.kernel.postmortem import NO_INPUT, KeptFailures
