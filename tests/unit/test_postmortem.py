@@ -28,19 +28,12 @@ def no_last_failure(monkeypatch):
         monkeypatch.delattr(sys, name, raising=False)
 
 
-@pytest.fixture
-def kept_failure(rank_3, no_last_failure):  # noqa: F811
-    """Rank 3 kept the ZeroDivisionError of ``_fails(0)`` (a warm command's failure): its
-    (events, writer)."""
+def test_a_kept_failure_opens_at_its_frame_with_its_locals(rank_3, no_last_failure):  # noqa: F811
+    events, writer = rank_3
     try:
         _fails(0)
     except ZeroDivisionError as exc:
         debugger.keep(exc)
-    return rank_3
-
-
-def test_a_kept_failure_opens_at_its_frame_with_its_locals(kept_failure):
-    events, writer = kept_failure
     said: list[str] = []
     answers = iter(["p total, parts", "c"])
     prompts = Prompts({3: writer}, ask=lambda prompt: next(answers), say=said.append)
@@ -135,8 +128,12 @@ def test_debug_true_opens_no_prompt_for_a_peer_loss_or_an_interrupt(rank_3):  # 
     assert events == []  # no pause: the rank exits at once
 
 
-def test_commands_given_in_advance_answer_the_prompt_then_c(kept_failure):
-    events, writer = kept_failure
+def test_commands_given_in_advance_answer_the_prompt_then_c(rank_3, no_last_failure):  # noqa: F811
+    events, writer = rank_3
+    try:
+        _fails(0)
+    except ZeroDivisionError as exc:
+        debugger.keep(exc)
     said: list[str] = []
     prompts = Prompts({3: writer}, ask=lambda prompt: "never asked", say=said.append)
     prompts.no_input = True  # (nobody could type: a notebook run by nbclient)
