@@ -2,7 +2,7 @@
 
 A ``Run`` owns a launch from validated options to the value returned in the cell:
 
-- the ``RunState`` (per-rank model, monitor.py) and the ``Outcome`` (results, root cause);
+- the ``RunState`` (per-rank model, display/runstate.py) and the ``Outcome`` (results, root cause);
 - the view (widgets or text) and its throttled redraws;
 - the ranks' output as the cell's own output, and the launch's log folder (cellout.py);
 - the deadline of ``timeout=`` and what to say about where each rank was stuck;
