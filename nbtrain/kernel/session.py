@@ -78,6 +78,8 @@ class _World:
 
     group: RankGroup
     commands: Mapping[int, CommandPipe]
+    # A failure's error as the cell shows it: on a cluster, naming the root cause's node.
+    named: Callable[[WorkerError], WorkerError] = lambda error: error
 
     def send(self, rank: int, data: bytes) -> None:
         # A rank that died meanwhile cannot read: the supervisor sees its exit next.
@@ -371,7 +373,10 @@ class Ranks:
         stops = run.outcome.stops()
         if stops and not run.outcome.has_failure():
             run.stopped(stops, "Every rank is idle again with its state as of that step.")
-        return run.finish(supervisor)
+        try:
+            return run.finish(supervisor)
+        except WorkerError as error:  # (its cause: the rank's traceback, shown in the cell)
+            raise world.named(error) from error.__cause__
 
     def _restart_after(self, run: Run, supervisor: Supervisor) -> None:
         """The world is broken (a rank died, or some stayed stuck): start a new one, then raise
@@ -510,7 +515,7 @@ def _cluster_world(config: LaunchConfig, cluster: RayCluster) -> _World:
     from nbtrain.kernel.cluster.ray_backend import RayRanks
 
     backend = RayRanks(config, cluster, None, say=lambda text: None)
-    return _World(_started(backend), dict(backend.senders()))
+    return _World(_started(backend), dict(backend.senders()), backend.named)
 
 
 def _started(backend: Backend) -> RankGroup:
