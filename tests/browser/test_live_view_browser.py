@@ -441,7 +441,8 @@ def test_a_rank_is_debugged_from_the_cells_input_box(lab) -> None:
             _shows(cell, "result [5.0, 5.0]")  # rank 0's all_reduce got 2 * 2 + 1
             cell.locator(".nbtrain-static").wait_for(timeout=60_000)
             _shot(cell, "debug_continued.png")
-            ended = _shows(cell, "result [5.0, 5.0]")
+            # (the echo of `c` can reach the page after the result: wait for both)
+            ended = _shows(cell, "result [5.0, 5.0]", "(Pdb) rank 1>  c")
 
             # debug=True: the failed rank's frames, before the error is raised
             cell = page.locator(".jp-Notebook .jp-Cell").nth(2)
