@@ -3,8 +3,9 @@
 The package is laid out by where code runs (see the README's Layout section):
 
 - ``nbtrain.kernel``: the launching process (the Jupyter kernel or ``nbtrain launch``): launch
-  paths, the one run lifecycle, processes, supervision, monitor, elastic agent, XLA host launch.
-- ``nbtrain.display``: also in the kernel: widgets, text and static HTML of a run's state.
+  paths, the one run lifecycle, processes, supervision, elastic agent, XLA host launch.
+- ``nbtrain.display``: also in the kernel: the run's state (RunState, fed by ``kernel``) and its
+  widgets, text and static HTML; it imports nothing of ``kernel``.
 - ``nbtrain.rank``: each rank: the worker entry, runtime, reporting, teardown, rank environment.
 - ``nbtrain.accelerator``: each rank: Accelerate's ``Accelerator`` API and its parts.
 - ``nbtrain.integrations``: each rank: adapters (Transformers' Trainer) reporting through ``rank``.

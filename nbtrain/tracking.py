@@ -12,27 +12,10 @@ Accelerate's ``accelerate.tracking`` that nbtrain supports, re-exported from
 
 from __future__ import annotations
 
-from nbtrain.accelerator.tracking import (
-    AimTracker,
-    CometMLTracker,
-    GeneralTracker,
-    MLflowTracker,
-    TensorBoardTracker,
-    TrackioTracker,
-    WandBTracker,
-    on_main_process,
-)
+from nbtrain.accelerator import tracking as _package
+from nbtrain.accelerator.tracking import *  # noqa: F403 (its __all__: the names listed above)
 
-__all__ = [
-    "AimTracker",
-    "CometMLTracker",
-    "GeneralTracker",
-    "MLflowTracker",
-    "TensorBoardTracker",
-    "TrackioTracker",
-    "WandBTracker",
-    "on_main_process",
-]
+__all__ = [*_package.__all__]
 
 
 def __getattr__(name: str) -> object:

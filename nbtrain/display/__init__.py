@@ -1,11 +1,16 @@
-"""Views of a RunState: widgets in a Jupyter kernel, text everywhere else. Kernel side.
+"""The run's state and its views: widgets in a Jupyter kernel, text everywhere else. Kernel side.
+
+``runstate`` holds the model (RunState: events folded into a per-rank picture) that the kernel's
+launch loop feeds and every view reads; ``commpump`` lets the dashboard's "where?" button work
+while its cell is busy (the launch loop pumps it). The dependency runs one way: the kernel side
+imports this package, never the reverse.
 
 A view has ``draw(state)`` (called by the launcher about 10 times a second while ranks run),
 ``close(state)`` (once, after ``state.finish``) and ``note(text)``: a node-level message from the
 launcher ("waiting for nodes (1 of 2 joined)", "restarting every rank ..."), shown at once: in the
 dashboard's header (until ranks start again or the run ends), as one line in the text view, not
 at all with progress="off". Only the kernel process draws; views read the RunState and nothing
-else: this package imports ``kernel.monitor`` and ``shared`` only, and never torch.
+else: this package imports ``shared`` only (nothing of ``kernel``), and never torch.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 import warnings
 from typing import Protocol
 
-from nbtrain.kernel.monitor import RunState
+from nbtrain.display.runstate import RunState
 from nbtrain.shared.frontend import Frontend, frontend
 from nbtrain.shared.options import OutputMode, ProgressMode
 

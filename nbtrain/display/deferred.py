@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 
 from nbtrain.display import View
-from nbtrain.kernel.monitor import RunState
+from nbtrain.display.runstate import RunState
 
 
 class DeferredView:

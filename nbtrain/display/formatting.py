@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from nbtrain.kernel.monitor import RankStatus, RankView
+from nbtrain.display.runstate import RankStatus, RankView
 from nbtrain.shared.units import MAX_METRICS, format_duration, format_metrics, format_value
 
 __all__ = [

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from html import escape
 
 from nbtrain.display.formatting import format_metrics, format_status, format_steps, has_progress
-from nbtrain.kernel.monitor import RankStatus, RankView
+from nbtrain.display.runstate import RankStatus, RankView
 
 # flex of each column of a row: the bar takes what the others leave (at least BAR_MIN). The
 # text columns' sizes come from the row's width only (min-width 0: never from their text); when

@@ -10,7 +10,7 @@ step/total always stays, and only a line that still does not fit is cut.
 from __future__ import annotations
 
 from nbtrain.display.formatting import format_duration, format_metrics, phase
-from nbtrain.kernel.monitor import RankView
+from nbtrain.display.runstate import RankView
 
 # What each level of detail shows, richest first.
 _LEVELS = (

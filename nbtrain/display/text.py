@@ -24,8 +24,8 @@ from nbtrain.display.formatting import (
     phase,
     timed_phase,
 )
+from nbtrain.display.runstate import RankStatus, RankView, RunState
 from nbtrain.display.statusline import status_line
-from nbtrain.kernel.monitor import RankStatus, RankView, RunState
 from nbtrain.shared.options import OutputMode
 
 PROGRESS_EVERY = 2.0  # seconds between progress lines per rank: readable in CI logs

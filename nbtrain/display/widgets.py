@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import ipywidgets as widgets
 
 from nbtrain.display.chart import chart_image, rank_color
+from nbtrain.display.commpump import CommPump
 from nbtrain.display.formatting import format_duration, timed_phase
 from nbtrain.display.rows import (
     BAR_MIN,
@@ -38,9 +39,8 @@ from nbtrain.display.rows import (
     static_dashboard,
     status_html,
 )
+from nbtrain.display.runstate import RankStatus, RankView, RunState, Verdict
 from nbtrain.display.text import format_rank
-from nbtrain.kernel.commpump import CommPump
-from nbtrain.kernel.monitor import RankStatus, RankView, RunState, Verdict
 from nbtrain.shared.options import OutputMode
 
 MAX_LINE_CHARS = 400
@@ -144,7 +144,7 @@ class WidgetView:
         self.rows: dict[int, RankRow] = {}
         self.title = widgets.HTML(layout=widgets.Layout(flex="1", min_width="0"))
         # "where?": each rank's stack, in the cell (kernel/where.py). Its click reaches the
-        # kernel while the cell is busy through the launch's loop (kernel/commpump.py).
+        # kernel while the cell is busy through the launch's loop (commpump.py).
         self.where_button = widgets.Button(
             description="where?",
             tooltip="Where is each rank? Its stack and the collective it waits in, shown in "

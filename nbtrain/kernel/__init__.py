@@ -17,8 +17,8 @@ One way through, no back and forth::
                 start through a backend (LocalProcesses), the one watch loop, the one Ctrl-C
                 policy, stacks, stop, close
     supervisor  the group's channel: the non-blocking loop over every rank's pipes and exit
-    monitor     RunState: events folded into a plain per-rank model (display/ draws it)
-    outcome     results and the root-cause rule
+    outcome     results and the root-cause rule (the per-rank model the views draw, RunState,
+                is display/runstate.py: the kernel feeds it events; display imports no kernel)
     warm/       warm ranks across cells (start_ranks): one Run per command; magics: %%ranks
 
 Also here: ``environment`` (the kernel's one reader of os.environ and of what the machine

@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, TextIO
 
+from nbtrain.display.runstate import OutputLine
 from nbtrain.kernel import environment
-from nbtrain.kernel.monitor import OutputLine
 from nbtrain.shared import stacks
 from nbtrain.shared.events import Display
 from nbtrain.shared.frontend import Frontend, frontend

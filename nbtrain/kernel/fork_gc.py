@@ -17,7 +17,7 @@ import contextlib
 import gc
 from collections.abc import Iterator
 
-from nbtrain.kernel.config import StartMethod
+from nbtrain.shared.options import StartMethod
 
 
 @contextlib.contextmanager

@@ -2,7 +2,7 @@
 
 A ``Run`` owns a launch from validated options to the value returned in the cell:
 
-- the ``RunState`` (per-rank model, monitor.py) and the ``Outcome`` (results, root cause);
+- the ``RunState`` (per-rank model, display/runstate.py) and the ``Outcome`` (results, root cause);
 - the view (widgets or text) and its throttled redraws;
 - the ranks' output as the cell's own output, and the launch's log folder (cellout.py);
 - the deadline of ``timeout=`` and what to say about where each rank was stuck;
@@ -38,13 +38,13 @@ from collections.abc import Callable
 from typing import Any, NoReturn, Protocol
 
 from nbtrain.display import View, make_view
+from nbtrain.display.commpump import CommPump
 from nbtrain.display.deferred import DeferredView
+from nbtrain.display.runstate import RunState, Verdict
 from nbtrain.kernel import cellnames, tracebacks, where
 from nbtrain.kernel.cellout import CellOutput
-from nbtrain.kernel.commpump import CommPump
 from nbtrain.kernel.config import LaunchConfig
 from nbtrain.kernel.group import Interrupts, RankGroup
-from nbtrain.kernel.monitor import RunState, Verdict
 from nbtrain.kernel.option_names import given, to_raise
 from nbtrain.kernel.outcome import Outcome
 from nbtrain.kernel.supervisor import Supervisor

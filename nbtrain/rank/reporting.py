@@ -35,7 +35,7 @@ from nbtrain.shared.events import Event, EventSink, Log, Progress, Status, Strat
 T = TypeVar("T")
 
 INTERVAL = 0.1  # seconds between updates a rank sends while a loop runs (about 10 per second)
-# Logged steps held for the next update (the kernel keeps as many per metric, monitor.HISTORY_CAP):
+# Logged steps held for the next update (the kernel keeps as many per metric, runstate.HISTORY_CAP):
 # past that, older ones are thinned as the kernel's history is (every other one of the older
 # half, never the first) rather than memory grow while the kernel is behind.
 HELD_CAP = 2000

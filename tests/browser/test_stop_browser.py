@@ -23,6 +23,7 @@ from test_live_view_browser import (
     MISSING,
     _browser_required,
     lab,  # noqa: F401  (the JupyterLab server fixture)
+    lab_server,  # noqa: F401  (lab's module-wide server)
 )
 
 pytestmark = [

@@ -32,7 +32,7 @@ pytestmark = [
 
 LABELS = """
 from nbtrain.display.widgets import WidgetView
-from nbtrain.kernel.monitor import RunState
+from nbtrain.display.runstate import RunState
 from nbtrain.shared.events import Finished, Log, Progress, Started, Strategy
 from nbtrain.shared.options import OutputMode
 

@@ -110,18 +110,16 @@ def test_ctrl_c_while_a_rank_is_being_forked_is_not_lost(tmp_path: Path):
     # KeyboardInterrupt is printed as "Exception ignored" and dropped: on a loaded machine a
     # Ctrl-C right as the ranks started did nothing. Here SIGINT arrives exactly then, from an
     # at-fork callback of the command itself, while it forks its second rank.
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(
+    env = _with_sitecustomize(
+        tmp_path,
         "import os, signal\n"
         "forks = []\n"
         "def before_fork(kill=os.kill, pid=os.getpid):\n"
         "    forks.append(1)\n"
         "    if len(forks) == 2:\n"
         "        kill(pid(), signal.SIGINT)\n"
-        "os.register_at_fork(before=before_fork)\n"
+        "os.register_at_fork(before=before_fork)\n",
     )
-    env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     command = subprocess.Popen(
         [*NBTRAIN, "launch", "--num-processes", "2", "--start-method", "fork",
          str(SCRIPTS / "sleep.py"), str(tmp_path)],
@@ -147,12 +145,7 @@ def _signal_when_ranks_run(
     """Start ``command``, send ``signum`` once both ranks run, check how it ended."""
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        pid_files = [tmp_path / "rank0.pid", tmp_path / "rank1.pid"]
-        deadline = time.monotonic() + 60
-        while not all(f.exists() and f.read_text() for f in pid_files):
-            assert time.monotonic() < deadline and process.poll() is None, "ranks never started"
-            time.sleep(0.1)
-        ranks = [int(f.read_text()) for f in pid_files]
+        ranks = _rank_pids_once_running(process, tmp_path)
         process.send_signal(signum)
         _, err = process.communicate(timeout=30)
     finally:
@@ -169,10 +162,9 @@ def test_the_command_exits_without_tearing_the_interpreter_down(tmp_path: Path):
     # Tearing down torch's modules after the run costs about a CPU-second, which a loaded
     # machine stretched to 30 s between "every rank was stopped" and the exit. atexit handlers
     # (multiprocessing's, a coverage tool's) still run; module teardown does not.
-    site = tmp_path / "site"
-    site.mkdir()
     marks = tmp_path / "marks"
-    (site / "sitecustomize.py").write_text(
+    env = _with_sitecustomize(
+        tmp_path,
         "import atexit, os\n"
         f"MARKS = {str(marks)!r}\n"
         # (Defaults: teardown may have cleared this module's globals before __del__ runs.)
@@ -183,9 +175,8 @@ def test_the_command_exits_without_tearing_the_interpreter_down(tmp_path: Path):
         "class Teardown:\n"
         "    def __del__(self, mark=mark):\n"
         "        mark('teardown')\n"
-        "kept = Teardown()  # collected when the interpreter tears its modules down\n"
+        "kept = Teardown()  # collected when the interpreter tears its modules down\n",
     )
-    env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     done = subprocess.Popen(
         [*NBTRAIN, "launch", "--num-processes", "2", str(SCRIPTS / "hello.py")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
@@ -196,6 +187,25 @@ def test_the_command_exits_without_tearing_the_interpreter_down(tmp_path: Path):
     # (Only the command's own marks: a spawned rank or forkserver would make its own.)
     own = [line for line in marks.read_text().splitlines() if line.startswith(f"{done.pid} ")]
     assert own == [f"{done.pid} atexit"]
+
+
+def _rank_pids_once_running(process: subprocess.Popen, tmp_path: Path) -> list[int]:
+    """Wait until both ranks of ``process`` run (each script writes rank<r>.pid in
+    ``tmp_path``); their pids."""
+    pid_files = [tmp_path / "rank0.pid", tmp_path / "rank1.pid"]
+    deadline = time.monotonic() + 60
+    while not all(f.exists() and f.read_text() for f in pid_files):
+        assert time.monotonic() < deadline and process.poll() is None, "ranks never started"
+        time.sleep(0.1)
+    return [int(f.read_text()) for f in pid_files]
+
+
+def _with_sitecustomize(tmp_path: Path, code: str) -> dict[str, str]:
+    """An environment whose Python runs ``code`` at start-up (a sitecustomize.py of its own)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(code)
+    return {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
 
 
 def _alive(pid: int) -> bool:
@@ -377,11 +387,7 @@ def test_timeout_124_ctrl_backslash_and_hang_detection_show_where_each_rank_is(t
                str(SCRIPTS / "skip_allreduce.py"), str(tmp_path)]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        pid_files = [tmp_path / "rank0.pid", tmp_path / "rank1.pid"]
-        deadline = time.monotonic() + 60
-        while not all(f.exists() and f.read_text() for f in pid_files):
-            assert time.monotonic() < deadline and process.poll() is None, "ranks never started"
-            time.sleep(0.1)
+        _rank_pids_once_running(process, tmp_path)
         time.sleep(1.0)  # rank 0 is inside the all_reduce by now
         process.send_signal(signal.SIGQUIT)
         _, err = process.communicate(timeout=60)

@@ -252,7 +252,7 @@ def prepare_only() -> str:
 
 
 def test_live_view_rows_show_the_strategy(monkeypatch):
-    from nbtrain.kernel.monitor import RunState
+    from nbtrain.display.runstate import RunState
 
     states: list[RunState] = []
     original = RunState.apply

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from procguard import ProcessWatch
 
 from nbtrain import WorkerError, debug_launcher, notebook_launcher
-from nbtrain.kernel.monitor import RunState
+from nbtrain.display.runstate import RunState
 from nbtrain.shared.events import Event, Status
 
 pytestmark = pytest.mark.timeout(180)

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from nbtrain import WorkerError, notebook_launcher
-from nbtrain.kernel.monitor import RunState
+from nbtrain.display.runstate import RunState
 from nbtrain.rank.reporting import INTERVAL
 from nbtrain.shared.events import Event, Failed, Finished, Log, Progress
 

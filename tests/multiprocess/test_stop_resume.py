@@ -17,7 +17,7 @@ from stopresume import Seen, interrupt_when
 from torch.utils.data import DataLoader, TensorDataset
 
 from nbtrain import Accelerator, WorkerError, log, notebook_launcher, set_seed
-from nbtrain.kernel.monitor import RunState
+from nbtrain.display.runstate import RunState
 from nbtrain.shared.events import Log
 
 pytestmark = pytest.mark.timeout(240)

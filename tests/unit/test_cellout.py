@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from nbtrain.display.runstate import OutputLine, RunState
 from nbtrain.kernel import cellout
 from nbtrain.kernel.cellout import CellOutput
-from nbtrain.kernel.monitor import OutputLine, RunState
 from nbtrain.shared.events import Output
 from nbtrain.shared.options import OutputMode
 

@@ -10,8 +10,8 @@ import re
 
 from nbtrain.display.formatting import format_steps, run_eta
 from nbtrain.display.rows import static_row
+from nbtrain.display.runstate import RankStatus, RunState, Verdict
 from nbtrain.display.widgets import WidgetView
-from nbtrain.kernel.monitor import RankStatus, RunState, Verdict
 from nbtrain.shared.events import Failed, Log, Progress, Started, Status
 from nbtrain.shared.options import OutputMode
 

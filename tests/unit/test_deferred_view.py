@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from nbtrain.display.deferred import DeferredView
-from nbtrain.kernel.monitor import RunState
+from nbtrain.display.runstate import RunState
 
 
 class Recorder:

@@ -11,9 +11,9 @@ from torch import nn
 from nbtrain import Accelerator, DistributedType, FullyShardedDataParallelPlugin
 from nbtrain.accelerator.fsdp.setup import plugin_for
 from nbtrain.accelerator.fsdp.strategy import _layers_to_shard
+from nbtrain.display.runstate import RankView
 from nbtrain.display.text import format_rank
 from nbtrain.display.widgets import RankRow
-from nbtrain.kernel.monitor import RankView
 
 
 @pytest.mark.parametrize(

@@ -15,8 +15,8 @@ import torch
 from IPython.core.interactiveshell import InteractiveShell
 
 from nbtrain.display.formatting import format_status
+from nbtrain.display.runstate import RankStatus, RunState
 from nbtrain.kernel import config, cuda_origin, environment, envreport
-from nbtrain.kernel.monitor import RankStatus, RunState
 from nbtrain.rank import gpu_usage
 from nbtrain.shared.events import GpuUsage, Started
 

@@ -27,10 +27,10 @@ ALLOWED = {
     "rank": {"shared", "rank"},
     "accelerator": {"shared", "rank", "accelerator"},
     "integrations": {"shared", "rank", "integrations"},
-    # The display renders the kernel's RunState (kernel.monitor) for the kernel's frontend
-    # (kernel.environment), and shows its "where?" button only where the kernel's messages can
-    # be read while a cell is busy (kernel.commpump); nothing else of the kernel.
-    "display": {"shared", "display", "kernel.monitor", "kernel.environment", "kernel.commpump"},
+    # The display owns the run state it draws (display/runstate.py) and the pump of its "where?"
+    # button (display/commpump.py): the kernel feeds and pumps them, and display imports none of
+    # the kernel (test_display_imports_nothing_of_the_kernel).
+    "display": {"shared", "display"},
     # ...and ``nbtrain.rank`` itself: its __init__ holds only the process targets (trampolines).
     "kernel": {"shared", "kernel", "display", "rank.__init__"},
     "": {"shared", "kernel", "rank", "accelerator", "integrations", "display", ""},  # nbtrain/*
@@ -66,10 +66,11 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports_of(path: Path) -> set[str]:
-    """nbtrain modules ``path`` imports, outside ``if TYPE_CHECKING:`` blocks."""
+def imports_of(path: Path, *, type_only: bool = False) -> set[str]:
+    """nbtrain modules ``path`` imports, outside ``if TYPE_CHECKING:`` blocks (``type_only``:
+    those too)."""
     tree = ast.parse(path.read_text())
-    skipped = {
+    skipped = set() if type_only else {
         id(node)
         for block in ast.walk(tree)
         if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
@@ -109,6 +110,19 @@ def test_every_import_stays_within_what_its_side_may_use():
                 package = f"{package}.__init__"  # the package itself, not one of its modules
             if package not in allowed and ".".join(target.split(".")[1:3]) not in allowed:
                 wrong.append(f"{module} imports {target}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_display_imports_nothing_of_the_kernel():
+    """kernel -> display is the one direction between the two: the kernel feeds the run state
+    and pumps the dashboard's button; display names nothing of nbtrain.kernel, not even for
+    types, so a change to the kernel's internals cannot break a view."""
+    wrong = [
+        f"{module_name(path)} imports {target}"
+        for path in sorted((PACKAGE / "display").rglob("*.py"))
+        for target in imports_of(path, type_only=True)
+        if target == "nbtrain.kernel" or target.startswith("nbtrain.kernel.")
+    ]
     assert not wrong, "\n".join(wrong)
 
 

@@ -98,7 +98,8 @@ def failed_run(in_process: bool) -> tuple[Run, ZeroDivisionError]:
         1 / 0  # noqa: B018
     except ZeroDivisionError as exc:
         raised = exc
-    for event in (Started(0, 1, "cpu", "host"), failure_event(0, raised, 1), Exited(0, 1, None, False)):
+    events = (Started(0, 1, "cpu", "host"), failure_event(0, raised, 1), Exited(0, 1, None, False))
+    for event in events:
         run.emit(event)
     return run, raised
 

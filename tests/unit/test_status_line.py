@@ -7,10 +7,10 @@ import os
 
 import pytest
 
+from nbtrain.display.runstate import RunState
 from nbtrain.display.statusline import status_line
 from nbtrain.display.text import TextView
 from nbtrain.kernel.config import OutputMode
-from nbtrain.kernel.monitor import RunState
 from nbtrain.shared.events import Log, Progress, Started
 
 

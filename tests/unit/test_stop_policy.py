@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from nbtrain.display.formatting import format_status
+from nbtrain.display.runstate import RankStatus, RunState
 from nbtrain.kernel.config import build_config
 from nbtrain.kernel.launch import choose
-from nbtrain.kernel.monitor import RankStatus, RunState
 from nbtrain.kernel.outcome import Outcome
 from nbtrain.kernel.stopping import StopOptions, build_policy
 from nbtrain.shared.events import Exited, Status, Stopped

@@ -5,10 +5,10 @@ from __future__ import annotations
 import io
 import time
 
+from nbtrain.display.runstate import RunState
 from nbtrain.display.text import TextView, format_rank
 from nbtrain.kernel.cellout import CellOutput
 from nbtrain.kernel.config import OutputMode
-from nbtrain.kernel.monitor import RunState
 from nbtrain.shared.events import Exited, Failed, Finished, Log, Output, Progress, Started, Status
 
 

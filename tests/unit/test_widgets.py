@@ -18,13 +18,13 @@ from comm.base_comm import BaseComm
 
 from nbtrain.display import make_view
 from nbtrain.display import widgets as widgets_module
+from nbtrain.display.runstate import RankStatus, RunState, Verdict
 from nbtrain.display.text import TextView
 from nbtrain.display.widgets import (
     STATUS_COLORS,
     WidgetView,
 )
 from nbtrain.kernel.config import OutputMode, ProgressMode
-from nbtrain.kernel.monitor import RankStatus, RunState, Verdict
 from nbtrain.shared.events import Exited, Failed, Finished, Log, Progress, Started, Status
 
 GREEN, RED, ORANGE = (STATUS_COLORS[s] for s in (RankStatus.DONE, RankStatus.FAILED,

@@ -184,37 +184,19 @@ def load_state(
     ``load_state(dir, load_kwargs=..., **load_model_func_kwargs)``). ``later`` (a resume at
     prepare(), checkpoint/resume.py): registered objects and the RNG states are not restored
     but returned, for objects registered after prepare() and for the loop's first batch."""
-    slots = files.Slots.of(directory)
-    shared, tag = _agree_on_directory(collectives, Op.LOAD_STATE, slots.final)
-    if collectives.rank == 0 or not shared:
-        files.finish_interrupted(slots.final)  # an in-place save that committed but did not finish
-    collectives.barrier(Op.LOAD_STATE, tag_of(tag, "ready"))
-    source = files.resolve_complete(directory)  # every rank decides alike: it reads the same disk
-    meta = read_meta(source)
-    _check_compatible(meta, state, collectives.world_size, source, custom=not later)
-    fmt, safe = meta["format"], bool(meta.get("safetensors"))
-    extra = dict(load_kwargs or {})
-    for index, model in enumerate(state.models):
-        read_model(model, source / files.model_name(index, safe, fmt), safe, device, model_kwargs)
-    if state.sharded is not None:
-        state.sharded.load(source, meta, dict(model_kwargs or {}))
-    for index, optimizer in enumerate(state.optimizers):
-        optimizer.load_state_dict(_load(source / files.indexed("optimizer", index, "bin"), extra))
-    for index, scheduler in enumerate(state.schedulers):
-        path = source / files.indexed("scheduler", index, "bin")
-        scheduler.load_state_dict(_load(path, extra, trusted=True))
-    if state.scaler is not None:
-        state.scaler.load_state_dict(_load(source / "scaler.pt"))
+    source, meta, tag = _open_complete(directory, state, collectives, custom=not later)
+    options = dict(load_kwargs or {})
+    _read_shared(source, meta, state, device, model_kwargs, options)
     custom = [source / f"custom_checkpoint_{i}.pkl" for i in range(meta.get("custom_objects", 0))]
     if not later:
         for obj, path in zip(state.custom, custom, strict=True):
-            load_custom(obj, path, extra)
+            load_custom(obj, path, options)
     steps = int(meta.get("steps", 0))
     if meta.get("world_size") != collectives.world_size:  # a resharded FSDP checkpoint
         _warn_resharded(source, meta, collectives.world_size)
         collectives.barrier(Op.LOAD_STATE, tag_of(tag, "done"))
         return Loaded(source, 0, steps, custom=custom if later else [])
-    mine = _load(source / files.rank_name(collectives.rank, fmt))
+    mine = _load(source / files.rank_name(collectives.rank, meta["format"]))
     for loader, position in zip(state.dataloaders, mine["dataloaders"], strict=True):
         loader.load_state_dict(position)
     collectives.barrier(Op.LOAD_STATE, tag_of(tag, "done"))
@@ -223,6 +205,45 @@ def load_state(
         return Loaded(source, accumulation, steps, rng=mine["rng"], custom=custom)
     rng.restore(mine["rng"])  # last: nothing after this may draw random numbers
     return Loaded(source, accumulation, steps)
+
+
+def _open_complete(
+    directory: str | os.PathLike[str], state: TrainingState, collectives: Collectives, custom: bool
+) -> tuple[Path, dict[str, Any], str]:
+    """(the complete checkpoint every rank reads, its meta, the tag of the next barriers), once
+    an interrupted in-place save is finished and the checkpoint is known to fit ``state``."""
+    slots = files.Slots.of(directory)
+    shared, tag = _agree_on_directory(collectives, Op.LOAD_STATE, slots.final)
+    if collectives.rank == 0 or not shared:
+        files.finish_interrupted(slots.final)  # an in-place save that committed but did not finish
+    collectives.barrier(Op.LOAD_STATE, tag_of(tag, "ready"))
+    source = files.resolve_complete(directory)  # every rank decides alike: it reads the same disk
+    meta = read_meta(source)
+    _check_compatible(meta, state, collectives.world_size, source, custom=custom)
+    return source, meta, tag
+
+
+def _read_shared(
+    source: Path,
+    meta: dict[str, Any],
+    state: TrainingState,
+    device: torch.device,
+    model_kwargs: dict[str, Any] | None,
+    options: dict[str, Any],
+) -> None:
+    """Restore what the main process wrote (``_write_shared``) and the FSDP shards, in place."""
+    fmt, safe = meta["format"], bool(meta.get("safetensors"))
+    for index, model in enumerate(state.models):
+        read_model(model, source / files.model_name(index, safe, fmt), safe, device, model_kwargs)
+    if state.sharded is not None:
+        state.sharded.load(source, meta, dict(model_kwargs or {}))
+    for index, optimizer in enumerate(state.optimizers):
+        optimizer.load_state_dict(_load(source / files.indexed("optimizer", index, "bin"), options))
+    for index, scheduler in enumerate(state.schedulers):
+        path = source / files.indexed("scheduler", index, "bin")
+        scheduler.load_state_dict(_load(path, options, trusted=True))
+    if state.scaler is not None:
+        state.scaler.load_state_dict(_load(source / "scaler.pt"))
 
 
 def load_custom(obj: Any, path: Path, options: dict[str, Any] | None = None) -> None:

@@ -31,12 +31,10 @@ from nbtrain.accelerator.data.batches import (
     batches_of,
     last_batch_size,
     loader_options,
-    sample_count,
     uniform_batches,
 )
 from nbtrain.accelerator.data.sharding import ShardSpec
 from nbtrain.accelerator.data.shuffling import Shuffling
-from nbtrain.accelerator.training.accumulation import GradientState
 
 Row = tuple[int, int]  # (batch number in the epoch, row in that batch)
 
@@ -281,18 +279,10 @@ class DispatchingDataLoader(data.PreparedDataLoader):
     end_of_dataloader and gather_for_metrics' remainder as any prepared loader's)."""
 
     def __init__(
-        self,
-        loader: DataLoader,
-        *,
-        spec: ShardSpec,
-        seed: int,
-        device: torch.device | None,
-        gradient_state: GradientState,
-        shuffling: Shuffling,
-        collectives: Collectives,
+        self, loader: DataLoader, setup: data.LoaderSetup, collectives: Collectives
     ) -> None:
         # Not PreparedDataLoader.__init__: its DataLoader reads a sharded sampler on every rank.
-        self._set_up(loader, spec, seed, device, gradient_state, shuffling)
+        self._set_up(loader, setup)
         if loader.batch_size is None and not isinstance(loader.sampler, BatchSampler):
             raise ValueError(
                 "dataloader_config(dispatch_batches=True) cuts batches into rows, but this "
@@ -307,13 +297,13 @@ class DispatchingDataLoader(data.PreparedDataLoader):
             epoch_batches = EpochBatches(batches, self._seeding)
         options = loader_options(loader, self._worker_generator)
         source = main_loader(loader, epoch_batches, options)
-        dispatched = Dispatched(source, spec, collectives, epoch_batches, self._seeding, uniform)
+        dispatched = Dispatched(
+            source, setup.spec, collectives, epoch_batches, self._seeding, uniform
+        )
         dispatched.last_batch_size = last_batch_size(loader)
         self._shard = dispatched  # type: ignore[assignment]  # (duck-typed: configure, length)
         DataLoader.__init__(self, dispatched, batch_size=None)
-        object.__setattr__(self, "batch_size", spec.rank_batch_size)
-        object.__setattr__(self, "drop_last", spec.drop_last)
-        self.remainder = sharding.remainder(sample_count(loader), spec)
+        self._describe_rank_batches(loader)
 
     def __len__(self) -> int:
         return len(self._shard)  # (DataLoader's own would divide by batch_size once more)

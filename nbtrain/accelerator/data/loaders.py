@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from nbtrain.accelerator.data.batches import batch_size_of, drop_last_of
-from nbtrain.accelerator.data.prepared import PreparedDataLoader
+from nbtrain.accelerator.data.prepared import LoaderSetup, PreparedDataLoader
 from nbtrain.accelerator.data.sharding import ShardSpec
 from nbtrain.accelerator.data.shuffling import Shuffling
 from nbtrain.accelerator.training.accumulation import GradientState
@@ -45,29 +45,30 @@ def prepare_data_loader(
         drop_last=drop_last_of(loader),
         batch_size=batch_size_of(loader),
     )
-    dispatch = dispatch_with is not None and world_size > 1
-    if dispatch and loader_class is not None:
-        raise ValueError(
-            "dataloader_config(dispatch_batches=True) is not supported on XLA: every ordinal "
-            "loads its own batches there. Drop dispatch_batches."
-        )
+    dispatch = _dispatches(dispatch_with, world_size, loader_class)
     shuffling = Shuffling(
         seed,
         seedable=seedable,
         follow_user=follow_user,
         share=share if world_size > 1 and not dispatch else None,  # (dispatching: one reader)
     )
+    setup = LoaderSetup(spec, seed, device, gradient_state, shuffling)
     if dispatch:
         from nbtrain.accelerator.data.dispatch import DispatchingDataLoader
 
-        return DispatchingDataLoader(
-            loader, spec=spec, seed=seed, device=device, gradient_state=gradient_state,
-            shuffling=shuffling, collectives=dispatch_with,
+        return DispatchingDataLoader(loader, setup, dispatch_with)
+    # A strategy's own subclass (XLA: step marks), else the plain prepared loader.
+    return (loader_class or PreparedDataLoader)(loader, setup)
+
+
+def _dispatches(
+    dispatch_with: Any, world_size: int, loader_class: type[PreparedDataLoader] | None
+) -> bool:
+    """Whether the main process reads for every rank (one rank reads for itself anyway)."""
+    dispatch = dispatch_with is not None and world_size > 1
+    if dispatch and loader_class is not None:
+        raise ValueError(
+            "dataloader_config(dispatch_batches=True) is not supported on XLA: every ordinal "
+            "loads its own batches there. Drop dispatch_batches."
         )
-    cls = loader_class or PreparedDataLoader  # a strategy's own subclass (XLA: step marks)
-    return cls(
-        loader, spec=spec, seed=seed, device=device, gradient_state=gradient_state,
-        shuffling=shuffling,
-    )
-
-
+    return dispatch

@@ -77,30 +77,34 @@ class Position:
         self.epoch, self.yielded, self.pinned, self.in_progress = epoch, yielded, True, False
 
 
+@dataclass(frozen=True)
+class LoaderSetup:
+    """What a prepared loader is made with besides the user's DataLoader (prepare_data_loader
+    gathers it once; every kind of prepared loader takes it as it is)."""
+
+    spec: ShardSpec
+    seed: int
+    device: torch.device | None
+    gradient_state: GradientState
+    shuffling: Shuffling
+
+
 class PreparedDataLoader(DataLoader):
     """A DataLoader over this rank's share, moving batches to the device, resumable."""
 
-    def _set_up(
-        self,
-        loader: DataLoader,
-        spec: ShardSpec,
-        seed: int,
-        device: torch.device | None,
-        gradient_state: GradientState,
-        shuffling: Shuffling,
-    ) -> None:
+    def _set_up(self, loader: DataLoader, setup: LoaderSetup) -> None:
         """What every prepared loader keeps (also the dispatching one, which builds its
         DataLoader differently)."""
         self.base_dataloader = loader
-        self.device = device
-        self.gradient_state = gradient_state
-        self.spec = spec
+        self.device = setup.device
+        self.gradient_state = setup.gradient_state
+        self.spec = setup.spec
         self.position = Position()
         self.stop_point: Callable[[], None] | None = None  # called as each batch is asked for
         self.end_of_dataloader = False
-        self._seed = seed
+        self._seed = setup.seed
         self._iterable = isinstance(loader.dataset, IterableDataset)
-        self._seeding = seeding_for(loader, shuffling)
+        self._seeding = seeding_for(loader, setup.shuffling)
         # Worker seeds come from the loader's own generator when it follows the user's (as a
         # plain DataLoader draws them, before the order: same stream as one process); else from
         # a private one, seeded per epoch so a resumed pass gives its workers the same seeds.
@@ -110,20 +114,9 @@ class PreparedDataLoader(DataLoader):
             user if user is not None and self._follows_user else torch.Generator()
         )
 
-    def __init__(
-        self,
-        loader: DataLoader,
-        *,
-        spec: ShardSpec,
-        seed: int,
-        device: torch.device | None,
-        gradient_state: GradientState,
-        shuffling: Shuffling | None = None,
-    ) -> None:
-        if shuffling is None:  # one process: nothing to agree on
-            shuffling = Shuffling(seed, seedable=False, follow_user=True, share=None)
-        self._set_up(loader, spec, seed, device, gradient_state, shuffling)
-        dataset, seeding = loader.dataset, self._seeding
+    def __init__(self, loader: DataLoader, setup: LoaderSetup) -> None:
+        self._set_up(loader, setup)
+        dataset, seeding, spec = loader.dataset, self._seeding, setup.spec
         self._shard: ShardedBatchSampler | IterableShard
         options = loader_options(loader, self._worker_generator)
         if self._iterable:
@@ -150,10 +143,13 @@ class PreparedDataLoader(DataLoader):
                 )
             else:
                 super().__init__(dataset, batch_sampler=self._shard, **options)
-        # DataLoader forbids setting these after __init__; they describe this rank's batches.
-        object.__setattr__(self, "batch_size", spec.rank_batch_size)
-        object.__setattr__(self, "drop_last", spec.drop_last)
-        self.remainder = sharding.remainder(sample_count(loader), spec)
+        self._describe_rank_batches(loader)
+
+    def _describe_rank_batches(self, loader: DataLoader) -> None:
+        """After DataLoader.__init__ (which forbids setting these later): this rank's batches."""
+        object.__setattr__(self, "batch_size", self.spec.rank_batch_size)
+        object.__setattr__(self, "drop_last", self.spec.drop_last)
+        self.remainder = sharding.remainder(sample_count(loader), self.spec)
 
     # -- Accelerate-compatible attributes ---------------------------------------------------
 

@@ -25,7 +25,6 @@ from typing import Any, TypeVar
 
 from torch import nn
 
-from nbtrain.accelerator import tracking
 from nbtrain.accelerator.checkpoint import stopping
 from nbtrain.accelerator.data import loaderconfig
 from nbtrain.accelerator.data import prepared as data
@@ -36,6 +35,7 @@ from nbtrain.accelerator.front.processes import ProcessMethods
 from nbtrain.accelerator.front.state import StateMethods
 from nbtrain.accelerator.front.training import TrainingStep
 from nbtrain.accelerator.fsdp import setup as fsdp_setup
+from nbtrain.accelerator.tracking.front import Tracking
 from nbtrain.accelerator.training import join, precision
 from nbtrain.accelerator.training.accumulation import (
     GradientAccumulationPlugin,
@@ -106,7 +106,7 @@ class Accelerator(PrepareMethods, StateMethods, ProcessMethods, TrainingStep):
         self._split_arg, self._even_arg = split_batches, even_batches
         self.dataloader_config = loaderconfig.make(dataloader_config, split_batches, even_batches)
         self.project_configuration = compat.project_configuration(project_dir, project_config)
-        self._tracking = tracking.Tracking(log_with, self.logging_dir)
+        self._tracking = Tracking(log_with, self.logging_dir)
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self._set_up_device(cpu, mixed_precision, options, fsdp_plugin)

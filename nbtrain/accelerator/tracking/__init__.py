@@ -5,13 +5,13 @@
 - ``library``: TensorBoard, MLflow, W&B, trackio, Aim and Comet, each calling its library;
 - ``choose``: ``log_with`` checked when the Accelerator is built;
 - ``runs``: the process's run (one per launch, spanning warm cells, continued on resume);
-- ``front``: what the Accelerator delegates to.
+- ``front``: what the Accelerator delegates to (``Tracking``).
 
-Users import these names from ``nbtrain.tracking`` (Accelerate's ``accelerate.tracking``).
+``__all__`` is what users import, from ``nbtrain.tracking`` (Accelerate's ``accelerate.tracking``),
+which re-exports exactly these names.
 """
 
 from nbtrain.accelerator.tracking.base import GeneralTracker, on_main_process
-from nbtrain.accelerator.tracking.front import Tracking
 from nbtrain.accelerator.tracking.library import (
     AimTracker,
     CometMLTracker,
@@ -27,7 +27,6 @@ __all__ = [
     "GeneralTracker",
     "MLflowTracker",
     "TensorBoardTracker",
-    "Tracking",
     "TrackioTracker",
     "WandBTracker",
     "on_main_process",

@@ -58,7 +58,7 @@ def run_on_ray(
         supervisor = run.supervise(RankGroup(backend))
         if not _restartable(run, supervisor) or attempt == max_restarts:
             break
-        error = _named(run.outcome.error(), backend)
+        error = backend.named(run.outcome.error())
         run.say(f"restarting every rank (restart {attempt + 1} of {max_restarts}): "
                 f"{str(error).splitlines()[0]}")
         config = dataclasses.replace(config, stopping=resumed(config.stopping))
@@ -66,8 +66,8 @@ def run_on_ray(
         run.new_attempt()
     try:
         return run.finish(supervisor)
-    except WorkerError as error:  # the root cause's node, by name
-        raise _named(error, backend) from None
+    except WorkerError as error:  # the root cause's node, by name; its traceback kept
+        raise backend.named(error) from error.__cause__
 
 
 def _clock(run: Run) -> Callable[[], None]:
@@ -87,15 +87,6 @@ def _restartable(run: Run, supervisor: Any) -> bool:
         run.outcome.has_failure() and not supervisor.stop_asked and not supervisor.timed_out
         and not supervisor.interrupted
     )
-
-
-def _named(error: WorkerError, backend: RayRanks) -> WorkerError:
-    """The error with its root cause's node: hostname, IP and Ray node id."""
-    node = backend.nodes.get(error.rank)
-    if node is not None:
-        error.node, error.host = backend.node_rank(error.rank), node.describe()
-        error.args = (str(error),)
-    return error
 
 
 class RayRanks:
@@ -125,6 +116,14 @@ class RayRanks:
 
     def node_rank(self, rank: int) -> int:
         return self._node_ranks[self.nodes[rank].node_id]
+
+    def named(self, error: WorkerError) -> WorkerError:
+        """``error`` with its root cause's node: hostname, IP and Ray node id."""
+        node = self.nodes.get(error.rank)
+        if node is not None:
+            error.node, error.host = self.node_rank(error.rank), node.describe()
+            error.args = (str(error),)
+        return error
 
     def start(self) -> list[processes.RankProcess]:
         import ray

@@ -37,6 +37,7 @@ from torch.distributed.elastic.agent.server.api import (
     WorkerState,
 )
 
+from nbtrain.display.runstate import Verdict
 from nbtrain.kernel import tracebacks
 from nbtrain.kernel.config import LaunchConfig
 from nbtrain.kernel.elastic.endings import (
@@ -60,7 +61,6 @@ from nbtrain.kernel.elastic.node import NodeCoordinator
 from nbtrain.kernel.elastic.one_node import LocalCoordinator
 from nbtrain.kernel.group import LocalProcesses, RankGroup, sigint_deferred
 from nbtrain.kernel.local import rank_specs
-from nbtrain.kernel.monitor import Verdict
 from nbtrain.kernel.outcome import Outcome
 from nbtrain.kernel.payload import PreparedCall, released
 from nbtrain.kernel.rendezvous import LocalRendezvous

@@ -24,9 +24,9 @@ import secrets
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from nbtrain.display.runstate import Verdict
 from nbtrain.kernel import cellnames
 from nbtrain.kernel.config import LaunchConfig
-from nbtrain.kernel.monitor import Verdict
 from nbtrain.kernel.run import Run
 from nbtrain.kernel.supervisor import Supervisor
 from nbtrain.kernel.warm.world import World, Worlds
@@ -79,7 +79,7 @@ def execute(
         )
     if keep_failures:  # (before a restart below, which forgets them again)
         worlds.failures.record(ranks, run.outcome)
-    return _ended(worlds, run, group.channel)
+    return _ended(worlds, world, run, group.channel)
 
 
 def _config(
@@ -101,7 +101,7 @@ def _config(
     return config
 
 
-def _ended(worlds: Worlds, run: Run, supervisor: Supervisor) -> Any:
+def _ended(worlds: Worlds, world: World, run: Run, supervisor: Supervisor) -> Any:
     """The command's ending, in the order of the module docstring."""
     __tracebackhide__ = True
     if supervisor.stopping:
@@ -121,7 +121,10 @@ def _ended(worlds: Worlds, run: Run, supervisor: Supervisor) -> Any:
     stops = run.outcome.stops()
     if stops and not run.outcome.has_failure():
         run.stopped(stops, "Every rank is idle again with its state as of that step.")
-    return run.finish(supervisor)
+    try:
+        return run.finish(supervisor)
+    except WorkerError as error:  # (its cause: the rank's traceback, shown in the cell)
+        raise world.named(error) from error.__cause__
 
 
 def _restart_after(worlds: Worlds, run: Run, supervisor: Supervisor) -> None:

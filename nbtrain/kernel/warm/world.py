@@ -28,7 +28,7 @@ from nbtrain.kernel.rendezvous import open_local
 from nbtrain.kernel.stopping import StopOptions, build_policy
 from nbtrain.rank import session_entry
 from nbtrain.shared.commands import Stop
-from nbtrain.shared.errors import SessionError
+from nbtrain.shared.errors import SessionError, WorkerError
 from nbtrain.shared.events import Event
 from nbtrain.shared.options import ProgressMode
 from nbtrain.shared.specs import RankSpec
@@ -49,6 +49,8 @@ class World:
 
     group: RankGroup
     commands: Mapping[int, CommandPipe]
+    # A failure's error as the cell shows it: on a cluster, naming the root cause's node.
+    named: Callable[[WorkerError], WorkerError] = lambda error: error
 
     def send(self, rank: int, data: bytes) -> None:
         # A rank that died meanwhile cannot read: the supervisor sees its exit next.
@@ -209,7 +211,7 @@ def _cluster_world(config: LaunchConfig, cluster: RayCluster) -> World:
     from nbtrain.kernel.cluster.ray_backend import RayRanks
 
     backend = RayRanks(config, cluster, None, say=lambda text: None)
-    return World(_started(backend), dict(backend.senders()))
+    return World(_started(backend), dict(backend.senders()), backend.named)
 
 
 def _started(backend: Backend) -> RankGroup:

@@ -11,6 +11,9 @@ have been (a queued cell runs after this one, or is aborted if this one fails).
 ipykernel 7 queues the main thread's messages on an inproc socket (SubshellManager's
 ``_shell_channel_to_main``): private, so ``for_kernel`` returns None wherever it is not there
 (another kernel, an older ipykernel, no kernel) and the dashboard shows no button.
+
+It sits with the dashboard it serves: the widget view asks ``for_kernel`` whether its button can
+work at all; the kernel's launch loop (kernel/run.py) pumps it.
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from nbtrain.display import runstate
 from nbtrain.display.formatting import format_status
-from nbtrain.kernel import monitor
-from nbtrain.kernel.monitor import RankStatus, RunState, Verdict
+from nbtrain.display.runstate import RankStatus, RunState, Verdict
 from nbtrain.shared.events import Exited, Failed, Finished, Log, Output, Progress, Started, Status
 
 
@@ -78,7 +78,7 @@ def test_a_log_without_step_is_placed_at_the_ranks_step_count() -> None:
 
 
 def test_history_is_thinned_but_keeps_its_newest_point(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(monitor, "HISTORY_CAP", 100)
+    monkeypatch.setattr(runstate, "HISTORY_CAP", 100)
     state = RunState([0])
     for step in range(1000):
         state.apply(Log(0, {"loss": float(step)}, step=step))
@@ -158,7 +158,7 @@ def test_status_text_is_kept_as_a_note() -> None:
 def test_output_lines_are_numbered_capped_and_read_incrementally(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(monitor, "OUTPUT_CAP", 10)
+    monkeypatch.setattr(runstate, "OUTPUT_CAP", 10)
     state = RunState([0, 1])
     for i in range(4):
         state.apply(Output(i % 2, "stdout", f"line {i}"))
@@ -331,7 +331,7 @@ def test_the_rate_runs_on_across_epochs_of_the_same_loop() -> None:
 def test_an_output_listener_gets_every_line_even_beyond_the_cap(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(monitor, "OUTPUT_CAP", 10)
+    monkeypatch.setattr(runstate, "OUTPUT_CAP", 10)
     state = RunState([0])
     heard: list[str] = []
     state.add_output_listener(lambda line: heard.append(line.text))
