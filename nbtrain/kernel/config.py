@@ -317,46 +317,12 @@ def build_config(
     )
     if not isinstance(return_all, bool):
         raise TypeError(f"return_all={return_all!r} must be True or False.")
-    nodes = whole("num_nodes", num_nodes, 1)
-    rank_of_node = whole("node_rank", node_rank, 0)
-    if rank_of_node >= nodes:
-        raise ValueError(
-            f"node_rank={rank_of_node} must be below num_nodes={nodes}: "
-            f"number the nodes 0..{nodes - 1}."
-        )
-    endpoint = None
-    if nodes > 1 or rdzv_endpoint is not None:
-        if rdzv_endpoint is None:
-            raise ValueError(
-                f"num_nodes={nodes} needs rdzv_endpoint='HOST:PORT' (node 0's address, the same "
-                "on every node)."
-            )
-        endpoint = _check_endpoint(rdzv_endpoint)
+    nodes, rank_of_node, endpoint = _check_nodes(num_nodes, node_rank, rdzv_endpoint)
     restarts = whole("max_restarts", max_restarts, 0)
     ids = _check_gpu_ids(gpu_ids)
     xla = _xla_target(allow_xla, ids)
-    if num_processes is None:
-        processes = default_num_processes(ids, xla)
-    else:
-        processes = whole("num_processes", num_processes, 1, hint(
-            " Use None for one rank per visible GPU.",
-            " Leave --num-processes out for the default: one rank per visible GPU, 8 on a TPU"
-            " host, else 1.",
-        ))
-    if ids is not None and processes > len(ids):
-        raise ValueError(
-            f"num_processes={processes} but gpu_ids={list(ids)!r} lists {len(ids)} GPU(s): "
-            "give one GPU per rank, or lower num_processes."
-        )
-    uses_cuda = ids is not None or environment.cuda_device_count() > 0
-    start = choose_start_method(start_method, uses_cuda)
-    clean = "forkserver" in environment.available_start_methods()
-    if xla is not None and start_method == "auto" and clean:
-        # A kernel that already ran autograd (any backward()) forks children whose autograd
-        # engine cannot serve XLA devices (an internal assert in backward): start the XLA host
-        # from the forkserver, a clean process that is warm after the first launch.
-        start = StartChoice(StartMethod.FORKSERVER, "forkserver: XLA host from a clean process")
-    _check_xla_runtime(start, xla)
+    processes = _check_num_processes(num_processes, ids, xla)
+    start = _start_for(start_method, ids, xla)
     counted = ""
     if xla is not None:
         mode = precision.value if precision else None
@@ -381,6 +347,64 @@ def build_config(
         xla_device=xla.device if xla is not None else "",
         xla_counted=counted,
     )
+
+
+def _check_nodes(
+    num_nodes: object, node_rank: object, rdzv_endpoint: object
+) -> tuple[int, int, str | None]:
+    """num_nodes, node_rank and rdzv_endpoint, checked together."""
+    nodes = whole("num_nodes", num_nodes, 1)
+    rank_of_node = whole("node_rank", node_rank, 0)
+    if rank_of_node >= nodes:
+        raise ValueError(
+            f"node_rank={rank_of_node} must be below num_nodes={nodes}: "
+            f"number the nodes 0..{nodes - 1}."
+        )
+    if nodes == 1 and rdzv_endpoint is None:
+        return nodes, rank_of_node, None
+    if rdzv_endpoint is None:
+        raise ValueError(
+            f"num_nodes={nodes} needs rdzv_endpoint='HOST:PORT' (node 0's address, the same "
+            "on every node)."
+        )
+    return nodes, rank_of_node, _check_endpoint(rdzv_endpoint)
+
+
+def _check_num_processes(
+    num_processes: object, ids: tuple[int, ...] | None, xla: tpu.XlaTarget | None
+) -> int:
+    """num_processes (None: one rank per visible GPU, 8 on a TPU host, else 1), checked
+    against gpu_ids."""
+    if num_processes is None:
+        processes = default_num_processes(ids, xla)
+    else:
+        processes = whole("num_processes", num_processes, 1, hint(
+            " Use None for one rank per visible GPU.",
+            " Leave --num-processes out for the default: one rank per visible GPU, 8 on a TPU"
+            " host, else 1.",
+        ))
+    if ids is not None and processes > len(ids):
+        raise ValueError(
+            f"num_processes={processes} but gpu_ids={list(ids)!r} lists {len(ids)} GPU(s): "
+            "give one GPU per rank, or lower num_processes."
+        )
+    return processes
+
+
+def _start_for(
+    start_method: object, ids: tuple[int, ...] | None, xla: tpu.XlaTarget | None
+) -> StartChoice:
+    """How the ranks start, checked against what torch_xla needs."""
+    uses_cuda = ids is not None or environment.cuda_device_count() > 0
+    start = choose_start_method(start_method, uses_cuda)
+    clean = "forkserver" in environment.available_start_methods()
+    if xla is not None and start_method == "auto" and clean:
+        # A kernel that already ran autograd (any backward()) forks children whose autograd
+        # engine cannot serve XLA devices (an internal assert in backward): start the XLA host
+        # from the forkserver, a clean process that is warm after the first launch.
+        start = StartChoice(StartMethod.FORKSERVER, "forkserver: XLA host from a clean process")
+    _check_xla_runtime(start, xla)
+    return start
 
 
 def _xla_target(allow: bool, gpu_ids: tuple[int, ...] | None) -> tpu.XlaTarget | None:
