@@ -98,9 +98,9 @@ def store_dashboards(path: Path, run: nbformat.NotebookNode) -> None:
     for kept, ran in zip(stored.cells, run.cells, strict=True):
         for output, new in zip(kept.get("outputs", []), ran.get("outputs", []), strict=False):
             html = new.get("data", {}).get("text/html")
-            old = output.get("data", {}).get("text/html")
-            if old is not None and "nbtrain-static" in str(html) and old != html:
-                output["data"]["text/html"] = html
+            same = output.get("output_type") == new.get("output_type") == "display_data"
+            if same and "nbtrain-static" in str(html) and output.data.get("text/html") != html:
+                output.data["text/html"] = html  # (added where only the text was stored)
                 changed = True
     if changed:
         nbformat.write(stored, path)
