@@ -16,7 +16,9 @@ __all__ = [
     "format_value",
     "has_progress",
     "phase",
+    "phase_parts",
     "run_eta",
+    "status_parts",
 ]
 
 
@@ -61,15 +63,23 @@ def format_status(view: RankView) -> str:
     """'running', 'done', 'failed: ValueError: boom', or a phase note while running; then the
     rank's GPU and the memory it holds there, when it uses one ('running · NVIDIA H100 · 3.1
     GiB')."""
+    return "".join(status_parts(view))
+
+
+def status_parts(view: RankView) -> tuple[str, str]:
+    """format_status as (text, tail): a cell too narrow for the whole status cuts the text and
+    keeps the tail, which says what moves (a phase's seconds: 'forming the process group …
+    (3s)'). A failure has no tail: its start names the error type and is kept by a cut at
+    its end."""
     if view.status is RankStatus.FAILED and view.failure:
-        return f"failed: {view.failure}"
+        return f"failed: {view.failure}", ""
+    gpu = f" · {view.gpu}" if view.gpu else ""
     if view.status in (RankStatus.STARTING, RankStatus.RUNNING) and view.note:
-        status = phase(view)
-    elif view.status is RankStatus.STOPPED and view.stopped_as:
-        status = view.stopped_as
-    else:
-        status = view.status.value
-    return f"{status} · {view.gpu}" if view.gpu else status
+        note, lasted = phase_parts(view)
+        return note, lasted + gpu
+    if view.status is RankStatus.STOPPED and view.stopped_as:
+        return view.stopped_as + gpu, ""
+    return view.status.value + gpu, ""
 
 
 PHASE_TIMED_AFTER = 1.0  # seconds: a phase that lasts this long says for how long
@@ -78,12 +88,18 @@ PHASE_TIMED_AFTER = 1.0  # seconds: a phase that lasts this long says for how lo
 def phase(view: RankView, now: float | None = None) -> str:
     """What the rank is busy with ('importing torch'), and for how long once that is a while
     ('importing torch (3s)'): starting ranks and waits say what takes the time."""
+    return "".join(phase_parts(view, now))
+
+
+def phase_parts(view: RankView, now: float | None = None) -> tuple[str, str]:
+    """phase() as (what, for how long): ('importing torch', ' (3s)'), or ('starting Python',
+    '') for a phase younger than PHASE_TIMED_AFTER."""
     if not view.note or view.note_at is None:
-        return view.note
+        return view.note, ""
     lasted = (time.time() if now is None else now) - view.note_at
     if lasted < PHASE_TIMED_AFTER:
-        return view.note
-    return f"{view.note} ({lasted:.0f}s)"
+        return view.note, ""
+    return view.note, f" ({lasted:.0f}s)"
 
 
 def timed_phase(view: RankView) -> bool:

@@ -6,27 +6,41 @@ their column widths from ``COLUMNS``, so both look alike and a reopened notebook
 as it ended. Column widths are fixed (pixels or a share of the row), never sized by their text:
 nothing shifts as texts change length, and a text too long for its column ends in "…" with the
 full text as its tooltip.
+
+The status takes the columns to its left that its row leaves empty (``RowCells.span``): a
+starting rank's phase spans the steps and metrics columns it has nothing for yet, and a failed
+rank's error takes the metrics column too (the error says more than the last loss, which the
+chart and the tooltip keep). A span starts and ends on the columns' own edges, so every row
+stays aligned with the others; cells sit edge to edge (no gap: spacing is inside a cell) so
+that a span's width is exactly the sum of the columns it covers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from html import escape
 
-from nbtrain.display.formatting import format_metrics, format_status, format_steps, has_progress
+from nbtrain.display.formatting import format_metrics, format_steps, has_progress, status_parts
 from nbtrain.display.runstate import RankStatus, RankView
 
 # flex of each column of a row: the bar takes what the others leave (at least BAR_MIN). The
 # text columns' sizes come from the row's width only (min-width 0: never from their text); when
-# the row is too narrow for them all they shrink together, so nothing leaves the row.
+# the row is too narrow for them all they shrink together, so nothing leaves the row. The label
+# shrinks fastest (its "rank N" comes first; the device is on hover): in JupyterLab at 900 px
+# the failed rank's status then still shows "failed: ValueError:".
 COLUMNS = {
-    "label": "0 1 180px",  # 'rank 10 · cuda:10 · fsdp2' at 13 px; longer ends in "…"
+    "label": "0 4 180px",  # 'rank 10 · cuda:10 · fsdp2' at 13 px; longer ends in "…"
     "bar": "1 1 0px",
-    "steps": "0 1 27%",
+    "steps": "0 1 25%",
     "metrics": "0 1 25%",
-    "status": "0 1 16%",
+    "status": "0 1 18%",  # 'stopped' whole at 900 px in JupyterLab
 }
+# The status column's flex when it spans 1, 2 or 3 columns (status; metrics + status; steps +
+# metrics + status): the sum of the spanned columns' shares, so its edges are theirs.
+STATUS_SPANS = {1: COLUMNS["status"], 2: "0 1 43%", 3: "0 1 68%"}
+SPANNED = {2: ("metrics",), 3: ("steps", "metrics")}  # the columns a span hides
+CELL_PADDING = "6px"  # left of each text column after the bar: the space between columns
 BAR_MIN = "60px"
 BAR_COLORS = {"": "#2196f3", "success": "#4caf50", "danger": "#e53935", "warning": "#fb8c00"}
 BAR_STYLES = {
@@ -46,13 +60,26 @@ _ONE_LINE = "white-space:nowrap;overflow:hidden;text-overflow:ellipsis;display:b
 # ipywidgets wraps an HTML widget's markup in a flex item (.widget-html-content) whose
 # min-width stays 'auto': it grows with its text, so an ellipsis never applies and a long step
 # text is drawn over the next column. Scoped to the dashboard's own class.
+# A live row's span is a class of its box (nbtrain-span-N): one model change that the browser
+# applies at once. (Hiding cells and widening the status through the cells' own layouts takes
+# several messages, and the frames between them draw the bar over the hidden columns.)
 LIVE_CSS = (
     "<style>"
     ".nbtrain-dashboard .nbtrain-cell,"
     ".nbtrain-dashboard .nbtrain-cell .widget-html-content"
-    "{min-width:0;overflow:hidden}"
+    "{min-width:0;overflow:hidden;box-sizing:border-box}"
     ".nbtrain-dashboard .nbtrain-cell .widget-html-content{display:block}"
-    "</style>"
+    + "".join(
+        f".nbtrain-dashboard .nbtrain-span-{span} > .nbtrain-{name}{{display:none !important}}"
+        for span, names in SPANNED.items()
+        for name in names
+    )
+    + "".join(
+        f".nbtrain-dashboard .nbtrain-span-{span} > .nbtrain-status{{flex:{flex} !important}}"
+        for span, flex in STATUS_SPANS.items()
+        if span > 1
+    )
+    + "</style>"
 )
 
 
@@ -66,22 +93,44 @@ class RowCells:
     bar_style: str
     steps: str
     metrics: str
-    status: str
+    status: str  # cut at its end when its column is too narrow
+    status_tail: str  # kept whole after the status (a phase's seconds)
     status_color: str | None
+    span: int  # columns the status takes: 1, 2 (and metrics') or 3 (and steps')
+
+    @property
+    def status_title(self) -> str:
+        """The status whole, and the metrics its span hides."""
+        whole = self.status + self.status_tail
+        hidden = self.metrics if self.span >= 2 else ""
+        return f"{whole}\nlast logged: {hidden}" if hidden else whole
 
 
 def row_cells(view: RankView) -> RowCells:
     value, maximum = bar_position(view)
+    steps = format_steps(view) if has_progress(view) else ""
+    metrics = format_metrics(view.metrics) if view.metrics else ""
+    status, tail = status_parts(view)
     return RowCells(
         label=label_html(view),
         value=value,
         maximum=maximum,
         bar_style=BAR_STYLES[view.status],
-        steps=format_steps(view) if has_progress(view) else "",
-        metrics=format_metrics(view.metrics) if view.metrics else "",
-        status=format_status(view),
+        steps=steps,
+        metrics=metrics,
+        status=status,
+        status_tail=tail,
         status_color=STATUS_COLORS.get(view.status),
+        span=status_span(steps, metrics, failed=view.status is RankStatus.FAILED),
     )
+
+
+def status_span(steps: str, metrics: str, *, failed: bool) -> int:
+    """Columns the status takes (see the module doc): the empty ones before it, and a failed
+    rank's metrics column."""
+    if metrics and not failed:
+        return 1
+    return 2 if steps else 3
 
 
 def label_html(view: RankView) -> str:
@@ -102,41 +151,62 @@ def bar_position(view: RankView) -> tuple[int, int]:
     return (1 if done else 0), 1
 
 
-def one_line_html(text: str, style: str = "") -> str:
-    """A cell that never wraps (rows keep their height); the full text shows on hover."""
-    if not text:
+def one_line_html(text: str, style: str = "", *, tail: str = "", title: str = "") -> str:
+    """A cell that never wraps (rows keep their height); the full text (or ``title``) shows
+    on hover. ``tail`` stays visible after ``text`` however narrow the cell: the text is an
+    inline block that leaves the tail its width (in ``ch``: a digit's width; an inline block,
+    not a flex item, so the cell's innerText stays one line), and ends in "…" when cut."""
+    if not text and not tail:
         return ""
     shown = escape(text)
-    return f'<span title="{shown}" style="{_ONE_LINE}{style}">{shown}</span>'
+    if tail:
+        shown = (
+            f'<span style="display:inline-block;vertical-align:top;overflow:hidden;'
+            f'text-overflow:ellipsis;max-width:calc(100% - {len(tail)}ch)">{shown}</span>'
+            f'<span class="nbtrain-tail">{escape(tail)}</span>'
+        )
+    whole = escape(title or text + tail)
+    return f'<span title="{whole}" style="{_ONE_LINE}{style}">{shown}</span>'
 
 
 def status_html(cells: RowCells) -> str:
     color = cells.status_color
-    return one_line_html(cells.status, f";color:{color};font-weight:bold" if color else "")
+    return one_line_html(
+        cells.status,
+        f";color:{color};font-weight:bold" if color else "",
+        tail=cells.status_tail,
+        title=cells.status_title,
+    )
 
 
-def static_row(view: RankView, columns: Mapping[str, str] = COLUMNS) -> str:
+def static_row(view: RankView) -> str:
     """The row as plain HTML (a CSS bar), laid out like the live row."""
     cells = row_cells(view)
     percent = 100 * cells.value / cells.maximum if cells.maximum else 0
     color = BAR_COLORS.get(cells.bar_style, BAR_COLORS[""])
-    column = "min-width:0;overflow:hidden;flex:"
+    hidden = SPANNED.get(cells.span, ())
+
+    def column(name: str, flex: str, content: str) -> str:
+        shown = "display:none;" if name in hidden else ""
+        return (
+            f'<div class="nbtrain-{name}" style="{shown}min-width:0;overflow:hidden;'
+            f'box-sizing:border-box;padding-left:{CELL_PADDING};flex:{flex}">{content}</div>'
+        )
+
     parts = [
-        f'<div class="nbtrain-label" style="{column}{columns["label"]}">{cells.label}</div>',
+        f'<div class="nbtrain-label" style="min-width:0;overflow:hidden;flex:{COLUMNS["label"]}">'
+        f"{cells.label}</div>",
         f'<div class="nbtrain-bar" data-value="{cells.value}" data-max="{cells.maximum}" '
-        f'data-style="{cells.bar_style}" style="flex:{columns["bar"]};min-width:{BAR_MIN};'
-        'height:14px;background:#eee">'
+        f'data-style="{cells.bar_style}" style="flex:{COLUMNS["bar"]};min-width:{BAR_MIN};'
+        'height:14px;margin:0 4px;background:#eee">'
         f'<div style="width:{percent:.1f}%;height:100%;background:{color}"></div></div>',
-        f'<div class="nbtrain-steps" style="{column}{columns["steps"]};padding-left:6px">'
-        f"{one_line_html(cells.steps)}</div>",
-        f'<div class="nbtrain-metrics" style="{column}{columns["metrics"]}">'
-        f"{one_line_html(cells.metrics)}</div>",
-        f'<div class="nbtrain-status" style="{column}{columns["status"]}">'
-        f"{status_html(cells)}</div>",
+        column("steps", COLUMNS["steps"], one_line_html(cells.steps)),
+        column("metrics", COLUMNS["metrics"], one_line_html(cells.metrics)),
+        column("status", STATUS_SPANS[cells.span], status_html(cells)),
     ]
     return (
         f'<div class="nbtrain-row" data-rank="{view.rank}" data-status="{view.status.value}" '
-        'style="display:flex;align-items:center;gap:4px;height:24px">'
+        'style="display:flex;align-items:center;height:24px">'
         f"{''.join(parts)}</div>"
     )
 
@@ -144,12 +214,7 @@ def static_row(view: RankView, columns: Mapping[str, str] = COLUMNS) -> str:
 def static_dashboard(title: str, ranks: Iterable[RankView], extras: Iterable[str]) -> str:
     """The whole dashboard as static HTML: title, a row per rank, then ``extras`` (markup of
     the charts, output and summary, as the live dashboard last showed them)."""
-    views = list(ranks)
-    columns = COLUMNS
-    if not any(view.metrics for view in views):
-        # Nothing logged: the status (a failure's reason) gets the metrics' share of the row.
-        columns = {**COLUMNS, "metrics": "0 0 0px", "status": "0 1 41%"}
-    rows = "".join(static_row(view, columns) for view in views)
+    rows = "".join(static_row(view) for view in ranks)
     tail = "".join(f"<div>{part}</div>" for part in extras if part)
     return (
         '<div class="nbtrain-static" style="width:100%;font-size:13px;line-height:1.4">'

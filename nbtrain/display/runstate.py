@@ -293,11 +293,17 @@ def _reset_attempt(view: RankView) -> None:
     view.version += 1
 
 
+# A failure's first line is kept whole up to this length: the text view prints it and the row's
+# tooltip shows it (the row cuts it to its width); only an absurd line is cut here.
+FAILURE_CHARS = 1000
+
+
 def _one_line(text: str) -> str:
     lines = text.strip().splitlines()
     if not lines:
         return ""
-    return lines[0] if len(lines[0]) <= 200 else lines[0][:199] + "…"
+    line = lines[0]
+    return line if len(line) <= FAILURE_CHARS else line[: FAILURE_CHARS - 1] + "…"
 
 
 def _apply_progress(view: RankView, event: Progress) -> None:

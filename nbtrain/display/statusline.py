@@ -4,12 +4,14 @@ Each running rank gets a part such as ``r0 epoch 3 16/32 12.5 it/s ETA 0:02 loss
 loop's description (in a nested loop the description says which epoch, where the step count only
 says how far into it), step/total, it/s, ETA and its first metric. When the parts of every rank
 do not fit the width, detail goes in this order: the metric, the it/s, the description, the ETA;
-step/total always stays, and only a line that still does not fit is cut.
+step/total always stays. A rank busy with a phase shows it instead (``r1 forming the process
+group (gloo): waiting for every rank (3s)``); a phase too long for its share of the line is cut
+in its text, never in its seconds. Only a line that still does not fit is cut.
 """
 
 from __future__ import annotations
 
-from nbtrain.display.formatting import format_duration, format_metrics, phase
+from nbtrain.display.formatting import format_duration, format_metrics, phase_parts
 from nbtrain.display.runstate import RankView
 
 # What each level of detail shows, richest first.
@@ -28,13 +30,32 @@ def status_line(views: list[RankView], width: int) -> str:
         text = " | ".join(rank_part(view, level) for view in views)
         if len(text) <= width:
             return text
+    text = " | ".join(_short_phases(views, width))
     return text[:width]
+
+
+def _short_phases(views: list[RankView], width: int) -> list[str]:
+    """Each rank's shortest part, a phase's text cut to the share of ``width`` that the other
+    parts leave it, its seconds kept: 'r0 forming the proc… (3s)'."""
+    parts = [rank_part(view, ()) for view in views]
+    phases = [i for i, view in enumerate(views) if view.note]
+    if not phases:
+        return parts
+    others = sum(len(part) for i, part in enumerate(parts) if i not in phases)
+    share = (width - others - 3 * (len(parts) - 1)) // len(phases)
+    for i in phases:
+        view = views[i]
+        note, lasted = phase_parts(view)
+        room = share - len(f"r{view.rank} ") - len(lasted)
+        if len(note) > room > 1:  # (no room at all: the line's cut is all that is left)
+            parts[i] = f"r{view.rank} {note[: room - 1]}…{lasted}"
+    return parts
 
 
 def rank_part(view: RankView, shown: tuple[str, ...] = _LEVELS[0]) -> str:
     parts = [f"r{view.rank}"]
     if view.note:  # what the rank waits for says more than a step count that does not move
-        return f"r{view.rank} {phase(view)}"
+        return f"r{view.rank} {''.join(phase_parts(view))}"
     if "desc" in shown and view.desc:
         parts.append(view.desc)
     if view.total is not None:

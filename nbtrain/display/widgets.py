@@ -31,6 +31,7 @@ from nbtrain.display.commpump import CommPump
 from nbtrain.display.formatting import format_duration, timed_phase
 from nbtrain.display.rows import (
     BAR_MIN,
+    CELL_PADDING,
     COLUMNS,
     LIVE_CSS,
     STATUS_COLORS,
@@ -81,7 +82,8 @@ class IPythonDisplay:
 
 
 class RankRow:
-    """The widgets of one rank's row (columns as in rows.COLUMNS, shared with the static row)."""
+    """The widgets of one rank's row (columns as in rows.COLUMNS, shared with the static row;
+    the status spans the empty ones, as there)."""
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
@@ -96,6 +98,8 @@ class RankRow:
             [self.label, self.bar, self.steps, self.metrics, self.status],
             layout=widgets.Layout(align_items="center", width="100%"),
         )
+        self.box.add_class("nbtrain-span-1")
+        self.span = 1
         self.version = -1
 
     def widgets(self) -> list[widgets.Widget]:
@@ -116,11 +120,22 @@ class RankRow:
         self.steps.value = one_line_html(cells.steps)
         self.metrics.value = one_line_html(cells.metrics)
         self.status.value = status_html(cells)
+        # The status spans the columns its row leaves empty: a class of the row (rows.LIVE_CSS)
+        if cells.span != self.span:
+            self.box.remove_class(f"nbtrain-span-{self.span}")
+            self.box.add_class(f"nbtrain-span-{cells.span}")
+            self.span = cells.span
 
 
 def _cell(column: str) -> widgets.HTML:
-    cell = widgets.HTML(layout=widgets.Layout(flex=COLUMNS[column], min_width="0"))
+    # Edge to edge (no margin; the space between columns is padding inside them): a spanning
+    # status is then exactly as wide as the columns it covers.
+    padding = "0" if column == "label" else f"0 0 0 {CELL_PADDING}"
+    cell = widgets.HTML(
+        layout=widgets.Layout(flex=COLUMNS[column], min_width="0", margin="0", padding=padding)
+    )
     cell.add_class("nbtrain-cell")
+    cell.add_class(f"nbtrain-{column}")
     return cell
 
 

@@ -4,9 +4,12 @@ One notebook per frontend: a launch whose rank 1 fails with a long message, then
 with nested loops (epoch + batch) and four metrics with long names that is interrupted from the
 kernel (the stop button) mid-run. Checked on the DOM, at 1400 px and at 900 px width:
 - no box of a row draws over the next one: the bounding rectangles of a row's columns are
-  disjoint and each column's text stays inside its column (so long texts end in "…");
+  disjoint and each column's text stays inside its column (so long texts end in "…"); every
+  column's edges are the dashboard's column edges (a status spanning empty columns included),
+  and they do not move as texts change;
 - after the interrupt every row says "stopped" (orange), with the step it had reached, no ETA;
-  the failed rank's long reason is ellipsized with the full text as its tooltip;
+  the failed rank's long reason takes the metrics column too and shows its error type whole,
+  its message ellipsized with the full text (and the hidden metrics) as its tooltip;
 - mid-run, a click on the dashboard's "where?" button shows where each rank is in the cell;
 - after save and reopen in a fresh page (new kernel), each launch shows its static dashboard
   and no "Error displaying widget".
@@ -102,7 +105,11 @@ READY_JS = """(path) => {
 }"""
 
 # Every row of a dashboard (live: a widget HBox holding a bar; static: div.nbtrain-row) as the
-# rectangles of its visible columns and of the text element inside each.
+# rectangles of its visible columns and of the text element inside each. ``clipped``: its text
+# (or the part of it that may be cut) is wider than its box. ``keptRight``: where the part that
+# must stay readable ends: a phase's seconds (the .nbtrain-tail), or a failure's "failed: Type:"
+# followed by the "…" of a cut (its width measured in the cell's font: where the browser draws
+# cut glyphs is not observable); ``shownRight``: where the visible text box ends.
 ROWS_JS = """(selector) => Array.from(document.querySelectorAll(selector))
     .filter(row => row.querySelector('.progress-bar, .nbtrain-bar'))
     .map(row => Array.from(row.children)
@@ -112,9 +119,22 @@ ROWS_JS = """(selector) => Array.from(document.querySelectorAll(selector))
             const whole = row.getBoundingClientRect();
             const inner = col.querySelector('span[title]');
             const text = inner ? inner.getBoundingClientRect() : box;
+            const cut = inner ? [inner, ...inner.querySelectorAll('span')] : [];
+            let keptRight = null;
+            const tail = inner && inner.querySelector('.nbtrain-tail');
+            const failed = inner && /^failed: [^:]+:/.exec(inner.innerText);
+            if (tail) keptRight = tail.getBoundingClientRect().right;
+            else if (failed) {
+                const canvas = window.nbtrainCanvas = window.nbtrainCanvas
+                    || document.createElement('canvas');
+                const context = canvas.getContext('2d');
+                context.font = getComputedStyle(inner).font;
+                keptRight = text.left + context.measureText(failed[0] + ' …').width;
+            }
             return {left: box.left, right: box.right, rowRight: whole.right, textLeft: text.left,
                     textRight: text.right, text: col.innerText, title: inner ? inner.title : '',
-                    clipped: inner ? inner.scrollWidth > inner.clientWidth : false,
+                    clipped: cut.some(el => el.scrollWidth > el.clientWidth),
+                    keptRight, shownRight: inner ? text.left + inner.clientWidth : box.right,
                     status: row.dataset.status || ''};
         }))"""
 
@@ -200,6 +220,32 @@ def _overlaps(rows: list[list[dict]]) -> list[str]:
     return found
 
 
+def _hidden_kept_parts(rows: list[list[dict]]) -> list[str]:
+    """Texts whose part that must stay readable (a failure's type, a phase's seconds) is cut."""
+    return [
+        f"{col['text']!r}: its kept part ends at {col['keptRight']:.0f}, its box at "
+        f"{col['shownRight']:.0f}"
+        for cols in rows for col in cols
+        if col["keptRight"] is not None and col["keptRight"] > col["shownRight"] + 0.5
+    ]
+
+
+def _off_the_grid(rows: list[list[dict]], grid: list[float]) -> list[str]:
+    """Column edges that are not edges of the dashboard's columns (``grid``: the edges of a row
+    that shows every column): a status spanning empty columns starts and ends on theirs."""
+    return [
+        f"{col['text']!r} spans {col['left']:.0f}-{col['right']:.0f}, not on {grid}"
+        for cols in rows for col in cols
+        for edge in (col["left"], col["right"])
+        if min(abs(edge - line) for line in grid) > 1
+    ]
+
+
+def _grid(rows: list[list[dict]]) -> list[float]:
+    full = next(cols for cols in rows if len(cols) == 5)
+    return sorted({edge for col in full for edge in (col["left"], col["right"])})
+
+
 def _shot(page, frontend: str, moment: str) -> None:
     page.screenshot(path=str(ARTIFACTS / f"dashboard_{frontend}_{moment}.png"), full_page=False)
 
@@ -278,7 +324,7 @@ def test_rows_fit_their_columns_stop_cleanly_and_survive_save_and_reopen(server)
     # Mid-run: the live rows' columns never drew over each other.
     assert live["samples"] >= 3, live
     assert live["problems"] == [], live["problems"][:5]
-    assert len(live["columns"]) == 1, f"columns moved as their texts changed: {live['columns']}"
+    assert len(live["grids"]) == 1, f"columns moved as their texts changed: {live['grids']}"
     assert any("ETA" in col["text"] for cols in live["rows"] for col in cols), live["rows"]
     # "where?" answered while the launch ran: each rank in the notebook's train loop.
     assert "rank 0 is in " in live["where"] and "rank 1 is in " in live["where"], live["where"]
@@ -286,14 +332,23 @@ def test_rows_fit_their_columns_stop_cleanly_and_survive_save_and_reopen(server)
     for width, rows in ended.items():
         assert len(rows) == 4, (width, rows)  # 2 ranks x 2 launches
         assert _overlaps(rows) == [], (width, _overlaps(rows))
+        assert _off_the_grid(rows, _grid(rows)) == [], width
         failed_run, stopped_run = rows[:2], rows[2:]
         statuses = [cols[-1]["text"] for cols in failed_run]
         assert statuses[0] == "stopped" and statuses[1].startswith("failed: ValueError")
+        # The failure takes the metrics column too: its type stays readable, its message is
+        # cut to what fits and is whole in the tooltip (with the metrics it hides).
         reason = failed_run[1][-1]
-        assert reason["clipped"] and reason["title"].endswith("…"), reason  # ellipsized
+        assert len(failed_run[1]) == 4 and len(failed_run[0]) == 5, failed_run
+        assert reason["keptRight"] is not None and _hidden_kept_parts(rows) == [], (
+            width, reason)
+        assert reason["clipped"], reason  # ellipsized
         assert "returned a batch whose tensors" in reason["title"]
+        assert "x" * 200 + "\nlast logged: train/cross_entropy_loss" in reason["title"]
+        assert not failed_run[0][-1]["clipped"], failed_run[0]  # 'stopped' whole at 900 px
         for cols in stopped_run:
             assert cols[0]["status"] == "stopped" and cols[-1]["text"] == "stopped", cols
+            assert not cols[-1]["clipped"], (width, cols[-1])
             steps = cols[2]["title"]  # where it was: the interrupt came in epoch 2 or later
             assert "ETA" not in steps and "/400" in steps and "epoch 1/3" not in steps, steps
     assert reopened["static"] == 2, reopened
@@ -308,7 +363,7 @@ def _watch_live_run(page, frontend: str) -> dict:
     """Sample the long launch's live rows until it is well under way; screenshot it."""
     deadline = time.monotonic() + 240
     samples, problems, rows, where = 0, [], [], ""
-    columns = set()  # the x-extent of every column, per sample: text changes must not move them
+    grids = set()  # the columns' edges, per sample: text changes must not move them
     page.wait_for_function(
         "() => document.querySelectorAll('.nbtrain-static').length === 1", timeout=180_000
     )
@@ -316,8 +371,12 @@ def _watch_live_run(page, frontend: str) -> dict:
         rows = page.evaluate(ROWS_JS, LIVE_ROWS)
         if len(rows) == 2:
             samples += 1
-            problems += _overlaps(rows)
-            columns.add(tuple((round(c["left"]), round(c["right"])) for cols in rows for c in cols))
+            problems += _overlaps(rows) + _hidden_kept_parts(rows)
+            if all(len(cols) == 5 for cols in rows):  # (a starting rank's status spans)
+                grids.add(tuple(round(edge) for edge in _grid(rows)))
+            else:
+                problems += _off_the_grid(rows, _grid(rows)) if any(
+                    len(cols) == 5 for cols in rows) else []
             texts = " ".join(col["text"] for cols in rows for col in cols)
             if samples >= 3 and "epoch 2/3" in texts:
                 _scroll_to(page, ".nbtrain-dashboard")
@@ -331,7 +390,7 @@ def _watch_live_run(page, frontend: str) -> dict:
                 where = _ask_where(page, frontend)
                 break
         time.sleep(0.5)
-    return {"samples": samples, "problems": problems, "rows": rows, "columns": columns,
+    return {"samples": samples, "problems": problems, "rows": rows, "grids": grids,
             "where": where}
 
 

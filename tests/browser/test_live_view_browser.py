@@ -2,13 +2,14 @@
 
 A notebook launches 2 spawned ranks. While they start, every text their rows show is recorded:
 a starting rank says what it is busy with (starting Python, importing torch, forming the process
-group) and, after a second, for how long. While the cell runs, the bars' widths are read from the
-DOM every half second: both ranks must advance live (several distinct widths mid-run) and end at
-100% in green. A second notebook debugs a rank from the cell as a user does: ``breakpoint()`` in
-rank 1 opens a ``(Pdb) rank 1>`` prompt in the kernel's input box, where ``p x`` and ``c`` are
-typed; then a post-mortem (``debug=True``) of a failed rank. Both notebooks share one
-JupyterLab server. Screenshots go to tests/artifacts/ (live_view_<moment>.png,
-debug_<moment>.png); look at them.
+group) and, after a second, for how long; at 900 px, where the phase is longer than its row, it
+spans the empty steps and metrics columns and its seconds stay visible. While the cell runs,
+the bars' widths are read from the DOM every half second: both ranks must advance live
+(several distinct widths mid-run) and end at 100% in green. A second notebook debugs a rank
+from the cell as a user does: ``breakpoint()`` in rank 1 opens a ``(Pdb) rank 1>`` prompt in
+the kernel's input box, where ``p x`` and ``c`` are typed; then a post-mortem (``debug=True``)
+of a failed rank. Both notebooks share one JupyterLab server. Screenshots go to
+tests/artifacts/ (live_view_<moment>.png, debug_<moment>.png); look at them.
 
 Needs: ``apt-get install -y chromium`` and ``pip install jupyterlab playwright`` (Playwright
 cannot download its own browser here; Debian's is used). Skips when those are missing, except in
@@ -297,7 +298,10 @@ def test_ranks_say_how_they_start_then_advance_live_and_end_green(lab) -> None:
             page.wait_for_selector(
                 ".nbtrain-dashboard .progress-bar", state="attached", timeout=120_000
             )
-            starting_shots = _watch_start(page)
+            # 900 px (JupyterLab's side bar open): a long phase is wider than its row
+            page.set_viewport_size({"width": 900, "height": 1000})
+            starting_shots, seconds = _watch_start(page)
+            page.set_viewport_size({"width": 1400, "height": 1000})
             widths, final, mid_shot = _watch(page)
             shown = page.evaluate("() => Array.from(window.nbtrainRows)")
         finally:
@@ -310,6 +314,10 @@ def test_ranks_say_how_they_start_then_advance_live_and_end_green(lab) -> None:
         assert any(p.startswith(phase) for p in phases), f"{phase!r} never shown: {phases}"
     assert any(PHASE_SECONDS.search(p) for p in phases), f"no phase said its seconds: {phases}"
     assert starting_shots == {"starting", "forming"}, starting_shots
+    # The phase took the empty steps and metrics columns, and however much of its text was cut,
+    # its seconds were shown whole inside the row.
+    assert seconds and all(s["spans"] and s["shown"] for s in seconds), seconds
+    assert any(s["cut"] for s in seconds), f"no phase was too long to test the cut: {seconds}"
     assert sorted(final) == [0, 1], f"dashboard rows seen at the end: {final}"
     for rank in (0, 1):
         between = {w for w in widths[rank] if 0 < w < 100}
@@ -319,16 +327,18 @@ def test_ranks_say_how_they_start_then_advance_live_and_end_green(lab) -> None:
     assert mid_shot, "no mid-run screenshot was taken"
 
 
-def _watch_start(page) -> set[str]:
+def _watch_start(page) -> tuple[set[str], list[dict]]:
     """Until a rank shows steps: screenshot the rows once a phase says its seconds
     (live_view_starting.png) and once rank 0 waits to form the process group
     (live_view_forming.png). The moments shot (a shot counts only if the rows still show its
-    moment after it was taken: a screenshot takes a while on a loaded machine)."""
+    moment after it was taken: a screenshot takes a while on a loaded machine), and how each
+    row with a timed phase showed it (SECONDS_JS) at the forming moment."""
     moments = {
         "starting": lambda s: bool(PHASE_SECONDS.search(s)),
         "forming": lambda s: s.startswith("forming") and bool(PHASE_SECONDS.search(s)),
     }
     shots: set[str] = set()
+    seconds: list[dict] = []
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and len(shots) < len(moments):
         rows = page.evaluate(ROWS_JS)
@@ -336,11 +346,32 @@ def _watch_start(page) -> set[str]:
             break  # training: the start is over
         for moment, shows in moments.items():
             if moment not in shots and any(map(shows, _statuses(page))):
+                if moment == "forming":
+                    seconds = page.evaluate(SECONDS_JS)
                 _screenshot(page, f"live_view_{moment}.png")
                 if any(map(shows, _statuses(page))):
                     shots.add(moment)
         time.sleep(0.15)
-    return shots
+    return shots, seconds
+
+
+# Each live row whose status shows a phase's seconds (.nbtrain-tail): whether the status spans
+# the empty steps and metrics columns (it starts right after the bar), whether its seconds lie
+# inside the row's visible status box, and whether the phase's text was cut to fit.
+SECONDS_JS = """() => Array.from(document.querySelectorAll('.nbtrain-dashboard .widget-hbox'))
+    .filter(row => row.querySelector('.progress-bar') && row.querySelector('.nbtrain-tail'))
+    .map(row => {
+        const status = row.lastElementChild, text = status.querySelector('span[title]');
+        const box = text.getBoundingClientRect();
+        const tail = status.querySelector('.nbtrain-tail').getBoundingClientRect();
+        const bar = row.querySelector('.widget-hprogress').getBoundingClientRect();
+        const note = text.firstElementChild;
+        return {text: status.innerText, title: text.title,
+                spans: status.getBoundingClientRect().left - bar.right < 10,
+                shown: tail.width > 0 && tail.left >= box.left - 0.5
+                       && tail.right <= box.left + text.clientWidth + 0.5,
+                cut: note.scrollWidth > note.clientWidth};
+    })"""
 
 
 def _statuses(page) -> list[str]:

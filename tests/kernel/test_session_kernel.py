@@ -47,6 +47,8 @@ def kernel(tmp_path_factory):
         assert "ranks = nbtrain.start_ranks(num_processes=2)" in out.error["evalue"]
         out = k.run("ranks = nbtrain.start_ranks(2, progress='text')")
         assert out.error is None, out.traceback_text
+        # (issue 33: the cell says how long the start took instead of staying empty)
+        assert re.search(r"nbtrain: 2 warm ranks ready in \d+\.\ds \(", out.stdout), out.stdout
         out = k.run("%%ranks\nimport os, time, torch, torch.distributed as dist\n"
                     "dist.init_process_group('gloo')")
         assert out.error is None, out.traceback_text

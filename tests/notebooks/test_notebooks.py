@@ -6,7 +6,8 @@ against the outputs stored in the file. What legitimately varies from run to run
 below (or, for a cell, in its ``nbreg`` metadata); everything else, including the deterministic
 numbers (accuracies, bitwise comparisons, error messages), must match.
 
-Regenerate the stored outputs after changing a notebook (then run again without the flag):
+Regenerate the stored outputs after changing a notebook or the dashboard's HTML (then run
+again without the flag):
 
     .venv/bin/python -m pytest tests/notebooks --nb-force-regen
 """
@@ -88,6 +89,23 @@ def strip_for_storage(path: Path) -> None:
     nbformat.write(notebook, path)
 
 
+def store_dashboards(path: Path, run: nbformat.NotebookNode) -> None:
+    """Store the run's static dashboards (HTML, which the diff ignores, so pytest-notebook's
+    regeneration never rewrites it) in place of the stored ones, leaving every other output
+    as stored: a notebook must not keep showing a dashboard layout fixed long ago."""
+    stored = nbformat.read(path, as_version=4)
+    changed = False
+    for kept, ran in zip(stored.cells, run.cells, strict=True):
+        for output, new in zip(kept.get("outputs", []), ran.get("outputs", []), strict=False):
+            html = new.get("data", {}).get("text/html")
+            same = output.get("output_type") == new.get("output_type") == "display_data"
+            if same and "nbtrain-static" in str(html) and output.data.get("text/html") != html:
+                output.data["text/html"] = html  # (added where only the text was stored)
+                changed = True
+    if changed:
+        nbformat.write(stored, path)
+
+
 def check_notebook(
     name: str,
     python: Path,
@@ -110,11 +128,13 @@ def check_notebook(
     )
     path = NOTEBOOKS / name
     try:
-        fixture.check(str(path))
+        result = fixture.check(str(path))
     except NBRegressionError:
         if regen:
             strip_for_storage(path)
         raise
+    if regen:
+        store_dashboards(path, result.nb_final)
     # Run from Jupyter, a notebook's working directory is notebooks/ in the user's clone:
     # whatever it writes belongs in a temporary directory, not beside the notebooks.
     left = sorted(p.name for p in tmp_path.iterdir())

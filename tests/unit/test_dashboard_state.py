@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import html
 import re
+import time
 
 from nbtrain.display.formatting import format_steps, run_eta
-from nbtrain.display.rows import static_row
+from nbtrain.display.rows import LIVE_CSS, static_row
 from nbtrain.display.runstate import RankStatus, RunState, Verdict
 from nbtrain.display.widgets import WidgetView
 from nbtrain.shared.events import Failed, Log, Progress, Started, Status
@@ -88,24 +89,69 @@ def test_a_metric_logged_once_gives_no_empty_chart_but_its_value() -> None:
 def test_a_long_failure_is_ellipsized_with_the_full_text_as_tooltip() -> None:
     state = RunState([0])
     state.apply(Started(0, 1, "cpu", "h", 0))
-    state.apply(Failed(0, "ValueError", "x" * 500, "tb", None, 1, False))
+    state.apply(Failed(0, "ValueError", "x" * 5000, "tb", None, 1, False))
     failure = state.ranks[0].failure
-    assert len(failure) == 200 and failure.endswith("…")
+    assert len(failure) == 1000 and failure.endswith("…")
     row = static_row(state.ranks[0])
     assert f'title="failed: {failure}"' in html.unescape(row)
     assert "text-overflow:ellipsis" in row
 
 
-def test_without_metrics_a_failure_gets_the_metrics_share_of_the_row() -> None:
-    recorder = Recorder()
-    view = WidgetView(output=OutputMode.NONE, world_size=1, display=recorder)
-    state = RunState([0])
-    state.apply(Started(0, 1, "cpu", "h", 0))
-    state.apply(Failed(0, "RuntimeError", "killed by SIGKILL " + "x" * 40, "tb", None, 1, False))
-    state.finish("Failed")
-    view.close(state)
-    markup = recorder.updates[-1]["text/html"]
-    assert 'class="nbtrain-status" style="min-width:0;overflow:hidden;flex:0 1 41%' in markup
+def _columns(row: str) -> dict[str, str]:
+    """A static row's columns: name -> its style (display and flex)."""
+    return dict(re.findall(r'<div class="nbtrain-(steps|metrics|status)" style="([^"]*)"', row))
+
+
+def test_the_status_spans_the_columns_its_row_leaves_empty_in_both_renderings() -> None:
+    """A starting rank's phase takes the empty steps and metrics columns, a rank without
+    metrics the metrics column, a failed rank the metrics column (its metrics go to the
+    tooltip); a span's flex is the sum of the columns it covers, so rows stay aligned."""
+    now = time.time()
+    state = RunState([0, 1, 2, 3])
+    for rank in range(4):
+        state.apply(Started(rank, 1, "cpu", "h", rank, time=now - 5))
+    state.apply(Status(0, "forming the process group (gloo): waiting for every rank",
+                       time=now - 3))
+    state.apply(Progress(1, 3, 10, "train"))
+    for rank in (2, 3):
+        state.apply(Progress(rank, 3, 10, "train"))
+        state.apply(Log(rank, {"loss": 0.52}, step=3))
+    state.apply(Failed(3, "ValueError", "boom " + "x" * 100, "tb", None, 1, False))
+    expected = {  # rank -> (hidden columns, the status's flex)
+        0: ({"steps", "metrics"}, "0 1 68%"),
+        1: ({"metrics"}, "0 1 43%"),
+        2: (set(), "0 1 18%"),
+        3: ({"metrics"}, "0 1 43%"),
+    }
+    view = WidgetView(output=OutputMode.NONE, world_size=4, display=Recorder())
+    view.draw(state)
+    for rank, (hidden, flex) in expected.items():
+        columns = _columns(static_row(state.ranks[rank]))
+        assert {n for n, style in columns.items() if "display:none" in style} == hidden, rank
+        assert columns["status"].endswith(f"flex:{flex}"), (rank, columns)
+        # Live: one class of the row's box, which LIVE_CSS turns into the same layout.
+        assert [c for c in view.rows[rank].box._dom_classes if "span" in c] == [
+            f"nbtrain-span-{len(hidden) + 1}"], rank
+        for name in hidden:
+            assert f"nbtrain-span-{len(hidden) + 1} > .nbtrain-{name}{{display:none" in LIVE_CSS
+        if hidden:
+            assert f"span-{len(hidden) + 1} > .nbtrain-status{{flex:{flex} !important" in LIVE_CSS
+    # The phase's seconds are a tail kept whole after its (cut) text.
+    starting = view.rows[0].status.value
+    assert re.search(r'class="nbtrain-tail"> \(3s\)</span>', starting), starting
+    assert "max-width:calc(100% - 5ch)" in starting
+    assert text(starting) == "forming the process group (gloo): waiting for every rank (3s)"
+    failed = html.unescape(view.rows[3].status.value)
+    assert 'title="failed: ValueError: boom ' + "x" * 100 + '\nlast logged: loss 0.52"' in failed
+    # Once it has steps and metrics, the running rank's status is back in its own column.
+    state.apply(Log(1, {"loss": 0.4}, step=3))
+    view.draw(state)
+    assert "nbtrain-span-1" in view.rows[1].box._dom_classes
+    assert "nbtrain-span-2" not in view.rows[1].box._dom_classes
+
+
+def text(markup: str) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", "", markup))
 
 
 def test_the_header_shows_its_whole_text_on_hover() -> None:

@@ -110,8 +110,8 @@ def test_failed_keeps_a_one_line_summary_and_survives_its_exit() -> None:
     assert view.status is RankStatus.FAILED
     assert view.failure == "ValueError: boom on rank 1"
     long = RunState([0])
-    long.apply(failed(0, "y" * 500))
-    assert len(long.ranks[0].failure) == 200
+    long.apply(failed(0, "y" * 5000))
+    assert len(long.ranks[0].failure) == 1000
 
 
 def test_a_rank_that_only_lost_its_peer_shows_as_stopped() -> None:

@@ -187,3 +187,30 @@ def test_a_start_up_phase_says_what_a_rank_is_busy_with_and_for_how_long() -> No
     assert out.getvalue() == "[rank 0] importing torch (3s)\n"
     state.apply(Started(0, 10, "cpu", "host", 0))
     assert state.ranks[0].note == "" and phase(state.ranks[0]) == ""  # it moved on
+
+
+def test_a_long_phase_keeps_its_seconds_and_a_failure_is_printed_whole(monkeypatch) -> None:
+    """Issue 33: on a narrow terminal the status line cuts a long phase's text, never its
+    seconds; the lines printed when ranks end carry a failure whole (the widget's cell may cut
+    it; this text is where it can be read in full)."""
+    import os
+
+    monkeypatch.setattr(
+        "shutil.get_terminal_size", lambda fallback=(80, 24): os.terminal_size((81, 24))
+    )
+    now = time.time()
+    state = RunState([0, 1], title="2 ranks, spawn")
+    forming = "forming the process group (gloo): waiting for every rank"
+    state.apply(Status(0, forming, time=now - 3))
+    state.apply(Status(1, "importing torch", time=now - 12))
+    live, out, _ = make_view(live=True)
+    live.draw(state)
+    line = out.getvalue().removeprefix("\r")
+    assert len(line) <= 80, line
+    assert line.startswith("r0 forming the process group") and "… (3s) | " in line, line
+    assert line.endswith("r1 importing torch (12s)"), line
+    message = "the validation loader returned a batch of the wrong shape; " + "x" * 130
+    state.apply(Failed(1, "ValueError", message, "tb", None, 1, False))
+    log, out, _ = make_view()
+    log.close(state)
+    assert f"[rank 1] failed: ValueError: {message}" in out.getvalue().splitlines()

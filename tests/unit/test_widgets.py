@@ -199,9 +199,15 @@ def test_only_what_changed_is_sent(frontend) -> None:
     assert [m for m in frontend.messages[sent:] if m[1] != title] == []
     state.apply(Progress(1, 5, 10, None))
     view.draw(state)
+    # Its first step: the status gives the steps column back (a class of the row's box).
+    row = view.rows[1]
     changed = {comm_id for _, comm_id, _ in frontend.messages[sent:]} - {title}
-    rank1 = {w.model_id for w in (view.rows[1].bar, view.rows[1].steps)}
-    assert changed == rank1  # one bar and its steps text; no other widget
+    assert changed == {w.model_id for w in (row.bar, row.steps, row.box)}
+    sent = len(frontend.messages)
+    state.apply(Progress(1, 6, 10, None))
+    view.draw(state)
+    changed = {comm_id for _, comm_id, _ in frontend.messages[sent:]} - {title}
+    assert changed == {row.bar.model_id, row.steps.model_id}  # no other widget
 
 
 def test_the_chart_draws_a_line_per_rank_and_redraws_only_on_new_metrics(
