@@ -473,7 +473,8 @@ def test_a_rank_is_debugged_from_the_cells_input_box(lab) -> None:
         finally:
             browser.close()
 
-    assert "(6)train()" in stopped, stopped  # the cell's lines (its first is def train)
+    # the cell's lines (its first is def train), the cell named as in the kernel's tracebacks
+    assert "> Cell In[2], line 6, in train()" in stopped, stopped
     assert paused[1].startswith("paused in pdb (line 6)"), paused
     assert printed.strip() == "tensor([2.])", printed  # what the cell shows after the command
     assert ended.count("(Pdb) rank 1>") == 2 and "paused in pdb" not in ended, ended

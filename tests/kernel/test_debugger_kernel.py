@@ -85,10 +85,13 @@ def _drain_iopub(client, msg_id: str, talk: Conversation) -> bool:
 
 
 def assert_users_frames_only(where: str, outermost: str) -> None:
-    """pdb's ``where`` output: its first frame is ``outermost``, and no frame above it."""
-    frames = [line for line in where.splitlines() if line.lstrip("> ").startswith(("/", "<"))]
+    """pdb's ``where`` output: its first frame is ``outermost``, and no frame above it; the
+    cell's frames named as the notebook names them ('Cell In[3], line 4, in f()')."""
+    places = ("Cell In[", "/", "<")
+    frames = [line for line in where.splitlines() if line.lstrip("> ").startswith(places)]
     assert frames and frames[0].lstrip("> ").endswith(outermost), where
-    for other in ("multiprocessing/", "nbtrain/", "ipykernel/", "IPython/", "<string>"):
+    assert all(frame.lstrip("> ").startswith("Cell In[") for frame in frames), where
+    for other in ("multiprocessing/", "nbtrain/", "ipykernel", "IPython/", "<string>"):
         assert other not in where, (other, where)
 
 
@@ -120,7 +123,10 @@ result = notebook_launcher(train, num_processes=2, progress="widgets", return_al
     assert talk.error is None, talk
     assert talk.prompts == ["(Pdb) rank 1> "] * 7
     # Where it stopped, then the answers, each before the next prompt.
-    assert "(7)train()" in talk.seen[0] and re.search(r"-+> 7 +x = x \* 2", talk.seen[0])
+    assert re.search(r"-+> 7 +x = x \* 2", talk.seen[0])
+    # ... the cell's code named as the kernel's tracebacks name it, not by its temporary file
+    assert re.search(r"^> Cell In\[\d+\], line 7, in train\(\)$", talk.seen[0], re.M), talk.seen[0]
+    assert "ipykernel_" not in talk.stdout, talk.stdout
     assert "42" in talk.seen[1]
     assert "tensor([2.])" in talk.seen[2]
     assert "tensor([4.])" in talk.seen[4]
