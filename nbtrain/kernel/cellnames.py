@@ -23,7 +23,7 @@ _FILE_LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
 _ANSI = r"(?:\x1b\[[0-9;]*m)*"
 _PDB_PLACE = re.compile(
     r"(?P<file>/[^\s()\x1b\"':]+\.py|<[^\s<>\x1b]+>)"
-    rf"(?:{_ANSI}\({_ANSI}(?P<frame>\d+){_ANSI}\){_ANSI}|:(?P<line>\d+))?"
+    rf"(?:{_ANSI}\({_ANSI}(?P<frame>\d+){_ANSI}\)|:(?P<line>\d+))?"
 )
 
 
