@@ -84,13 +84,13 @@ def _drain_iopub(client, msg_id: str, talk: Conversation) -> bool:
             return True
 
 
-def assert_users_frames_only(where: str, outermost: str) -> None:
+def assert_users_frames_only(where: str, outermost: str, *, named: bool = True) -> None:
     """pdb's ``where`` output: its first frame is ``outermost``, and no frame above it; the
     cell's frames named as the notebook names them ('Cell In[3], line 4, in f()')."""
     places = ("Cell In[", "/", "<")
     frames = [line for line in where.splitlines() if line.lstrip("> ").startswith(places)]
     assert frames and frames[0].lstrip("> ").endswith(outermost), where
-    assert all(frame.lstrip("> ").startswith("Cell In[") for frame in frames), where
+    assert not named or all(frame.lstrip("> ").startswith("Cell In[") for frame in frames), where
     for other in ("multiprocessing/", "nbtrain/", "ipykernel", "IPython/", "<string>"):
         assert other not in where, (other, where)
 
@@ -266,11 +266,13 @@ def train():
 result = notebook_launcher(train, num_processes=2, progress="text", return_all=True,
                            start_method="{method}")
 """,
-        ["p value + 1", "c"],
+        ["p value + 1", "w", "c"],
     )
     assert talk.error is None, talk
-    assert talk.prompts == ["(Pdb) rank 1> "] * 2
+    assert talk.prompts == ["(Pdb) rank 1> "] * 3
     assert "101" in talk.seen[1]
+    # (a function pickled by value lost its cell's file name: cloudpickle's "<dynamic-code>")
+    assert_users_frames_only(talk.seen[2][len(talk.seen[1]):], "train()", named=False)
     assert kernel.value("result") == [0, 100]
 
 
