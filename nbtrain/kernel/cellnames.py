@@ -18,6 +18,13 @@ from nbtrain.shared import stacks
 # A traceback's frame line ('  File "x.py", line 4, in f') and a faulthandler dump's
 # ('  File "x.py", line 4 in f').
 _FILE_LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
+# pdb's places: 'file(line)function()' (IPython's pdb puts colour codes between the parts),
+# 'file:line' (a breakpoint's), or the file alone; a cell's file is a path or '<ipython-input-..>'.
+_ANSI = r"(?:\x1b\[[0-9;]*m)*"
+_PDB_PLACE = re.compile(
+    r"(?P<file>/[^\s()\x1b\"':]+\.py|<[^\s<>\x1b]+>)"
+    rf"(?:{_ANSI}\({_ANSI}(?P<frame>\d+){_ANSI}\)|:(?P<line>\d+))?"
+)
 
 
 def cell_name(filename: str) -> str | None:
@@ -53,6 +60,25 @@ def in_text(text: str) -> str:
         return f"{cell}, line {match['line']}" if cell is not None else match[0]
 
     return _FILE_LINE.sub(rename, text)
+
+
+def in_pdb_text(text: str) -> str:
+    """A rank's pdb output with each cell's code named as the notebook names it: the frame
+    lines of a stop, ``where``, ``up`` ('> /tmp/ipykernel_1/2.py(6)train()' -> '> Cell In[3],
+    line 6, in train()'), and a cell's file elsewhere ('.../2.py:6' -> 'Cell In[3], line 6').
+    IPython's pdb colours its output: the colour codes around the name may stay."""
+    if _shell() is None:
+        return text
+
+    def rename(match: re.Match[str]) -> str:
+        cell = cell_name(match["file"])
+        if cell is None:
+            return match[0]
+        if match["frame"]:
+            return f"{cell}, line {match['frame']}, in "
+        return f"{cell}, line {match['line']}" if match["line"] else cell
+
+    return _PDB_PLACE.sub(rename, text)
 
 
 def register(code: str, raw_cell: str) -> str | None:

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import Connection
 
+from nbtrain.kernel import cellnames
 from nbtrain.shared.events import Paused, Resumed
 
 NO_INPUT = (
@@ -54,7 +55,7 @@ class Prompts:
     ) -> None:
         self.lines = lines
         self.ask = ask or _input
-        self.say = say or _print
+        self._say = say or _print
         self.waiting: dict[int, Paused] = {}  # ranks whose pdb waits for a line, in order
         self.holder: int | None = None  # the rank the prompt belongs to until it continues
         self.paused_for = 0.0  # seconds spent waiting for the human, all prompts together
@@ -74,6 +75,10 @@ class Prompts:
             return True
         return False
 
+    def say(self, text: str) -> None:
+        """Show the rank's pdb output, its cells named as the notebook names them."""
+        self._say(cellnames.in_pdb_text(text))
+
     def forget(self, rank: int) -> None:
         """The rank reported or ended: it holds no prompt any more."""
         self.waiting.pop(rank, None)
@@ -88,7 +93,7 @@ class Prompts:
 
         def ask(prompt: str) -> str:
             line = next(answers, "c")
-            self.say(f"{prompt}{line}")
+            self._say(f"{prompt}{line}")
             return line
 
         saved = self.ask, self.no_input

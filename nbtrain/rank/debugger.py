@@ -29,6 +29,7 @@ from typing import Any
 from nbtrain.rank import rankenv
 from nbtrain.rank.failures import users_traceback
 from nbtrain.shared.events import EventSink, Failed, Paused, Resumed, Status
+from nbtrain.shared.stacks import users_outermost
 
 _ENDING = frozenset({"c", "cont", "continue", "q", "quit", "exit", "EOF"})
 
@@ -174,6 +175,19 @@ class RankPdb(pdb.Pdb):
         self._output = io.StringIO()
         super().__init__(stdin=_Prompt(self), stdout=self._output, nosigint=True)  # type: ignore[arg-type]
         self.prompt = ""  # the kernel writes the prompt: "(Pdb) rank N> "
+
+    def get_stack(
+        self, f: FrameType | None, t: TracebackType | None
+    ) -> tuple[list[tuple[FrameType, int]], int]:
+        """The user's frames only, from the launched function (or the cell, or the script)
+        down: ``where``, ``up`` and ``down`` never reach multiprocessing's, nbtrain's or, under
+        fork, the kernel's frames above it."""
+        stack, index = super().get_stack(f, t)
+        start = users_outermost([(frame.f_code.co_filename, frame.f_code.co_name)
+                                 for frame, _ in stack])
+        if start is None or not start <= index < len(stack):
+            return stack, index  # stopped outside the user's frames: show all of them
+        return stack[start:], index - start
 
     def take_output(self) -> str:
         text = self._output.getvalue()

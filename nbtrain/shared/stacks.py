@@ -22,7 +22,7 @@ import re
 import signal
 import sys
 import sysconfig
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 DUMP_SIGNAL: int | None = getattr(signal, "SIGUSR1", None)  # None on Windows: no dump there
@@ -74,12 +74,8 @@ def rank_stack(lines: list[str]) -> RankStack:
     """From one faulthandler dump, the thread running the user's function (empty if none)."""
     for block in _threads(lines):
         frames = [m for m in map(_FRAME.match, block) if m is not None]
-        entry = next(
-            (i for i, m in enumerate(frames) if m["file"].replace("\\", "/").endswith(_ENTRY)),
-            None,
-        )
-        while entry and _plumbing(frames[entry - 1]["file"], frames[entry - 1]["name"]):
-            entry -= 1  # nbtrain launch's way into the script: not the user's frames
+        start = users_outermost([(m["file"], m["name"]) for m in reversed(frames)])
+        entry = len(frames) - start if start is not None else 0
         if entry:  # the frames above our entry point are the user's (and what they called)
             called = [m["name"] for m in frames[:entry] if _in_collectives(m["file"])]
             kept = _calls_into_nbtrain_collapsed(
@@ -87,6 +83,20 @@ def rank_stack(lines: list[str]) -> RankStack:
             )
             return RankStack(tuple(kept), _collective(called))
     return RankStack()
+
+
+def users_outermost(places: Sequence[tuple[str, str]]) -> int | None:
+    """Of a stack's (file, function) pairs, outermost first: the index of the user's outermost
+    frame (the launched function's, the cell's, the script's), past the rank's entry point and
+    ``nbtrain launch``'s way into the script. None: no entry point on this stack. What comes
+    before it is multiprocessing's, nbtrain's and, under fork, the kernel's own stack."""
+    entries = [i for i, (file, _) in enumerate(places) if file.replace("\\", "/").endswith(_ENTRY)]
+    if not entries:
+        return None
+    start = entries[-1] + 1
+    while start < len(places) and _plumbing(*places[start]):
+        start += 1
+    return start
 
 
 def user_frames(lines: list[str]) -> list[Frame]:

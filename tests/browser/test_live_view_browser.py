@@ -237,8 +237,10 @@ def _api(url: str, token: str, path: str, method: str = "GET") -> object:
     return json.loads(body) if body else None
 
 
-def _open(browser, url: str, token: str, root: Path, name: str, cells: list[str]):
-    """A page showing a new notebook ``name`` of ``cells``, its kernel idle."""
+def _open(browser, url: str, token: str, root: Path, name: str, cells: list[str],
+          script: str | None = None):
+    """A page showing a new notebook ``name`` of ``cells``, its kernel idle (``script``: run
+    in the page before JupyterLab's own)."""
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
     notebook.metadata["kernelspec"] = {
         "name": "python3",
@@ -248,6 +250,8 @@ def _open(browser, url: str, token: str, root: Path, name: str, cells: list[str]
     nbformat.write(notebook, root / name)
     ARTIFACTS.mkdir(exist_ok=True)
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    if script is not None:
+        page.add_init_script(script)
     # reset: a fresh workspace, not the one an earlier test left (its notebook would reopen)
     page.goto(f"{url}/lab/tree/{name}?reset&token={token}")
     page.wait_for_function(NOTEBOOK_READY_JS, arg=name, timeout=90_000)
@@ -447,12 +451,20 @@ notebook_launcher(fails, num_processes=2, start_method="fork", debug=True)
 
 # The open input box of a cell (JupyterLab keeps an answered one, class *-hiding, for 0.5 s).
 PROMPT = ".jp-OutputArea-stdin-item:not(.jp-OutputArea-stdin-hiding) .jp-Stdin"
+# JupyterLab removes an answered input box 0.5 s after the answer (a timer that disposes it; it
+# stays meanwhile at opacity 0, height 0, its prompt still in the page's text). On a starved
+# renderer (CI, full suite) that timer ran seconds late, and the cell's text read after the
+# launch ended held two such boxes: two "(Pdb) rank 1> " lines after the result, read as stray
+# prompts (the kernel had asked twice; a kernel test counts its input requests). This makes
+# the timer late every run, so the test reads the cell as a person sees it, not its leftovers.
+LATE_STDIN_REMOVAL = """(() => {
+  const set = window.setTimeout.bind(window);
+  window.setTimeout = (f, ms, ...rest) =>
+    set(f, ms === 500 && String(f).includes("activeElement") ? 20000 : ms, ...rest);
+})()"""
 
 
 @pytest.mark.timeout(300)
-# New; passed 4 of 5 runs here and failed once in a full-suite CI run (2026-11-26) after its
-# last screenshot, cause not yet seen. Run and reported, not required, until it is.
-@pytest.mark.xfail(strict=False, reason="pdb prompt flow in JupyterLab: one unexplained failure")
 def test_a_rank_is_debugged_from_the_cells_input_box(lab) -> None:
     from playwright.sync_api import sync_playwright
 
@@ -461,7 +473,8 @@ def test_a_rank_is_debugged_from_the_cells_input_box(lab) -> None:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             page = _open(
-                browser, url, token, root, "debug.ipynb", [DEBUG_SETUP, BREAKPOINT, POST_MORTEM]
+                browser, url, token, root, "debug.ipynb", [DEBUG_SETUP, BREAKPOINT, POST_MORTEM],
+                script=LATE_STDIN_REMOVAL,
             )
             page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
             cell = page.locator(".jp-Notebook .jp-Cell").nth(1)
@@ -491,7 +504,8 @@ def test_a_rank_is_debugged_from_the_cells_input_box(lab) -> None:
         finally:
             browser.close()
 
-    assert "(6)train()" in stopped, stopped  # the cell's lines (its first is def train)
+    # the cell's lines (its first is def train), the cell named as in the kernel's tracebacks
+    assert "> Cell In[2], line 6, in train()" in stopped, stopped
     assert paused[1].startswith("paused in pdb (line 6)"), paused
     assert printed.strip() == "tensor([2.])", printed  # what the cell shows after the command
     assert ended.count("(Pdb) rank 1>") == 2 and "paused in pdb" not in ended, ended
@@ -502,7 +516,12 @@ def test_a_rank_is_debugged_from_the_cells_input_box(lab) -> None:
 
 
 def _text(cell) -> str:
-    return str(cell.locator(".jp-Cell-outputWrapper").inner_text())
+    """The cell's output as a person sees it: without the answered input boxes JupyterLab
+    keeps hidden until it removes them (see LATE_STDIN_REMOVAL)."""
+    return str(cell.evaluate(
+        "node => Array.from(node.querySelectorAll('.jp-Cell-outputArea > .jp-OutputArea-child"
+        ":not(.jp-OutputArea-stdin-hiding)')).map(child => child.innerText).join('\\n')"
+    ))
 
 
 def _rows(cell, selector: str) -> dict[int, str]:

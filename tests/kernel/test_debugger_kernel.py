@@ -84,6 +84,17 @@ def _drain_iopub(client, msg_id: str, talk: Conversation) -> bool:
             return True
 
 
+def assert_users_frames_only(where: str, outermost: str, *, named: bool = True) -> None:
+    """pdb's ``where`` output: its first frame is ``outermost``, and no frame above it; the
+    cell's frames named as the notebook names them ('Cell In[3], line 4, in f()')."""
+    places = ("Cell In[", "/", "<")
+    frames = [line for line in where.splitlines() if line.lstrip("> ").startswith(places)]
+    assert frames and frames[0].lstrip("> ").endswith(outermost), where
+    assert not named or all(frame.lstrip("> ").startswith("Cell In[") for frame in frames), where
+    for other in ("multiprocessing/", "nbtrain/", "ipykernel", "IPython/", "<string>"):
+        assert other not in where, (other, where)
+
+
 @pytest.fixture(scope="module")
 def kernel(tmp_path_factory):
     with running_kernel(tmp_path_factory.mktemp("kernelspec"), SETUP) as k:
@@ -107,15 +118,22 @@ def train():
 result = notebook_launcher(train, num_processes=2, progress="widgets", return_all=True,
                            timeout=8)
 """,
-        ["p y + 1", "p x", "n", "p x", "c"],
+        ["p y + 1", "p x", "n", "p x", "w", "up", "c"],
     )
     assert talk.error is None, talk
-    assert talk.prompts == ["(Pdb) rank 1> "] * 5
+    assert talk.prompts == ["(Pdb) rank 1> "] * 7
     # Where it stopped, then the answers, each before the next prompt.
-    assert "(7)train()" in talk.seen[0] and re.search(r"-+> 7 +x = x \* 2", talk.seen[0])
+    assert re.search(r"-+> 7 +x = x \* 2", talk.seen[0])
+    # ... the cell's code named as the kernel's tracebacks name it, not by its temporary file
+    assert re.search(r"^> Cell In\[\d+\], line 7, in train\(\)$", talk.seen[0], re.M), talk.seen[0]
+    assert "ipykernel_" not in talk.stdout, talk.stdout
     assert "42" in talk.seen[1]
     assert "tensor([2.])" in talk.seen[2]
     assert "tensor([4.])" in talk.seen[4]
+    # where: the user's frames only, from the launched function down (not multiprocessing's,
+    # nbtrain's or the kernel's frames above it, forked with the rank); up stops there.
+    assert_users_frames_only(talk.seen[5][len(talk.seen[4]):], "train()")
+    assert "Oldest frame" in talk.seen[6][len(talk.seen[5]):]
     assert "paused in pdb (line 7)" in talk.views[0], talk.views[0]
     # The run went on: rank 0's all_reduce got rank 1's doubled value. The prompts took
     # longer than no time at all, and the 8 s timeout did not count them (see below).
@@ -248,11 +266,13 @@ def train():
 result = notebook_launcher(train, num_processes=2, progress="text", return_all=True,
                            start_method="{method}")
 """,
-        ["p value + 1", "c"],
+        ["p value + 1", "w", "c"],
     )
     assert talk.error is None, talk
-    assert talk.prompts == ["(Pdb) rank 1> "] * 2
+    assert talk.prompts == ["(Pdb) rank 1> "] * 3
     assert "101" in talk.seen[1]
+    # (a function pickled by value lost its cell's file name: cloudpickle's "<dynamic-code>")
+    assert_users_frames_only(talk.seen[2][len(talk.seen[1]):], "train()", named=False)
     assert kernel.value("result") == [0, 100]
 
 

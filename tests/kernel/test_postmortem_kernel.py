@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from kernelutil import running_kernel
-from test_debugger_kernel import SETUP, converse  # (the breakpoint tests' prompt helpers)
+from test_debugger_kernel import SETUP, assert_users_frames_only, converse  # prompt helpers
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -47,14 +47,17 @@ def test_post_mortem_of_a_failed_warm_cell(kernel):
         assert failed.error["ename"] == "WorkerError", failed
         assert failed.prompts == []  # no prompt unless asked for
 
-        talk = converse(kernel, "%ranks_debug", ["p total, parts", "up", "p rank", "c"])
+        talk = converse(kernel, "%ranks_debug", ["p total, parts", "up", "p rank", "w", "up",
+                                                 "c"])
         assert talk.error is None, talk
-        assert talk.prompts == ["(Pdb) rank 0> "] * 4
+        assert talk.prompts == ["(Pdb) rank 0> "] * 6
         assert "post-mortem of rank 0: ZeroDivisionError" in talk.seen[0]
         assert "each = total / parts" in talk.seen[0]  # the failing frame first
         assert "(10, 0)" in talk.seen[1]  # its locals
         assert "value = share(10, rank)" in talk.seen[2]  # up: the cell's own frame
         assert talk.seen[3].rstrip().endswith("0")
+        assert_users_frames_only(talk.seen[4][len(talk.seen[3]):], "<module>()")  # the cell
+        assert "Oldest frame" in talk.seen[5][len(talk.seen[4]):]
         # The rank stayed warm: its names are there, and it runs the next cell.
         assert kernel.value("ranks.pull('rank')") == [0, 1]
 
@@ -82,11 +85,13 @@ def test_post_mortem_of_a_failed_warm_cell(kernel):
 
 
 def test_debug_true_opens_the_failing_rank_before_the_error(kernel):
-    talk = converse(kernel, FAILING_LAUNCH.replace("NUM", "2"), ["p lr", "c"])
-    assert talk.prompts == ["(Pdb) rank 1> "] * 2
+    talk = converse(kernel, FAILING_LAUNCH.replace("NUM", "2"), ["p lr", "w", "up", "c"])
+    assert talk.prompts == ["(Pdb) rank 1> "] * 4
     assert "post-mortem of rank 1: RuntimeError: diverged" in talk.seen[0]
     assert 'raise RuntimeError("diverged")' in talk.seen[0]
     assert "0.5" in talk.seen[1]
+    assert_users_frames_only(talk.seen[2][len(talk.seen[1]):], "train()")
+    assert "Oldest frame" in talk.seen[3][len(talk.seen[2]):]
     # Then the error, as without debug=True; the other rank was stopped, nothing is left.
     assert talk.error["ename"] == "WorkerError" and "rank 1" in talk.error["evalue"], talk
     assert "[rank 0] stopped" in talk.stdout

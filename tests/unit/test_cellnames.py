@@ -86,3 +86,17 @@ def test_the_cause_carries_the_cell_names_and_the_rank_heads_it(shell: Interacti
     assert lines[2] == f"  Cell In[{count}], line 1, in f"
     assert "direct cause of the following exception" in text
     assert lines[-1] == "WorkerError: rank 1 failed with ValueError: boom"
+
+
+def test_a_ranks_pdb_output_names_the_cells(shell: InteractiveShell) -> None:
+    cell, n = cell_file(shell, "def f():\n    pass")
+    other = "/usr/lib/python3.12/json/decoder.py"
+    plain = f"> {cell}(2)f()\n-> pass\n  {other}(353)raw_decode()\nBreakpoint 1 at {cell}:2\n"
+    assert cellnames.in_pdb_text(plain) == (
+        f"> Cell In[{n}], line 2, in f()\n-> pass\n  {other}(353)raw_decode()\n"  # a file stays
+        f"Breakpoint 1 at Cell In[{n}], line 2\n"
+    )
+    # IPython's pdb (a forked rank's, in ipykernel) colours the parts of a frame's line
+    coloured = f"> \x1b[32m{cell}\x1b[39m(\x1b[32m2\x1b[39m)\x1b[36mf\x1b[39m()"
+    named = f"> \x1b[32mCell In[{n}], line 2, in \x1b[36mf\x1b[39m()"
+    assert cellnames.in_pdb_text(coloured) == named
