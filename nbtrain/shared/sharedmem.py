@@ -171,12 +171,15 @@ def is_array(obj: object) -> bool:
     )
 
 
+_CLOUDPICKLE_CODE = cloudpickle.Pickler.dispatch_table[types.CodeType]
+
+
 def _named_code(code: types.CodeType) -> tuple:
     """cloudpickle's reduction of a code object, keeping the file name it drops (for a
     deterministic pickle, which we do not need): a rank's traceback names the notebook's cell
     of a function defined there ('Cell In[3], line 4', kernel/cellnames.py), not
     '<dynamic-code>'."""
-    rebuild, args = cloudpickle.cloudpickle._code_reduce(code)
+    rebuild, args = _CLOUDPICKLE_CODE(code)
     return _code_in_file, (rebuild, args, code.co_filename)
 
 
