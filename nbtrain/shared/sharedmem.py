@@ -31,6 +31,8 @@ import os
 import pickle
 import re
 import sys
+import types
+from collections import ChainMap
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -169,12 +171,30 @@ def is_array(obj: object) -> bool:
     )
 
 
+_CLOUDPICKLE_CODE = cloudpickle.Pickler.dispatch_table[types.CodeType]
+
+
+def _named_code(code: types.CodeType) -> tuple:
+    """cloudpickle's reduction of a code object, keeping the file name it drops (for a
+    deterministic pickle, which we do not need): a rank's traceback names the notebook's cell
+    of a function defined there ('Cell In[3], line 4', kernel/cellnames.py), not
+    '<dynamic-code>'."""
+    rebuild, args = _CLOUDPICKLE_CODE(code)
+    return _code_in_file, (rebuild, args, code.co_filename)
+
+
+def _code_in_file(rebuild: Callable[..., types.CodeType], args: tuple, filename: str) -> Any:
+    return rebuild(*args).replace(co_filename=filename)
+
+
 class SharingPickler(cloudpickle.Pickler):
-    """cloudpickle, with tensors and arrays replaced by tokens.
+    """cloudpickle, with tensors and arrays replaced by tokens, and code keeping its file name.
 
     ``registry``: fork. Objects for which ``by_reference(obj)`` is true are registered and sent
     as references. ``segment``: large plain CPU tensors and numpy arrays go to the segment.
     """
+
+    dispatch_table = ChainMap({types.CodeType: _named_code}, cloudpickle.Pickler.dispatch_table)
 
     def __init__(
         self,

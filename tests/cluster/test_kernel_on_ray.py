@@ -16,21 +16,21 @@ from kernelutil import Kernel, Result, running_kernel  # tests/kernel (see conft
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
-# What Ray still holds (actors, placement groups, objects if asked), asked from the kernel through
+# What Ray still holds (actors, placement groups, objects), asked from the kernel through
 # Ray's state API at the dashboard's address (``api``, set by each test: a Ray Client
 # connection cannot answer it itself); waits a little: Ray's clean-up is asynchronous.
 KERNEL_SETUP = """import os, time, ray, nbtrain
 from ray.util import state
 %load_ext nbtrain
 
-def left(objects=True):
+def left():
     for _ in range(40):
         found = {
             "actors": [a.actor_id for a in state.list_actors(
                 address=api, filters=[("state", "!=", "DEAD")])],
             "groups": [g.placement_group_id for g in state.list_placement_groups(address=api)
                        if g.state != "REMOVED"],
-            "objects": [o.object_id for o in state.list_objects(address=api)] if objects else [],
+            "objects": [o.object_id for o in state.list_objects(address=api)],
         }
         if not any(found.values()):
             break
@@ -75,19 +75,19 @@ def _shown(out: Result) -> list[str]:
 
 
 def _failed_on_second_node(
-    kernel: Kernel, code: str, rank: int, line: int, nodes: set[str], cell: bool = True
+    kernel: Kernel, code: str, rank: int, line: int, nodes: set[str]
 ) -> None:
     """Run a cell that fails on ``rank``, on the second node (of ``nodes``: its Ray node id):
-    the cell shows the rank's traceback at the failing line (named as the notebook names the
-    cell for a %%ranks cell; ``cell=False``: a launched function, whose code file name
-    cloudpickle erases on its way to the node), and the error names the node."""
+    the cell shows the rank's traceback at the failing line, named as the notebook names the
+    cell (a %%ranks cell, or a launched function defined in the cell), and the error names
+    the node."""
     out = kernel.run(code)
     assert out.error is not None and out.error["ename"] == "WorkerError", out.stdout
     text = re.sub(r"\x1b\[[0-9;]*m", "", out.traceback_text)
     assert "ValueError: bad batch on the second node" in text, text
     assert "raise ValueError('bad batch on the second node')" in text, text  # the rank's frame
-    where = f"Cell In[{out.execution_count}], line {line}" if cell else f"line {line}, in "
-    assert where in text, text
+    assert f"Cell In[{out.execution_count}], line {line}" in text, text
+    assert "<dynamic-code>" not in text, text
     said = out.error["evalue"]
     assert f"rank {rank} (node 1: " in said
     assert any(f"Ray node {node[:12]})" in said for node in nodes), said
@@ -95,7 +95,8 @@ def _failed_on_second_node(
 
 def test_ranks_cells_from_a_kernel_connected_by_address(kernel, cluster, nodes) -> None:
     """ray.init(address=...) in the kernel: a failing launch on the second node, then %%ranks
-    on 3 warm ranks over the two nodes, and no actor or placement group left after stop()."""
+    on 3 warm ranks over the two nodes, and no actor, placement group or object left after
+    stop()."""
     _ok(kernel, f"api = 'http://' + ray.init(address={cluster.address!r}).dashboard_url")
     try:
         _failed_on_second_node(  # a one-shot launch first
@@ -103,14 +104,16 @@ def test_ranks_cells_from_a_kernel_connected_by_address(kernel, cluster, nodes) 
             "    if os.environ['NODE_RANK'] == '1':\n"
             "        raise ValueError('bad batch on the second node')\n"
             f"nbtrain.notebook_launcher(fail_on_second_node, num_processes=2, progress='off', "
-            f"{SPREAD})", 1, 4, set(nodes.values()), cell=False)
+            f"{SPREAD})", 1, 4, set(nodes.values()))
         out = _ok(kernel, f"ranks = nbtrain.start_ranks(3, progress='text', {SPREAD})")
         assert "3 warm ranks ready in" in out.stdout and "(on a Ray cluster)" in out.stdout
         _ok(kernel, "%%ranks\nimport os, torch, torch.distributed as dist\n"
                     "node = os.environ['NBTRAIN_RAY_NODE_ID']\ndist.init_process_group('gloo')")
         where = kernel.value("ranks.pull('node')")
-        # Numbered node by node: ranks 0 and 1 on one node, rank 2 on the other.
-        assert where[0] == where[1] != where[2] and set(where) == set(nodes.values())
+        # Numbered node by node (a node's ranks are consecutive): rank 0 on one node, rank 2 on
+        # the other, rank 1 with either (Ray decides which node holds two).
+        assert where[0] != where[2] and where[1] in where[::2]
+        assert set(where) == set(nodes.values())
         pids = kernel.value("ranks.pull('os.getpid()')")
         out = _ok(kernel, "%%ranks 0,2\nx = dist.get_rank() * 10\nprint('on', node)\nx")
         assert _shown(out) == ["Out[rank 0]: 0", "Out[rank 2]: 20"]  # one rank on each node
@@ -125,27 +128,38 @@ def test_ranks_cells_from_a_kernel_connected_by_address(kernel, cluster, nodes) 
         assert _shown(out) == ["Out[rank 0]: 1", "Out[rank 2]: 20"]
         assert kernel.value("ranks.pull('os.getpid()')") == pids
         _ok(kernel, "ranks.stop()")
-        # Objects not asked: after a failed cell, 2-3 objects of the kernel's Ray job are still
-        # listed (seen with either connection; maybe refs in the traceback IPython keeps, not
-        # investigated yet).
-        assert kernel.value("left(objects=False)") == NOTHING
+        # Objects too: the handles of the failed launch's actors (its traceback, which
+        # IPython keeps, holds the launch) and of the stopped ranks' were listed until
+        # RayRanks.close let go of them.
+        assert kernel.value("left()") == NOTHING
         assert kernel.live_children() == []
     finally:  # (after a failure above: what the test started ends here)
         kernel.run("if 'ranks' in globals():\n    ranks.stop()\nray.shutdown()")
 
 
+# Ray Client's proxy on the head starts a server per client; that start sometimes dies at once
+# ("SpecificServer startup failed" in the head's ray_client_server.err: the proxy forks it while
+# its gRPC threads run, "skipping fork() handlers", and the child fails gRPC's check
+# "next_worker->state == KICKED"; 5 of 31 local cluster runs), and ray.init('ray://') raises
+# ConnectionAbortedError "Starting Ray client server failed". A Ray bug, not nbtrain's: the
+# kernel connects again, as the guide tells a user to (a later start in the same cluster works).
+CLIENT_CONNECT = """for attempt in range(3):
+    try:
+        client = ray.init('ray://127.0.0.1:{port}')
+        break
+    except ConnectionAbortedError as error:
+        if 'Starting Ray client server failed' not in str(error) or attempt == 2:
+            raise
+api = 'http://' + client.dashboard_url"""
+
+
 # Ray's client proxy keeps the per-client server it started for this kernel (a part of the
 # cluster, ended with it); what nbtrain started is checked below.
 @pytest.mark.allow_leaks
-# Passes alone and with its module; failed once in a full-suite CI run (2026-11-26), not yet
-# diagnosed (Ray Client's per-client server is known to die at start under load here). Run and
-# reported, not required, until the cause is found.
-@pytest.mark.xfail(strict=False, reason="Ray Client from a kernel: one unexplained CI failure")
 def test_ranks_cells_from_a_kernel_on_ray_client(kernel, cluster, nodes) -> None:
     """ray.init('ray://...') in the kernel: warm ranks on both nodes, state across cells, a
-    failure on the second node, and no actor or placement group left after stop()."""
-    _ok(kernel, f"client = ray.init('ray://127.0.0.1:{cluster.client_port}')\n"
-                "api = 'http://' + client.dashboard_url")
+    failure on the second node, and no actor, placement group or object left after stop()."""
+    _ok(kernel, CLIENT_CONNECT.format(port=cluster.client_port))
     try:
         _ok(kernel, f"ranks = nbtrain.start_ranks(2, progress='off', {SPREAD})")
         out = _ok(kernel, "%%ranks\nimport os, torch\nnode = os.environ['NBTRAIN_RAY_NODE_ID']\n"
@@ -158,7 +172,7 @@ def test_ranks_cells_from_a_kernel_on_ray_client(kernel, cluster, nodes) -> None
         out = _ok(kernel, "%%ranks\nbig.sum().item()")  # state kept on both nodes
         assert _shown(out) == ["Out[rank 0]: 1000000.0", "Out[rank 1]: 2000000.0"]
         _ok(kernel, "ranks.stop()")
-        assert kernel.value("left(objects=False)") == NOTHING  # (objects: see above)
+        assert kernel.value("left()") == NOTHING
         assert kernel.live_children() == []
     finally:  # (after a failure above: what the test started ends here)
         kernel.run("if 'ranks' in globals():\n    ranks.stop()\nray.shutdown()")

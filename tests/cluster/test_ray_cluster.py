@@ -11,7 +11,6 @@ import sys
 import threading
 import time
 import traceback
-import warnings
 from pathlib import Path
 
 import cloudpickle
@@ -143,24 +142,20 @@ def _sleep_forever(marks: str) -> None:
 
 def test_interrupt_stops_every_rank_on_every_node(nodes, tmp_path) -> None:
     pressed: list[float] = []
-    seen: list[str] = []  # at each press: the SIGINT handler and where the main thread was
+    seen: list[str] = []  # at the press: the SIGINT handler and where the main thread was
     ended = threading.Event()
-
-    def press() -> None:
-        pressed.append(time.monotonic())
-        main = sys._current_frames()[threading.main_thread().ident or 0]
-        seen.append(f"handler {signal.getsignal(signal.SIGINT)!r}, main thread at:\n"
-                    + "".join(traceback.format_stack(main)[-6:]))
-        os.kill(os.getpid(), signal.SIGINT)
 
     def interrupt_once_started() -> None:
         deadline = time.monotonic() + 90
         while len(list(tmp_path.glob("*.pid"))) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
-        # A press that is not answered within 10 s is pressed again, as a person would.
-        while len(pressed) < 3 and not ended.is_set():
-            press()
-            ended.wait(10)
+        if ended.is_set():  # the launch is over: a press now would hit pytest itself
+            return
+        pressed.append(time.monotonic())
+        main = sys._current_frames()[threading.main_thread().ident or 0]
+        seen.append(f"handler {signal.getsignal(signal.SIGINT)!r}, main thread at:\n"
+                    + "".join(traceback.format_stack(main)[-6:]))
+        os.kill(os.getpid(), signal.SIGINT)  # once: a lost press fails the test
 
     pressing = threading.Thread(target=interrupt_once_started)
     pressing.start()
@@ -175,13 +170,9 @@ def test_interrupt_stops_every_rank_on_every_node(nodes, tmp_path) -> None:
         stopped_at = time.monotonic()
         ended.set()
         pressing.join()
-    assert interrupted, f"no Ctrl-C of {len(pressed)} was heard: {seen}"
-    if len(pressed) > 1:
-        # Open: in full-suite runs the first press is sometimes lost (never in this module
-        # alone); the message says what the press met, for whoever finds the cause.
-        warnings.warn(f"the first Ctrl-C was lost: {seen[0]}", stacklevel=1)
+    assert interrupted and pressed, f"the Ctrl-C was not heard: {seen}"
     # SIGTERM through each rank's actor; SIGKILL after GRACE (2 s); generous under load.
-    assert stopped_at - pressed[-1] < 8
+    assert stopped_at - pressed[0] < 8
     pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")]
     assert len(pids) == 2
     for pid in pids:  # the ranks themselves (this machine holds both "nodes")

@@ -8,6 +8,7 @@ import os
 import pickle
 import secrets
 import threading
+import traceback
 
 import numpy as np
 import pytest
@@ -213,3 +214,16 @@ def test_the_fork_check_does_not_stream_big_data(monkeypatch):
     lock = threading.Lock()
     with pytest.raises(PayloadError, match="lock"):
         prepare_call(lambda: (reads_big_data(), lock), (), {}, StartMethod.FORK)
+
+
+def test_a_pickled_function_keeps_its_code_file_name():
+    """cloudpickle names by-value code '<dynamic-code>'; a rank's traceback must name the
+    notebook's cell (the kernel renames the file, kernel/cellnames.py), nested code too."""
+    namespace: dict = {}
+    source = "def outer(x):\n    def inner():\n        raise ValueError(x)\n    return inner()\n"
+    exec(compile(source, "/tmp/ipykernel_1/5.py", "exec"), namespace)
+    outer = pickle.loads(sharedmem.dumps(namespace["outer"]))
+    with pytest.raises(ValueError) as caught:
+        outer(3)
+    frames = [(f.filename, f.lineno) for f in traceback.extract_tb(caught.value.__traceback__)]
+    assert frames[-2:] == [("/tmp/ipykernel_1/5.py", 4), ("/tmp/ipykernel_1/5.py", 3)]

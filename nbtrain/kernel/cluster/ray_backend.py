@@ -113,6 +113,7 @@ class RayRanks:
         self._node_ranks: dict[str, int] = {}  # Ray node id -> NODE_RANK
         self.relay: Relay | None = None
         self.hosts: dict[int, Any] = {}  # rank -> its actor
+        self.handles: dict[int, RemoteRank] = {}  # rank -> its process handle (holds the actor)
 
     def node_rank(self, rank: int) -> int:
         return self._node_ranks[self.nodes[rank].node_id]
@@ -130,7 +131,7 @@ class RayRanks:
 
         count = self.config.num_processes
         self.group = self._place(ray, count)
-        host_class: Any = ray.remote(_host_class())
+        host_class = _remote_host(ray)
         strategy = ray.util.scheduling_strategies.PlacementGroupSchedulingStrategy
         self.actors = [
             host_class.options(
@@ -163,7 +164,7 @@ class RayRanks:
         for rank, pid in enumerate(pids):
             handles[rank].pid = pid
             started.append(processes.RankProcess(rank, handles[rank], local_pipes()))
-        self.hosts = hosts
+        self.hosts, self.handles = hosts, handles
         self.relay = Relay(started, handles)
         self.relay.start()
         self.started()
@@ -171,7 +172,7 @@ class RayRanks:
 
     def senders(self) -> dict[int, CommandSender]:
         """Warm ranks: each rank's command channel (a call to its actor)."""
-        return {rank: CommandSender(host) for rank, host in self.hosts.items()}
+        return {rank: CommandSender(self, rank) for rank in self.hosts}
 
     def _check_shared(self, ray: Any, places: list[Node]) -> None:
         """Checkpoints on a cluster: every node must see the kernel's checkpoint folder."""
@@ -245,7 +246,9 @@ class RayRanks:
         return specs
 
     def close(self) -> None:
-        """Kill every actor (its rank dies with it) and remove the placement group."""
+        """Kill every actor (its rank dies with it), remove the placement group, and let go of
+        every actor handle: a handle kept (by this backend, kept itself by a traceback IPython
+        keeps or by stopped warm ranks) stays listed as an object of the kernel's Ray job."""
         import ray
 
         if self.relay is not None:
@@ -256,27 +259,40 @@ class RayRanks:
         if self.group is not None:
             with contextlib.suppress(Exception):
                 ray.util.remove_placement_group(self.group)
-        self.actors, self.group = [], None
+        for handle in self.handles.values():
+            handle.actor = None
+        self.actors, self.group, self.hosts, self.handles, self.relay = [], None, {}, {}, None
 
 
 class CommandSender:
     """A warm rank's command pipe, as the session uses one (send_bytes, close): a call to the
-    rank's actor, which writes the bytes into the rank's local pipe on its node."""
+    rank's actor, which writes the bytes into the rank's local pipe on its node. It asks the
+    backend for the actor each time: once closed, the backend holds none (nothing to send to)."""
 
-    def __init__(self, actor: Any) -> None:
-        self.actor = actor
+    def __init__(self, ranks: RayRanks, rank: int) -> None:
+        self.ranks = ranks
+        self.rank = rank
 
     def send_bytes(self, data: bytes) -> None:
-        self.actor.command.remote(data)  # not waited for: in order, behind earlier calls
+        actor = self.ranks.hosts.get(self.rank)
+        if actor is not None:
+            actor.command.remote(data)  # not waited for: in order, behind earlier calls
 
     def close(self) -> None:
         pass  # the actor's end goes with the actor (close() kills it)
 
 
-def _host_class() -> type:
+def _remote_host(ray: Any) -> Any:
+    """The rank actor's class, made remote for this launch. On a Ray Client, by the client's own
+    ``remote``: the class ``ray.remote`` makes is converted by the client on its first use and
+    kept for the connection's life, with a copy of the class in the object store per launch
+    (listed as the kernel's, after every actor is gone); the client's stub goes with the launch
+    and its copy with it."""
+    from ray.util.client import ray as client
+
     from nbtrain.kernel.cluster.ray_node import RankHost
 
-    return RankHost
+    return client.remote(RankHost) if client.is_connected() else ray.remote(RankHost)
 
 
 __all__ = ["CommandSender", "RayRanks", "run_on_ray"]

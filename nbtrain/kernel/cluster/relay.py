@@ -41,7 +41,7 @@ class RemoteRank:
     """A rank's process handle (processes.RemoteProcess), answered by its actor."""
 
     def __init__(self, actor: Any, node: Node) -> None:
-        self.actor = actor
+        self.actor: Any = actor  # None once the launch is closed (RayRanks.close)
         self.node = node
         self.pid: int | None = None
         self.exitcode: int | None = None
@@ -49,9 +49,10 @@ class RemoteRank:
         self._ended = threading.Event()
 
     def send(self, signum: int, *, group: bool) -> None:
-        if self.exitcode is None:
+        actor = self.actor
+        if self.exitcode is None and actor is not None:
             # Not waited for: a dead actor's error is the relay's news, not the sender's.
-            self.actor.signal.remote(signum, group)
+            actor.signal.remote(signum, group)
 
     def ended(self, code: int) -> None:
         if self._ended.is_set():

@@ -8,9 +8,14 @@ While the group's watch loop runs:
   every rank); warm ranks (``keep``) get KeyboardInterrupt in their command instead and stay,
   since the kernel's loop must never stop mid-read: the pipes carry on into the next command.
 
-The handler only counts presses; the loop acts on them at its next turn (``check``), never
-inside a handler (no drawing, no signalling mid-read). Off the main thread (no signals there)
-nothing is installed.
+The handler counts presses; the loop acts on them at its next turn (``check``), never inside a
+handler (no drawing, no signalling mid-read). A one-shot launch's handler also raises at once,
+as Python's own does (out of a blocking wait, a pdb prompt's input), and ``check`` raises it again
+if it got lost: Python runs a signal's handler in whatever bytecode the main thread runs next,
+which may be a finalizer (``__del__``, a weakref callback) that the garbage collector calls
+there, and a KeyboardInterrupt raised in one is printed as "Exception ignored" and dropped.
+Off the main thread (no signals there) nothing is installed, nor for a one-shot launch under a
+SIGINT handler other than Python's own (someone else's, or Ctrl-C ignored): that one stays.
 """
 
 from __future__ import annotations
@@ -43,25 +48,29 @@ class Interrupts:
     def handling(self, supervisor: Supervisor) -> Iterator[Callable[[], None]]:
         """Install the policy; yields the check the watch loop calls on every turn."""
         presses: list[int] = []
+        acting = 2 if self.graceful else 1  # the press that acts at once
 
         def check() -> None:
             if not presses or supervisor.interrupted:
                 return
+            if not self.keep and len(presses) >= acting:  # its KeyboardInterrupt was dropped
+                raise KeyboardInterrupt
             if self.graceful and not supervisor.stop_asked:
                 supervisor.ask_to_stop()
                 self.say(f"{STOPPING} {self._again()}")
-            if self.keep and len(presses) >= (2 if self.graceful else 1):
+            if self.keep and len(presses) >= acting:
                 supervisor.interrupt()
 
         def on_sigint(signum: int, frame: Any) -> None:
             presses.append(signum)
-            if not self.keep and len(presses) >= 2:  # a one-shot launch: the second press
+            if not self.keep and len(presses) >= acting:
                 raise KeyboardInterrupt
 
         if threading.current_thread() is not threading.main_thread() or not (
             self.keep or self.graceful
+            or signal.getsignal(signal.SIGINT) is signal.default_int_handler
         ):
-            yield check  # a one-shot launch without a graceful stop: Ctrl-C as Python has it
+            yield check  # a one-shot launch under someone else's SIGINT handler: theirs
             return
         previous = signal.signal(signal.SIGINT, on_sigint)
         try:
