@@ -460,6 +460,33 @@ def test_keyboard_interrupt_stops_every_rank(method, tmp_path):
                              **QUIET) == "again"
 
 
+def test_ctrl_c_in_an_elastic_launch_meets_the_groups_policy(tmp_path):
+    """max_restarts > 0 runs through torch's elastic agent, which owns the loop: the press still
+    meets the rank group's one Ctrl-C policy (its handler, which a dropped KeyboardInterrupt
+    cannot lose), and every rank stops."""
+    met = []
+
+    def interrupt_once_the_ranks_run():
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        met.append(signal.getsignal(signal.SIGINT))
+        os.kill(os.getpid(), signal.SIGINT)
+
+    me = psutil.Process()
+    thread = threading.Thread(target=interrupt_once_the_ranks_run)
+    thread.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            notebook_launcher(hang_and_record, (str(tmp_path),), num_processes=2,
+                              start_method="fork", max_restarts=1, **QUIET)
+    finally:
+        thread.join()
+    assert met and met[0] is not signal.default_int_handler, met
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    assert live_ranks(me) == []
+
+
 def test_rank_killed_by_sigint_is_not_a_success(method):
     """Jupyter may SIGINT the whole process group: an interrupted rank must never look done."""
 

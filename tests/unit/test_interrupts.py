@@ -21,10 +21,14 @@ class _PressedInAFinalizer:
         len(())  # the next bytecode: the handler runs here, inside the finalizer
 
 
-def test_a_ctrl_c_dropped_by_a_finalizer_still_stops_a_one_shot_launch(monkeypatch) -> None:
+@pytest.mark.parametrize("elastic", [False, True])
+def test_a_ctrl_c_dropped_by_a_finalizer_still_stops_a_one_shot_launch(
+    monkeypatch, elastic: bool
+) -> None:
     dropped: list[BaseException | None] = []
     monkeypatch.setattr(sys, "unraisablehook", lambda info: dropped.append(info.exc_value))
-    supervisor = SimpleNamespace(interrupted=False, stop_asked=False)  # a launch's flags
+    # a launch's flags; torch's elastic agent holds the policy across its groups: None
+    supervisor = None if elastic else SimpleNamespace(interrupted=False, stop_asked=False)
     with Interrupts().handling(supervisor) as check:  # type: ignore[arg-type]
         _PressedInAFinalizer()  # collected at once, on this (the main) thread
         assert [type(exc) for exc in dropped] == [KeyboardInterrupt]  # Python dropped it

@@ -12,8 +12,9 @@ them at once:
   joined)"; the user's ``node_rank`` decides the global ranks; the nodes' options are checked.
 - ``_start_workers``: a fresh ``RankGroup`` (group/) of this node's global ranks, started.
 - ``_monitor_workers``: a slice of the group's watch loop (``RankGroup.step``: torch owns the
-  loop here, so not the group's ``watch`` nor its Ctrl-C policy: Ctrl-C raises and stops every
-  rank). HEALTHY while ranks run; FAILED once they ended after a failure here or anywhere (the
+  loop here, so not the group's ``watch``), under the group's one Ctrl-C policy for a one-shot
+  launch (``Interrupts``, held across attempts: Ctrl-C raises and stops every rank). HEALTHY
+  while ranks run; FAILED once they ended after a failure here or anywhere (the
   "news" every node reads, see ``elastic.py``), so every node counts the same restarts;
   SUCCEEDED when every node's ranks succeeded.
 - ``_stop_workers`` / ``_shutdown``: terminate, then kill after the launcher's grace period.
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, NoReturn
 
@@ -59,7 +61,7 @@ from nbtrain.kernel.elastic.news import (
 )
 from nbtrain.kernel.elastic.node import NodeCoordinator
 from nbtrain.kernel.elastic.one_node import LocalCoordinator
-from nbtrain.kernel.group import LocalProcesses, RankGroup, sigint_deferred
+from nbtrain.kernel.group import Interrupts, LocalProcesses, RankGroup, sigint_deferred
 from nbtrain.kernel.local import rank_specs
 from nbtrain.kernel.outcome import Outcome
 from nbtrain.kernel.payload import PreparedCall, released
@@ -121,6 +123,7 @@ class NodeAgent(SimpleElasticAgent):
         self.lifecycle = Run(config, self.ranks, title=title_of(config, self.ranks))
         self.verdict: News | None = None  # the news that ended the last attempt
         self.workers: LocalRendezvous | None = None  # the ranks' store of this attempt
+        self._interrupted: Callable[[], None] = lambda: None  # the Ctrl-C check (launch)
         self._begin_attempt()
 
     def _begin_attempt(self) -> None:
@@ -136,7 +139,9 @@ class NodeAgent(SimpleElasticAgent):
         try:
             self.coordinator.connect(self.say)
             self._worker_group.spec.rdzv_handler = self.coordinator.handler
-            with quiet_agent_log():
+            # The group's one Ctrl-C policy, held across attempts (a group each): a press
+            # raises in torch's loop, and _monitor_workers raises it again if it was dropped.
+            with quiet_agent_log(), Interrupts().handling(None) as self._interrupted:
                 result = self.run()
             # (torch's run() returns None only for a rendezvous closed gracefully, which
             # joining() turns into StaleRendezvous before torch sees it.)
@@ -258,6 +263,7 @@ class NodeAgent(SimpleElasticAgent):
         end = time.monotonic() + SLICE
         while supervisor.running:
             group.step(self.lifecycle.deadline)
+            self._interrupted()
             self._tick()
             supervisor.prompts.turn()  # a rank at breakpoint(): the terminal's prompt
             # Once stopping began, finish it here: torch's loop must not see HEALTHY meanwhile.

@@ -45,16 +45,21 @@ class Interrupts:
     say: Callable[[str], None] = _quiet  # where the graceful stop's note goes (the view)
 
     @contextlib.contextmanager
-    def handling(self, supervisor: Supervisor) -> Iterator[Callable[[], None]]:
-        """Install the policy; yields the check the watch loop calls on every turn."""
+    def handling(self, supervisor: Supervisor | None) -> Iterator[Callable[[], None]]:
+        """Install the policy; yields the check the watch loop calls on every turn.
+        ``supervisor`` None: a one-shot launch whose groups come and go under one handler
+        (torch's elastic agent: a group per attempt)."""
+        if supervisor is None and (self.keep or self.graceful):
+            raise ValueError("a graceful stop or warm ranks need the group's supervisor")
         presses: list[int] = []
         acting = 2 if self.graceful else 1  # the press that acts at once
 
         def check() -> None:
-            if not presses or supervisor.interrupted:
+            if not presses or (supervisor is not None and supervisor.interrupted):
                 return
             if not self.keep and len(presses) >= acting:  # its KeyboardInterrupt was dropped
                 raise KeyboardInterrupt
+            assert supervisor is not None  # (a graceful stop, or warm ranks: checked above)
             if self.graceful and not supervisor.stop_asked:
                 supervisor.ask_to_stop()
                 self.say(f"{STOPPING} {self._again()}")
