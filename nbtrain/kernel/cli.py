@@ -39,6 +39,7 @@ def _launch(options: argparse.Namespace) -> int:
     if not script.is_file():
         return _usage_error(f"script {options.script!r} not found (pass a path to a .py file)")
     from nbtrain.kernel.config import check_function
+    from nbtrain.kernel.launch import UserCall
     from nbtrain.kernel.option_names import command_line
     from nbtrain.kernel.options import Requested, check_options
     from nbtrain.kernel.where import SignalAsks
@@ -55,7 +56,7 @@ def _launch(options: argparse.Namespace) -> int:
             # torch's elastic agent even on one node without restarts, as torchrun
             checked = check_options(requested, script.stem, elastic=True)
             with SignalAsks():  # Ctrl-\ (SIGQUIT): where each rank is, the run goes on
-                checked.launch.run(checked, run_script, args, kwargs)
+                checked.launch.run(checked, UserCall(run_script, args, kwargs))
     except WorkerError as err:
         _report_failure(err, str(script.resolve()))
         return err.exitcode if err.exitcode and err.exitcode > 0 else 1

@@ -29,6 +29,7 @@ from nbtrain.shared.stacks import RankStack
 from nbtrain.shared.stopping import TrainingStopped
 
 if TYPE_CHECKING:
+    from nbtrain.kernel.launch import UserCall
     from nbtrain.kernel.options import LaunchOptions
 
 
@@ -44,15 +45,9 @@ class InProcess:
     def check(self, options: LaunchOptions) -> None:
         _check_alarm(options.config.timeout)  # before anything starts, not as "rank 0 failed"
 
-    def run(
-        self,
-        options: LaunchOptions,
-        function: Callable[..., Any],
-        args: tuple,
-        kwargs: dict[str, Any],
-    ) -> Any:
+    def run(self, options: LaunchOptions, call: UserCall) -> Any:
         __tracebackhide__ = True
-        return run_in_process(options.config, function, args, kwargs)
+        return run_in_process(options.config, *call)
 
 
 @dataclass

@@ -5,7 +5,8 @@ A kind (``Launch``) runs a launch whose options were checked (``options.LaunchOp
     no_stop_resume                  where on_interrupt= / checkpoint_every= / resume= do not
                                     run yet, in the refusal's words ("" where they do)
     check(options)                  what this kind refuses, before anything starts
-    run(options, function, args, kwargs)    start the ranks, watch them, end: the cell's value
+    run(options, call)              start the ranks, watch them, end: the cell's value
+                                    (``call``: the user's function and arguments, checked)
 
 The kinds, each next to its path: ``InProcess`` (inprocess.py: one rank, the kernel itself),
 ``LocalRanks`` (local.py), ``XlaOrdinals`` (xla.py: torch_xla's host process),
@@ -17,7 +18,7 @@ alike; each kind feeds one ``run.Run`` (and, with processes, one ``group.RankGro
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from nbtrain.kernel.cluster import RayLaunch
 from nbtrain.kernel.config import LaunchConfig
@@ -28,6 +29,15 @@ from nbtrain.kernel.xla import XlaOrdinals
 
 if TYPE_CHECKING:
     from nbtrain.kernel.options import LaunchOptions
+
+
+class UserCall(NamedTuple):
+    """What a launch runs: ``function(*args, **kwargs)`` (config.check_function checked it);
+    a tuple, so ``prepare_call(*call, method)`` takes it as it is."""
+
+    function: Callable[..., Any]
+    args: tuple
+    kwargs: dict[str, Any]
 
 
 class Launch(Protocol):
@@ -42,14 +52,8 @@ class Launch(Protocol):
         """Refuse what this kind cannot do with these options, before anything starts."""
         ...
 
-    def run(
-        self,
-        options: LaunchOptions,
-        function: Callable[..., Any],
-        args: tuple,
-        kwargs: dict[str, Any],
-    ) -> Any:
-        """Run ``function(*args, **kwargs)`` on the ranks: the value the launch returns."""
+    def run(self, options: LaunchOptions, call: UserCall) -> Any:
+        """Run ``call`` on the ranks: the value the launch returns."""
         ...
 
 
@@ -69,4 +73,4 @@ def choose(config: LaunchConfig, *, cluster: bool, elastic: bool = False) -> Lau
     return LocalRanks()
 
 
-__all__ = ["Launch", "choose"]
+__all__ = ["Launch", "UserCall", "choose"]

@@ -17,6 +17,7 @@ from typing import Any
 from nbtrain.kernel import cuda_origin, environment
 from nbtrain.kernel.cluster.spec import RayCluster
 from nbtrain.kernel.config import OutputMode, ProgressMode, check_function
+from nbtrain.kernel.launch import UserCall
 from nbtrain.kernel.options import Requested, check_options
 from nbtrain.kernel.stopping import StopOptions
 
@@ -126,7 +127,7 @@ def notebook_launcher(
         log_line_prefix_template=log_line_prefix_template,
     )
     options = check_options(requested, getattr(function, "__name__", "run"))
-    return options.launch.run(options, function, args, kwargs)
+    return options.launch.run(options, UserCall(function, args, kwargs))
 
 
 def debug_launcher(function: Callable[..., Any], args: tuple = (), num_processes: int = 2) -> Any:
@@ -137,7 +138,7 @@ def debug_launcher(function: Callable[..., Any], args: tuple = (), num_processes
     # CPU only, even on a TPU host: in process, or local ranks
     options = check_options(requested, getattr(function, "__name__", "run"), allow_xla=False)
     with environment.gpus_hidden():  # the ranks see no GPU (they inherit the environment)
-        return options.launch.run(options, function, args, kwargs)
+        return options.launch.run(options, UserCall(function, args, kwargs))
 
 
 # From here on, the line of the notebook that first initialises CUDA is noted (cuda_origin).

@@ -9,7 +9,6 @@ node, no restarts).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from nbtrain.kernel import environment
@@ -24,6 +23,7 @@ from nbtrain.shared.options import StartMethod
 from nbtrain.shared.specs import RankInfo, RankSpec
 
 if TYPE_CHECKING:
+    from nbtrain.kernel.launch import UserCall
     from nbtrain.kernel.options import LaunchOptions
 
 
@@ -35,16 +35,10 @@ class LocalRanks:
     def check(self, options: LaunchOptions) -> None:
         pass  # config.py checked all it needs
 
-    def run(
-        self,
-        options: LaunchOptions,
-        function: Callable[..., Any],
-        args: tuple,
-        kwargs: dict[str, Any],
-    ) -> Any:
+    def run(self, options: LaunchOptions, call: UserCall) -> Any:
         __tracebackhide__ = True
         method = options.config.start.method
-        return run_ranks(options.config, prepare_call(function, args, kwargs, method))
+        return run_ranks(options.config, prepare_call(*call, method))
 
 
 def run_ranks(config: LaunchConfig, payload: bytes | PreparedCall) -> Any:

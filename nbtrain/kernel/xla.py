@@ -31,6 +31,7 @@ from nbtrain.shared.options import StartMethod
 from nbtrain.shared.specs import HostSpec
 
 if TYPE_CHECKING:
+    from nbtrain.kernel.launch import UserCall
     from nbtrain.kernel.options import LaunchOptions
 
 HOST = 0  # the host process's key for processes/Supervisor; its raw output counts as ordinal 0
@@ -44,17 +45,10 @@ class XlaOrdinals:
     def check(self, options: LaunchOptions) -> None:
         pass  # config.py checked the ordinals (tpu.check_launch), postmortem.py debug=
 
-    def run(
-        self,
-        options: LaunchOptions,
-        function: Callable[..., Any],
-        args: tuple,
-        kwargs: dict[str, Any],
-    ) -> Any:
+    def run(self, options: LaunchOptions, call: UserCall) -> Any:
         __tracebackhide__ = True
         # (segments, not fork references: torch_xla may start the ordinals' processes itself)
-        call = prepare_call(function, args, kwargs, StartMethod.SPAWN)
-        return run_xla(options.config, call)
+        return run_xla(options.config, prepare_call(*call, StartMethod.SPAWN))
 
 
 def host_env(config: LaunchConfig) -> dict[str, str]:

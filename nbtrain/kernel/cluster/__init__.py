@@ -20,6 +20,7 @@ from nbtrain.kernel.cluster.spec import import_ray as _import_ray
 from nbtrain.kernel.config import LaunchConfig
 
 if TYPE_CHECKING:
+    from nbtrain.kernel.launch import UserCall
     from nbtrain.kernel.options import LaunchOptions, Requested
 
 # The options a cluster does not take (yet), as the launcher's defaults: given otherwise, an
@@ -41,20 +42,14 @@ class RayLaunch:
     def check(self, options: LaunchOptions) -> None:
         resolve(options.requested.cluster, options.config, options.requested)
 
-    def run(
-        self,
-        options: LaunchOptions,
-        function: Callable[..., Any],
-        args: tuple,
-        kwargs: dict[str, Any],
-    ) -> Any:
+    def run(self, options: LaunchOptions, call: UserCall) -> Any:
         """Run the ranks there: after a failure, placed again up to ``max_restarts`` times."""
         __tracebackhide__ = True
         from nbtrain.kernel.cluster.ray_backend import run_on_ray
 
         config, chosen = options.config, as_cluster(options.requested.cluster)
         return run_on_ray(
-            config, chosen, function, args, kwargs, max_restarts=config.max_restarts
+            config, chosen, *call, max_restarts=config.max_restarts
         )
 
 

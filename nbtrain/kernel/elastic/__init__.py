@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from nbtrain.kernel.payload import prepare_call
 
 if TYPE_CHECKING:
+    from nbtrain.kernel.launch import UserCall
     from nbtrain.kernel.options import LaunchOptions
 
 
@@ -51,18 +52,11 @@ class ElasticAgent:
     def check(self, options: LaunchOptions) -> None:
         pass  # config.py checked the nodes; elastic/news.py checks them across nodes
 
-    def run(
-        self,
-        options: LaunchOptions,
-        function: Callable[..., Any],
-        args: tuple,
-        kwargs: dict[str, Any],
-    ) -> Any:
+    def run(self, options: LaunchOptions, call: UserCall) -> Any:
         __tracebackhide__ = True
         from nbtrain.kernel.elastic.agent import run_elastic  # torch's agent and rendezvous
 
-        call = prepare_call(function, args, kwargs, options.config.start.method)
-        return run_elastic(options.config, call)
+        return run_elastic(options.config, prepare_call(*call, options.config.start.method))
 
 
 __all__ = ["ElasticAgent"]
