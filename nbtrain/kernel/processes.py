@@ -102,6 +102,7 @@ class RankProcess:
     exitcode: int | None = field(default=None)
     signals_sent: set[int] = field(default_factory=set)  # by the launcher, to stop the rank
     group_pids: set[int] = field(default_factory=set)  # seen in its process group (see shm.py)
+    pidfd: int | None = None  # our own child's (see exit_fd), closed by close()
 
     def ended_by_launcher(self, exitcode: int | None) -> bool:
         """Did one of the launcher's own signals end this rank? A rank that exited by itself
@@ -117,7 +118,24 @@ class RankProcess:
 
     @property
     def sentinel(self) -> int:
-        return self.process.sentinel
+        """An fd that becomes readable once the rank has exited: its pidfd if it is our child
+        (see exit_fd), else its process's sentinel."""
+        return self.pidfd if self.pidfd is not None else self.process.sentinel
+
+
+def exit_fd(process: BaseProcess) -> int | None:
+    """A pidfd of our child ``process`` (Linux >= 5.3), or None. It becomes readable exactly
+    when waitid can see the exit. The multiprocessing sentinel is no substitute for a watch
+    loop: it becomes readable while the process is still being torn down (a few ms in which a
+    loop waiting on it would spin, as has_exited still says no), and never while a forked
+    DataLoader worker holds its inherited copy open."""
+    pid = process.pid
+    if pid is None or not hasattr(os, "pidfd_open") or _peek_exit(pid) is None:
+        return None  # not our child (a forkserver's), or no pidfds here
+    try:
+        return os.pidfd_open(pid)  # a zombie's pid is still ours: no reuse race
+    except OSError:  # an older kernel, or a seccomp filter that denies it
+        return None
 
 
 def context(method: StartMethod) -> Any:
@@ -179,10 +197,11 @@ def start_ranks(
                 with forkserver.main_module_not_inherited(method):
                     process.start()
                 _claim_group(process, method)
-                started.append(RankProcess(rank, process, pipes))
+                started.append(RankProcess(rank, process, pipes, pidfd=exit_fd(process)))
         _note_served(method)
     except BaseException:
         stop(started, grace=0.0)
+        close_pidfds(started)
         for pipes in all_pipes.values():
             pipes.close_writers()
             pipes.close_readers()
@@ -334,7 +353,11 @@ def reap(rank_process: RankProcess) -> int | None:
         return rank_process.exitcode
     pid = rank_process.process.pid
     if pid is not None and hasattr(os, "killpg") and _group_is_ours(pid):
-        rank_process.group_pids |= shm.group_members(pid)
+        # The rank is dead: only its group's stray workers can still make a name, and they are
+        # killed now. The names they have are found by the names' pids, not by reading every
+        # process of the machine (a worker's first name made in the instant before SIGKILL
+        # lands escapes both ways alike).
+        rank_process.group_pids |= shm.segment_makers(pid)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, _SIGKILL)
     rank_process.process.join()
@@ -392,7 +415,15 @@ def stop(ranks: Sequence[RankProcess], grace: float) -> None:
 
 
 def close(ranks: Sequence[RankProcess]) -> None:
+    close_pidfds(ranks)
     for rank_process in ranks:
         rank_process.pipes.close_readers()
         with contextlib.suppress(ValueError):
             rank_process.process.close()
+
+
+def close_pidfds(ranks: Sequence[RankProcess]) -> None:
+    for rank_process in ranks:
+        if rank_process.pidfd is not None:
+            os.close(rank_process.pidfd)
+            rank_process.pidfd = None
