@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -103,6 +104,18 @@ class RankProcess:
     signals_sent: set[int] = field(default_factory=set)  # by the launcher, to stop the rank
     group_pids: set[int] = field(default_factory=set)  # seen in its process group (see shm.py)
     pidfd: int | None = None  # our own child's (see exit_fd), closed by close()
+    # Closes the pidfd once, by close() or when this object is collected (a holder that never
+    # calls close(), as the process's own sentinel is closed with it).
+    _pidfd_closer: Callable[[], Any] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.pidfd is not None:
+            self._pidfd_closer = weakref.finalize(self, os.close, self.pidfd)
+
+    def close_pidfd(self) -> None:
+        if self._pidfd_closer is not None:
+            self._pidfd_closer()  # (a finalizer runs at most once)
+        self.pidfd = None
 
     def ended_by_launcher(self, exitcode: int | None) -> bool:
         """Did one of the launcher's own signals end this rank? A rank that exited by itself
@@ -354,12 +367,14 @@ def reap(rank_process: RankProcess) -> int | None:
     pid = rank_process.process.pid
     if pid is not None and hasattr(os, "killpg") and _group_is_ours(pid):
         # The rank is dead: only its group's stray workers can still make a name, and they are
-        # killed now. The names they have are found by the names' pids, not by reading every
-        # process of the machine (a worker's first name made in the instant before SIGKILL
-        # lands escapes both ways alike).
+        # killed now. Whose names are in /dev/shm is read from the names' pids, not from every
+        # process's stat (milliseconds per rank on a busy machine). Looked at again after the
+        # kill, while the rank's zombie still reserves the group id: a name made in between
+        # belongs to a worker still running or a zombie, whose stat still names the group.
         rank_process.group_pids |= shm.segment_makers(pid)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, _SIGKILL)
+        rank_process.group_pids |= shm.segment_makers(pid)
     rank_process.process.join()
     rank_process.exitcode = rank_process.process.exitcode
     rank_process.reaped = True
@@ -424,6 +439,4 @@ def close(ranks: Sequence[RankProcess]) -> None:
 
 def close_pidfds(ranks: Sequence[RankProcess]) -> None:
     for rank_process in ranks:
-        if rank_process.pidfd is not None:
-            os.close(rank_process.pidfd)
-            rank_process.pidfd = None
+        rank_process.close_pidfd()

@@ -3,6 +3,7 @@ rank's zombie still holds the pid (a reaped pid may be reused: killpg would hit 
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from multiprocessing.connection import wait
@@ -70,6 +71,26 @@ def test_the_watched_fd_wakes_at_the_exit_even_while_a_worker_holds_the_sentinel
         processes.close([rank])
     with pytest.raises(OSError):
         os.fstat(pidfd)  # close() closed it
+
+
+def exit_at_once(stdout, stderr, events):
+    os._exit(0)
+
+
+def test_a_rank_dropped_without_close_closes_its_pidfd():
+    """A holder that never calls close() (a Ray node's rank host) leaks no pidfd."""
+    def make_args(rank, pipes, close):
+        return (pipes.stdout_w, pipes.stderr_w, pipes.events_w)
+
+    [rank] = processes.start_ranks(StartMethod.FORK, [0], exit_at_once, make_args)
+    pidfd = rank.pidfd
+    assert pidfd is not None
+    processes.stop([rank], grace=0.0)
+    rank.pipes.close_readers()
+    del rank
+    gc.collect()
+    with pytest.raises(OSError):
+        os.fstat(pidfd)
 
 
 def _running_after(workers: list[psutil.Process], timeout: float) -> list[psutil.Process]:
