@@ -71,6 +71,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--no-accelerate", action="store_true")
+    parser.add_argument("--no-spawn", action="store_true",
+                        help="leave out raw spawn (seconds a round: for A/B runs of nbtrain)")
     options = parser.parse_args()
     torch.set_num_threads(1)
     notebook_launcher(trivial, num_processes=2, start_method="forkserver", **QUIET)  # warm it
@@ -81,8 +83,9 @@ def main() -> None:
         "nbtrain forkserver (warm)": lambda: notebook_launcher(
             trivial, num_processes=2, start_method="forkserver", **QUIET
         ),
-        "raw torch spawn": lambda: raw("spawn"),
     }
+    if not options.no_spawn:
+        cases["raw torch spawn"] = lambda: raw("spawn")
     if not options.no_accelerate:
         cases["accelerate notebook_launcher"] = accelerate_launch
     samples = alternate(cases, options.rounds)

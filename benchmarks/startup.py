@@ -9,6 +9,8 @@ for, from ``execute`` to the kernel's idle (the client's clock):
   (nbtrain's pause lasts at least until its background warm-up is over: how long that took
   is reported);
 - the same first launch in the cell right after the import (no pause: the worst case);
+- the first launch and a relaunch without ``nbtrain.warm_up()`` (``import nbtrain`` alone: the
+  default, what a launch costs when nothing was prepared in the background);
 - Accelerate's ``notebook_launcher``: first launch, relaunch;
 - raw ``torch.multiprocessing.start_processes`` with fork, then with spawn;
 - ``nbtrain.start_ranks(2)`` plus a first ``%%ranks`` cell (after the warm-up, and at once);
@@ -66,6 +68,7 @@ NBTRAIN_IMPORT = (
     "    nbtrain.warm_up()\n"
     "_imported = time.perf_counter()"
 )
+NBTRAIN_IMPORT_ONLY = "import nbtrain"  # the default: no background warm-up
 # Untimed: the pause lasts at least until nbtrain's background warm-up is over (how long that
 # took after the import is reported); an older nbtrain has none.
 WARMED = """
@@ -163,6 +166,7 @@ BEFORE: str | None = None  # --before: an older checkout's folder, measured besi
 def launches(samples: Samples, pause: float, which: str) -> None:
     """A fresh kernel's first launch and a relaunch (nbtrain's or Accelerate's)."""
     imports, launch = (
+        (NBTRAIN_IMPORT_ONLY, NBTRAIN_LAUNCH) if which == "nbtrain (no warm-up)" else
         (NBTRAIN_IMPORT, NBTRAIN_LAUNCH) if which.startswith("nbtrain") else
         (ACCELERATE_IMPORT, ACCELERATE_LAUNCH)
     )
@@ -227,6 +231,7 @@ def ipyparallel(samples: Samples, pause: float) -> None:
 CASES: dict[str, Callable[[Samples, float], None]] = {
     "nbtrain": lambda s, p: launches(s, p, "nbtrain"),
     "nbtrain at once": nbtrain_at_once,
+    "nbtrain no warm-up": lambda s, p: launches(s, p, "nbtrain (no warm-up)"),
     "nbtrain before": lambda s, p: launches(s, p, "nbtrain (before)"),
     "start_ranks before": lambda s, p: warm_ranks(s, p, before=True),
     "start_ranks at once": lambda s, p: warm_ranks(s, p, at_once=True),
@@ -297,6 +302,8 @@ def main() -> None:
         "nbtrain first launch: forming the group (in rank 0)",
         "nbtrain relaunch",
         "nbtrain first launch, next cell at once",
+        "nbtrain (no warm-up) first launch",
+        "nbtrain (no warm-up) relaunch",
         "nbtrain (before) first launch",
         "nbtrain (before) relaunch",
         "accelerate first launch",

@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -102,6 +103,19 @@ class RankProcess:
     exitcode: int | None = field(default=None)
     signals_sent: set[int] = field(default_factory=set)  # by the launcher, to stop the rank
     group_pids: set[int] = field(default_factory=set)  # seen in its process group (see shm.py)
+    pidfd: int | None = None  # our own child's (see exit_fd), closed by close()
+    # Closes the pidfd once, by close() or when this object is collected (a holder that never
+    # calls close(), as the process's own sentinel is closed with it).
+    _pidfd_closer: Callable[[], Any] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.pidfd is not None:
+            self._pidfd_closer = weakref.finalize(self, os.close, self.pidfd)
+
+    def close_pidfd(self) -> None:
+        if self._pidfd_closer is not None:
+            self._pidfd_closer()  # (a finalizer runs at most once)
+        self.pidfd = None
 
     def ended_by_launcher(self, exitcode: int | None) -> bool:
         """Did one of the launcher's own signals end this rank? A rank that exited by itself
@@ -117,7 +131,24 @@ class RankProcess:
 
     @property
     def sentinel(self) -> int:
-        return self.process.sentinel
+        """An fd that becomes readable once the rank has exited: its pidfd if it is our child
+        (see exit_fd), else its process's sentinel."""
+        return self.pidfd if self.pidfd is not None else self.process.sentinel
+
+
+def exit_fd(process: BaseProcess) -> int | None:
+    """A pidfd of our child ``process`` (Linux >= 5.3), or None. It becomes readable exactly
+    when waitid can see the exit. The multiprocessing sentinel is no substitute for a watch
+    loop: it becomes readable while the process is still being torn down (a few ms in which a
+    loop waiting on it would spin, as has_exited still says no), and never while a forked
+    DataLoader worker holds its inherited copy open."""
+    pid = process.pid
+    if pid is None or not hasattr(os, "pidfd_open") or _peek_exit(pid) is None:
+        return None  # not our child (a forkserver's), or no pidfds here
+    try:
+        return os.pidfd_open(pid)  # a zombie's pid is still ours: no reuse race
+    except OSError:  # an older kernel, or a seccomp filter that denies it
+        return None
 
 
 def context(method: StartMethod) -> Any:
@@ -179,10 +210,11 @@ def start_ranks(
                 with forkserver.main_module_not_inherited(method):
                     process.start()
                 _claim_group(process, method)
-                started.append(RankProcess(rank, process, pipes))
+                started.append(RankProcess(rank, process, pipes, pidfd=exit_fd(process)))
         _note_served(method)
     except BaseException:
         stop(started, grace=0.0)
+        close_pidfds(started)
         for pipes in all_pipes.values():
             pipes.close_writers()
             pipes.close_readers()
@@ -334,9 +366,15 @@ def reap(rank_process: RankProcess) -> int | None:
         return rank_process.exitcode
     pid = rank_process.process.pid
     if pid is not None and hasattr(os, "killpg") and _group_is_ours(pid):
-        rank_process.group_pids |= shm.group_members(pid)
+        # The rank is dead: only its group's stray workers can still make a name, and they are
+        # killed now. Whose names are in /dev/shm is read from the names' pids, not from every
+        # process's stat (milliseconds per rank on a busy machine). Looked at again after the
+        # kill, while the rank's zombie still reserves the group id: a name made in between
+        # belongs to a worker still running or a zombie, whose stat still names the group.
+        rank_process.group_pids |= shm.segment_makers(pid)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, _SIGKILL)
+        rank_process.group_pids |= shm.segment_makers(pid)
     rank_process.process.join()
     rank_process.exitcode = rank_process.process.exitcode
     rank_process.reaped = True
@@ -392,7 +430,13 @@ def stop(ranks: Sequence[RankProcess], grace: float) -> None:
 
 
 def close(ranks: Sequence[RankProcess]) -> None:
+    close_pidfds(ranks)
     for rank_process in ranks:
         rank_process.pipes.close_readers()
         with contextlib.suppress(ValueError):
             rank_process.process.close()
+
+
+def close_pidfds(ranks: Sequence[RankProcess]) -> None:
+    for rank_process in ranks:
+        rank_process.close_pidfd()

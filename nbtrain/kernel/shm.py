@@ -31,6 +31,20 @@ def group_members(pgid: int) -> set[int]:
     return members
 
 
+def segment_makers(pgid: int) -> set[int]:
+    """Pids of the live processes in group ``pgid`` that have a torch name in /dev/shm now:
+    what ``group_members`` would find of them, reading the stat of only the pids those names
+    carry (usually none) instead of every process's (milliseconds on a busy machine)."""
+    if not _LINUX:
+        return set()
+    pids = set()
+    for path in glob.glob(os.path.join(_SHM, "torch_*_*")):
+        pid = os.path.basename(path).split("_", 2)[1]
+        if pid.isdigit() and _pgrp(pid) == pgid:
+            pids.add(int(pid))
+    return pids
+
+
 def remove_segments(pids: set[int]) -> list[str]:
     """Unlink the torch segments these (dead) processes created; returns the removed paths."""
     removed = []

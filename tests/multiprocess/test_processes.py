@@ -3,8 +3,10 @@ rank's zombie still holds the pid (a reaped pid may be reused: killpg would hit 
 
 from __future__ import annotations
 
+import gc
 import os
 import time
+from multiprocessing.connection import wait
 
 import psutil
 import pytest
@@ -48,6 +50,47 @@ def test_exit_is_seen_without_reaping_and_the_group_dies_before_the_pid_is_freed
     finally:
         processes.stop([rank], grace=0.0)
         processes.close([rank])
+
+
+def test_the_watched_fd_wakes_at_the_exit_even_while_a_worker_holds_the_sentinel():
+    """The watch loop waits on ``sentinel``: for our own child, a pidfd. The multiprocessing
+    sentinel stays unreadable while the rank's forked worker holds its copy (the loop would
+    only notice the exit at its next tick) and becomes readable before the exit can be
+    waited for (the loop would spin)."""
+    def make_args(rank, pipes, close):
+        return (pipes.stdout_w, pipes.stderr_w, pipes.events_w)
+
+    [rank] = processes.start_ranks(StartMethod.FORK, [0], exit_leaving_a_worker, make_args)
+    pidfd = rank.pidfd
+    try:
+        assert wait([rank.sentinel], timeout=60), "the rank's exit did not wake the wait"
+        assert processes.has_exited(rank), "woken before the exit could be waited for"
+        assert not wait([rank.process.sentinel], timeout=0), "the worker let go of the sentinel"
+    finally:
+        processes.stop([rank], grace=0.0)
+        processes.close([rank])
+    with pytest.raises(OSError):
+        os.fstat(pidfd)  # close() closed it
+
+
+def exit_at_once(stdout, stderr, events):
+    os._exit(0)
+
+
+def test_a_rank_dropped_without_close_closes_its_pidfd():
+    """A holder that never calls close() (a Ray node's rank host) leaks no pidfd."""
+    def make_args(rank, pipes, close):
+        return (pipes.stdout_w, pipes.stderr_w, pipes.events_w)
+
+    [rank] = processes.start_ranks(StartMethod.FORK, [0], exit_at_once, make_args)
+    pidfd = rank.pidfd
+    assert pidfd is not None
+    processes.stop([rank], grace=0.0)
+    rank.pipes.close_readers()
+    del rank
+    gc.collect()
+    with pytest.raises(OSError):
+        os.fstat(pidfd)
 
 
 def _running_after(workers: list[psutil.Process], timeout: float) -> list[psutil.Process]:
