@@ -12,7 +12,6 @@ move their bytes behind the rank group's Backend seam, not a new lifecycle.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from nbtrain.kernel.cluster.spec import RayCluster, as_cluster, check_connected, check_room

@@ -34,7 +34,6 @@ torch's elastic package) only when a launch runs through it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from nbtrain.kernel.payload import prepare_call
