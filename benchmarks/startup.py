@@ -16,10 +16,12 @@ for, from ``execute`` to the kernel's idle (the client's clock):
 - ``nbtrain.start_ranks(2)`` plus a first ``%%ranks`` cell (after the warm-up, and at once);
 - ipyparallel's ``Cluster(n=2).start_and_connect_sync()`` plus a first ``execute``.
 
-The function forms a gloo group of 2 and does one all_reduce. Cases rotate per round (drift on a
-shared machine hits all alike). Then where nbtrain's seconds go, from fresh processes: starting
-Python, importing torch (and torch._dynamo, which any optimizer imports), forming the process
-group inside the ranks, and the rest of a launch (the channel, the view, the kernel's side).
+The function forms a gloo group of 2 and does one all_reduce (``--step``: then one DDP optimizer
+step, nbtrain's and Accelerate's launches only: the first step of a training function). Cases
+rotate per round (drift on a shared machine hits all alike). Then where nbtrain's seconds go,
+from fresh processes: starting Python, importing torch (and torch._dynamo, which any optimizer
+imports), forming the process group inside the ranks, and the rest of a launch (the channel,
+the view, the kernel's side).
 
     python benchmarks/startup.py [--rounds 3] [--pause 5] [--before DIR]
 
@@ -60,6 +62,16 @@ def trivial():
     formed = time.perf_counter() - began
     dist.destroy_process_group()
     return formed
+def first_step():  # --step: the group, then a first DDP optimizer step (imports torch._dynamo)
+    began = time.perf_counter()
+    dist.init_process_group("gloo")
+    formed = time.perf_counter() - began
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.ones(4, 8)).sum().backward()
+    opt.step()
+    dist.destroy_process_group()
+    return formed
 """
 
 NBTRAIN_IMPORT = (
@@ -79,6 +91,7 @@ try:
 except ImportError:
     print(-1)
 """
+# (--step: first_step instead of trivial, here and in Accelerate's)
 NBTRAIN_LAUNCH = "_formed = nbtrain.notebook_launcher(trivial, num_processes=2)"
 ACCELERATE_IMPORT = "from accelerate import notebook_launcher"
 ACCELERATE_LAUNCH = "notebook_launcher(trivial, num_processes=2)"
@@ -284,10 +297,16 @@ def main() -> None:
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated subset")
     parser.add_argument("--split-repeats", type=int, default=3)
     parser.add_argument("--json", type=Path, help="also write the samples here")
+    parser.add_argument("--step", action="store_true",
+                        help="nbtrain's and Accelerate's launches also take a first DDP optimizer "
+                        "step (which imports torch._dynamo), as a training function's first step")
     parser.add_argument("--before", help="a folder holding an older nbtrain/ (e.g. from git "
                         "archive): its first launch and start_ranks are measured too")
     args = parser.parse_args()
-    global BEFORE
+    global BEFORE, NBTRAIN_LAUNCH, ACCELERATE_LAUNCH
+    if args.step:  # the time to a first optimizer step, not only to a formed group
+        NBTRAIN_LAUNCH = NBTRAIN_LAUNCH.replace("(trivial,", "(first_step,")
+        ACCELERATE_LAUNCH = ACCELERATE_LAUNCH.replace("(trivial,", "(first_step,")
     BEFORE = args.before
     chosen = [name for name in args.cases.split(",") if name]
     if not BEFORE:
