@@ -266,13 +266,15 @@ def train():
 result = notebook_launcher(train, num_processes=2, progress="text", return_all=True,
                            start_method="{method}")
 """,
-        ["p value + 1", "w", "c"],
+        ["p value + 1", "w", "l", "c"],
     )
     assert talk.error is None, talk
-    assert talk.prompts == ["(Pdb) rank 1> "] * 3
+    assert talk.prompts == ["(Pdb) rank 1> "] * 4
     assert "101" in talk.seen[1]
-    # (a function pickled by value lost its cell's file name: cloudpickle's "<dynamic-code>")
-    assert_users_frames_only(talk.seen[2][len(talk.seen[1]):], "train()", named=False)
+    # a function pickled by value keeps its cell's file name (shared/sharedmem.py's pickler)
+    assert_users_frames_only(talk.seen[2][len(talk.seen[1]):], "train()")
+    listing = talk.seen[3][len(talk.seen[2]):]  # and its lines, which only the kernel had
+    assert "->" in listing and "breakpoint()" in listing, listing
     assert kernel.value("result") == [0, 100]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import array
 import glob
+import linecache
 import os
 import pickle
 import secrets
@@ -227,3 +228,23 @@ def test_a_pickled_function_keeps_its_code_file_name():
         outer(3)
     frames = [(f.filename, f.lineno) for f in traceback.extract_tb(caught.value.__traceback__)]
     assert frames[-2:] == [("/tmp/ipykernel_1/5.py", 4), ("/tmp/ipykernel_1/5.py", 3)]
+
+
+def test_a_cells_lines_travel_with_its_code_and_a_files_do_not(tmp_path):
+    """IPython keeps a cell's lines in linecache only (mtime None): a rank started apart from
+    the kernel gets them with the code (pdb lists them); a file on disk is read there."""
+    cell, source = "/tmp/ipykernel_1/7.py", "def f():\n    return 7\n"
+    namespace: dict = {}
+    exec(compile(source, cell, "exec"), namespace)
+    linecache.cache[cell] = (len(source), None, source.splitlines(True), cell)
+    on_disk = tmp_path / "module.py"
+    on_disk.write_text("def g():\n    return 8\n")
+    exec(compile(on_disk.read_text(), str(on_disk), "exec"), namespace)
+    linecache.getlines(str(on_disk))  # read from disk: cached with its mtime
+    data = sharedmem.dumps((namespace["f"], namespace["g"]))
+    del linecache.cache[cell]
+    linecache.clearcache()
+    f, g = pickle.loads(data)
+    assert (f(), g()) == (7, 8)
+    assert linecache.cache[cell][2] == ["def f():\n", "    return 7\n"]  # as the kernel had it
+    assert str(on_disk) not in linecache.cache  # not sent: the rank reads the file itself
