@@ -436,22 +436,33 @@ def test_relaunch_after_success_failure_and_timeout_leaks_nothing(method):
     assert after == before, f"(children, fds, threads) grew from {before} to {after}"
 
 
-def test_keyboard_interrupt_stops_every_rank(method, tmp_path):
-    def interrupt_once_the_ranks_run():
+@contextlib.contextmanager
+def ctrl_c_once_both_ranks_recorded(directory, met: list | None = None):
+    """Ctrl-C (SIGINT to this process) once both ranks of hang_and_record wrote their files;
+    ``met``: the SIGINT handler the press met."""
+
+    def press():
         deadline = time.monotonic() + 60
-        while len(list(tmp_path.iterdir())) < 2 and time.monotonic() < deadline:
+        while len(list(directory.iterdir())) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
+        if met is not None:
+            met.append(signal.getsignal(signal.SIGINT))
         os.kill(os.getpid(), signal.SIGINT)
 
-    me = psutil.Process()
-    thread = threading.Thread(target=interrupt_once_the_ranks_run)
+    thread = threading.Thread(target=press)
     thread.start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            notebook_launcher(hang_and_record, (str(tmp_path),), num_processes=2,
-                              start_method=method, **QUIET)
+            yield
     finally:
         thread.join()
+
+
+def test_keyboard_interrupt_stops_every_rank(method, tmp_path):
+    me = psutil.Process()
+    with ctrl_c_once_both_ranks_recorded(tmp_path):
+        notebook_launcher(hang_and_record, (str(tmp_path),), num_processes=2,
+                          start_method=method, **QUIET)
     assert live_ranks(me) == []
     for pid, created in (path.read_text().split() for path in tmp_path.iterdir()):
         with contextlib.suppress(psutil.NoSuchProcess):
@@ -464,24 +475,11 @@ def test_ctrl_c_in_an_elastic_launch_meets_the_groups_policy(tmp_path):
     """max_restarts > 0 runs through torch's elastic agent, which owns the loop: the press still
     meets the rank group's one Ctrl-C policy (its handler, which a dropped KeyboardInterrupt
     cannot lose), and every rank stops."""
-    met = []
-
-    def interrupt_once_the_ranks_run():
-        deadline = time.monotonic() + 60
-        while len(list(tmp_path.iterdir())) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        met.append(signal.getsignal(signal.SIGINT))
-        os.kill(os.getpid(), signal.SIGINT)
-
+    met: list = []
     me = psutil.Process()
-    thread = threading.Thread(target=interrupt_once_the_ranks_run)
-    thread.start()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            notebook_launcher(hang_and_record, (str(tmp_path),), num_processes=2,
-                              start_method="fork", max_restarts=1, **QUIET)
-    finally:
-        thread.join()
+    with ctrl_c_once_both_ranks_recorded(tmp_path, met):
+        notebook_launcher(hang_and_record, (str(tmp_path),), num_processes=2,
+                          start_method="fork", max_restarts=1, **QUIET)
     assert met and met[0] is not signal.default_int_handler, met
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
     assert live_ranks(me) == []
