@@ -49,3 +49,32 @@ def test_a_second_press_of_a_graceful_stop_is_not_lost_either(monkeypatch) -> No
         _PressedInAFinalizer()  # the second, dropped by a finalizer
         with pytest.raises(KeyboardInterrupt):
             check()
+
+
+def test_ctrl_c_left_ignored_by_someone_is_heard_by_a_launch() -> None:
+    """A CI run's pytest process had SIGINT ignored (left so by an earlier tool): a launch's
+    stop button then did nothing. The launch hears it, then leaves the process as it was."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        supervisor = SimpleNamespace(interrupted=False, stop_asked=False)
+        policy = Interrupts().handling(supervisor)  # type: ignore[arg-type]
+        with pytest.raises(KeyboardInterrupt), policy:
+            os.kill(os.getpid(), signal.SIGINT)
+            len(())  # the handler runs at the next bytecode
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # as it was
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_someone_elses_handler_is_kept() -> None:
+    heard: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: heard.append(signum))
+    try:
+        supervisor = SimpleNamespace(interrupted=False, stop_asked=False)
+        with Interrupts().handling(supervisor) as check:  # type: ignore[arg-type]
+            os.kill(os.getpid(), signal.SIGINT)
+            len(())
+            check()  # nothing counted by the launch: theirs heard it
+        assert heard == [signal.SIGINT]
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -14,8 +14,11 @@ as Python's own does (out of a blocking wait, a pdb prompt's input), and ``check
 if it got lost: Python runs a signal's handler in whatever bytecode the main thread runs next,
 which may be a finalizer (``__del__``, a weakref callback) that the garbage collector calls
 there, and a KeyboardInterrupt raised in one is printed as "Exception ignored" and dropped.
-Off the main thread (no signals there) nothing is installed, nor for a one-shot launch under a
-SIGINT handler other than Python's own (someone else's, or Ctrl-C ignored): that one stays.
+Off the main thread (no signals there) nothing is installed, nor for a one-shot launch under
+someone else's SIGINT handler (a Python callable): that one stays. Ctrl-C ignored (SIG_IGN, or
+the OS default) is not a choice a launch keeps: a library or an earlier tool may have left it
+so (a CI run's pytest process had), and then the stop button would do nothing; the launch
+hears it, as ``nbtrain launch`` does (command_exit.py).
 """
 
 from __future__ import annotations
@@ -73,7 +76,7 @@ class Interrupts:
 
         if threading.current_thread() is not threading.main_thread() or not (
             self.keep or self.graceful
-            or signal.getsignal(signal.SIGINT) is signal.default_int_handler
+            or _not_someone_elses(signal.getsignal(signal.SIGINT))
         ):
             yield check  # a one-shot launch under someone else's SIGINT handler: theirs
             return
@@ -87,6 +90,11 @@ class Interrupts:
         if self.keep:
             return "(interrupt again to interrupt the ranks at once; their state is kept)"
         return "(interrupt again to stop at once)"
+
+
+def _not_someone_elses(handler: Any) -> bool:
+    """Python's own KeyboardInterrupt, or no Python handler at all (ignored, the OS default)."""
+    return handler is signal.default_int_handler or handler in (signal.SIG_IGN, signal.SIG_DFL)
 
 
 @contextlib.contextmanager
