@@ -5,15 +5,17 @@ imported, the 2-rank function defined, the library imported), waits ``--pause`` 
 person writing the next cell; the same for every case), then times the cells a person waits
 for, from ``execute`` to the kernel's idle (the client's clock):
 
-- nbtrain ``notebook_launcher`` (auto start: fork on CPU): the first launch, then a relaunch
-  (nbtrain's pause lasts at least until its background warm-up is over: how long that took
-  is reported);
+- nbtrain ``notebook_launcher`` (auto start: fork on CPU) as a person gets it: ``import nbtrain``
+  (which, in a kernel, warms up while the kernel is idle: kernel/warmup.py), the pause, the
+  first launch, then a relaunch;
 - the same first launch in the cell right after the import (no pause: the worst case);
-- the first launch and a relaunch without ``nbtrain.warm_up()`` (``import nbtrain`` alone: the
-  default, what a launch costs when nothing was prepared in the background);
+- the first launch and a relaunch with ``NBTRAIN_WARM_UP=0`` (no warm-up: what a launch costs
+  when nothing was prepared);
+- how long the warm-up takes after the import cell (``warm-up``);
 - Accelerate's ``notebook_launcher``: first launch, relaunch;
 - raw ``torch.multiprocessing.start_processes`` with fork, then with spawn;
-- ``nbtrain.start_ranks(2)`` plus a first ``%%ranks`` cell (after the warm-up, and at once);
+- ``nbtrain.start_ranks(2)`` plus a first ``%%ranks`` cell (after the pause, at once, and with
+  no warm-up);
 - ipyparallel's ``Cluster(n=2).start_and_connect_sync()`` plus a first ``execute``.
 
 The function forms a gloo group of 2 and does one all_reduce (``--step``: then one DDP optimizer
@@ -74,23 +76,9 @@ def first_step():  # --step: the group, then a first DDP optimizer step (imports
     return formed
 """
 
-NBTRAIN_IMPORT = (
-    "import nbtrain\n"
-    "if hasattr(nbtrain, 'warm_up'):  # an older nbtrain (--before) warmed up on import\n"
-    "    nbtrain.warm_up()\n"
-    "_imported = time.perf_counter()"
-)
-NBTRAIN_IMPORT_ONLY = "import nbtrain"  # the default: no background warm-up
-# Untimed: the pause lasts at least until nbtrain's background warm-up is over (how long that
-# took after the import is reported); an older nbtrain has none.
-WARMED = """
-try:
-    from nbtrain.kernel import warmup
-    warmup.wait(everything=True)
-    print(time.perf_counter() - _imported)
-except ImportError:
-    print(-1)
-"""
+NBTRAIN_IMPORT = "import nbtrain"  # the default: in a kernel, it warms up while idle
+NBTRAIN_NO_WARM_UP = "import os\nos.environ['NBTRAIN_WARM_UP'] = '0'\nimport nbtrain"
+WARMING = "from nbtrain.kernel import warmup\nprint(warmup.running())"
 # (--step: first_step instead of trivial, here and in Accelerate's)
 NBTRAIN_LAUNCH = "_formed = nbtrain.notebook_launcher(trivial, num_processes=2)"
 ACCELERATE_IMPORT = "from accelerate import notebook_launcher"
@@ -157,10 +145,13 @@ class Fresh:
         if out.error is not None:
             raise RuntimeError(f"{code!r} failed:\n{out.traceback_text}")
 
-    def warmed(self) -> float:
-        """Wait for nbtrain's background warm-up; seconds it took after the import (-1: none)."""
-        out = self.kernel.run(WARMED, timeout=300)
-        return max(0.0, float(out.stdout.split()[-1]))
+    def warm_up_seconds(self) -> float:
+        """Seconds until nbtrain's warm-up (steps run while the kernel is idle) is over, from
+        the end of the import cell: asked every 50 ms (each question runs between two steps)."""
+        began = time.perf_counter()
+        while self.kernel.run(WARMING).stdout.split()[-1] == "True":
+            time.sleep(0.05)
+        return time.perf_counter() - began
 
     def time(self, code: str) -> float:
         return cell_round_trip(self.kernel.client, code, timeout=300)
@@ -179,14 +170,12 @@ BEFORE: str | None = None  # --before: an older checkout's folder, measured besi
 def launches(samples: Samples, pause: float, which: str) -> None:
     """A fresh kernel's first launch and a relaunch (nbtrain's or Accelerate's)."""
     imports, launch = (
-        (NBTRAIN_IMPORT_ONLY, NBTRAIN_LAUNCH) if which == "nbtrain (no warm-up)" else
+        (NBTRAIN_NO_WARM_UP, NBTRAIN_LAUNCH) if which == "nbtrain (no warm-up)" else
         (NBTRAIN_IMPORT, NBTRAIN_LAUNCH) if which.startswith("nbtrain") else
         (ACCELERATE_IMPORT, ACCELERATE_LAUNCH)
     )
     fresh = Fresh(imports, pause, BEFORE if which.endswith("(before)") else None)
     try:
-        if which == "nbtrain":
-            samples["nbtrain warm-up, in the background after import"].append(fresh.warmed())
         samples[f"{which} first launch"].append(fresh.time(launch))
         if which == "nbtrain":  # the part of it spent in rank 0 forming the group
             formed = fresh.kernel.value("_formed")
@@ -205,6 +194,16 @@ def nbtrain_at_once(samples: Samples, pause: float) -> None:
         fresh.close()
 
 
+def warm_up(samples: Samples, pause: float) -> None:
+    """How long nbtrain's warm-up takes after the import cell (no pause)."""
+    fresh = Fresh(NBTRAIN_IMPORT, 0.0)
+    try:
+        samples["nbtrain warm-up, while the kernel is idle after import"].append(
+            fresh.warm_up_seconds())
+    finally:
+        fresh.close()
+
+
 def raw(samples: Samples, pause: float) -> None:
     fresh = Fresh(RAW_IMPORT, pause)
     try:
@@ -215,15 +214,16 @@ def raw(samples: Samples, pause: float) -> None:
 
 
 def warm_ranks(
-    samples: Samples, pause: float, before: bool = False, at_once: bool = False
+    samples: Samples, pause: float, before: bool = False, at_once: bool = False,
+    warm_up: bool = True,
 ) -> None:
-    fresh = Fresh(NBTRAIN_IMPORT, 0.0 if at_once else pause, BEFORE if before else None)
+    imports = NBTRAIN_IMPORT if warm_up else NBTRAIN_NO_WARM_UP
+    fresh = Fresh(imports, 0.0 if at_once else pause, BEFORE if before else None)
     try:
-        if not at_once:
-            fresh.warmed()
         started = fresh.time(RANKS_START)
         name = "nbtrain (before) start_ranks(2) + first cell" if before else (
             "nbtrain start_ranks(2) + first cell, next cell at once" if at_once else
+            "nbtrain (no warm-up) start_ranks(2) + first cell" if not warm_up else
             "nbtrain start_ranks(2) + first cell")
         samples[name].append(started + fresh.time(RANKS_CELL))
         fresh.run(RANKS_STOP)
@@ -244,6 +244,7 @@ def ipyparallel(samples: Samples, pause: float) -> None:
 CASES: dict[str, Callable[[Samples, float], None]] = {
     "nbtrain": lambda s, p: launches(s, p, "nbtrain"),
     "nbtrain at once": nbtrain_at_once,
+    "warm-up": warm_up,
     "nbtrain no warm-up": lambda s, p: launches(s, p, "nbtrain (no warm-up)"),
     "nbtrain before": lambda s, p: launches(s, p, "nbtrain (before)"),
     "start_ranks before": lambda s, p: warm_ranks(s, p, before=True),
@@ -251,6 +252,7 @@ CASES: dict[str, Callable[[Samples, float], None]] = {
     "accelerate": lambda s, p: launches(s, p, "accelerate"),
     "raw": raw,
     "start_ranks": warm_ranks,
+    "start_ranks no warm-up": lambda s, p: warm_ranks(s, p, warm_up=False),
     "ipyparallel": ipyparallel,
 }
 
@@ -316,7 +318,7 @@ def main() -> None:
         if name not in CASES:
             parser.error(f"--cases: unknown case {name!r}; choose from {', '.join(CASES)}")
     for key in (
-        "nbtrain warm-up, in the background after import",
+        "nbtrain warm-up, while the kernel is idle after import",
         "nbtrain first launch",
         "nbtrain first launch: forming the group (in rank 0)",
         "nbtrain relaunch",
@@ -331,6 +333,7 @@ def main() -> None:
         "raw torch spawn, first",
         "nbtrain start_ranks(2) + first cell",
         "nbtrain start_ranks(2) + first cell, next cell at once",
+        "nbtrain (no warm-up) start_ranks(2) + first cell",
         "nbtrain (before) start_ranks(2) + first cell",
         "ipyparallel Cluster(n=2) + first execute",
     ):

@@ -58,28 +58,25 @@ def __getattr__(name: str) -> Any:
 
 
 def warm_up() -> None:
-    """Make what the first launch needs ready in the background, once the current cell has
-    finished (nbtrain/kernel/warmup.py): the forkserver with torch imported, and the kernel's
-    own imports for a fork launch. In a kernel (or IPython) only; elsewhere it does nothing.
-
-    Opt-in, not done by ``import nbtrain``: while the warm-up imports torch's modules in a
-    thread, code of yours that forks the kernel (a DataLoader with workers in the kernel,
-    ``os.fork``) or imports the same modules in the next cell would race with it. Call it in
-    the cell that imports nbtrain when the next cells only launch (notebooks/guides/launching.md).
-    """
-    from nbtrain.shared.frontend import Frontend, frontend
-
-    if frontend() is Frontend.PLAIN:
-        return
-    # Begun once the current cell has finished: a thread importing torch's modules while that
-    # same cell goes on importing and launching deadlocked the kernel.
-    shell = import_module("IPython").get_ipython()
-
-    def begin(*_: Any) -> None:
-        shell.events.unregister("post_run_cell", begin)
+    """Make what the first launch needs ready while the kernel is idle, once the current cell
+    has ended (nbtrain/kernel/warmup.py): the forkserver with torch imported, and the kernel's
+    own imports for a fork launch. ``import nbtrain`` in a Jupyter kernel does it already,
+    unless ``NBTRAIN_WARM_UP=0`` is set (then this call does it). Elsewhere (a script, terminal
+    IPython) it does nothing: a launch imports what it needs itself."""
+    if _in_a_kernel():
         import_module("nbtrain.kernel.warmup").start()
 
-    shell.events.register("post_run_cell", begin)
+
+def _in_a_kernel() -> bool:
+    from nbtrain.shared.frontend import Frontend, frontend
+
+    return frontend() is Frontend.JUPYTER
+
+
+def _warm_up_on_import() -> None:
+    # (ranks never get here: a forked rank finds nbtrain imported, a fresh one has no kernel)
+    if _in_a_kernel() and import_module("nbtrain.kernel.environment").warm_up_on_import():
+        import_module("nbtrain.kernel.warmup").start()
 
 
 def load_ipython_extension(shell: Any) -> None:
@@ -109,3 +106,5 @@ __all__ = [
     "start_ranks",
     "warm_up",
 ]
+
+_warm_up_on_import()

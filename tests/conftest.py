@@ -13,6 +13,12 @@ import pytest
 import torch._dynamo  # noqa: F401 - sets TORCHINDUCTOR_CACHE_DIR once; the launcher imports it too
 from procguard import ProcessWatch
 
+# Every kernel the suite starts (Jupyter clients, notebooks, browsers) inherits this: without
+# it, each kernel that imports nbtrain would warm up (kernel/warmup.py), a forkserver importing
+# torch included: minutes of CPU over the suite on CI's two cores. The warm-up's own tests
+# (tests/kernel/test_warmup_kernel.py, the SIGKILL test) turn it back on in their kernels.
+os.environ.setdefault("NBTRAIN_WARM_UP", "0")
+
 # Threads that libraries start once per process and keep (not per launch).
 _LONG_LIVED_THREADS = ("pydevd", "IPythonHistorySavingThread", "ThreadPoolExecutor")
 

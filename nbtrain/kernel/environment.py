@@ -140,6 +140,11 @@ def log_root() -> Path:
     return Path(chosen) if chosen else Path(tempfile.gettempdir()) / "nbtrain-logs"
 
 
+def warm_up_on_import() -> bool:
+    """``import nbtrain`` in a kernel warms up (kernel/warmup.py) unless NBTRAIN_WARM_UP=0."""
+    return os.environ.get("NBTRAIN_WARM_UP", "1").strip() != "0"
+
+
 def omp_threads_set() -> bool:
     """The user chose OpenMP's thread count: ranks keep it instead of a share of the cores."""
     return "OMP_NUM_THREADS" in os.environ

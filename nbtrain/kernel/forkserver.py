@@ -1,5 +1,5 @@
-"""The forkserver and what every rank starts with already imported: one list for the forkserver's
-preload and for a fork launch's kernel (processes.py), started early by warmup.py."""
+"""The forkserver ranks are made from when they start clean: started early by warmup.py, with
+what every rank starts with already imported (shared/preload.py)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,13 @@ import sys
 from collections.abc import Iterator
 
 from nbtrain.shared.options import StartMethod
+from nbtrain.shared.preload import PRELOAD, RANK_SIDE, WARM_IMPORTS
 
-# Imported once by the launching process (fork) or the forkserver, so that ranks start with them
-# loaded. torch._dynamo is imported by the first optimizer or DDP a rank creates and costs seconds
-# per rank per launch otherwise; it starts no threads, so forking after it is safe.
-# (encodings.idna: every rank's first getaddrinfo of a host name imports it)
-WARM_IMPORTS = ["torch", "torch.distributed", "torch._dynamo", "cloudpickle", "encodings.idna"]
-# The rank side's entries: a launch's rank and a warm rank (no rank imports them on its own).
-PRELOAD = [*WARM_IMPORTS, "nbtrain.rank.worker", "nbtrain.rank.session"]
+# The forkserver imports PRELOAD through one module of ours, deaf to Ctrl-C meanwhile (its
+# docstring says why).
+SERVER_PRELOAD = ["nbtrain.rank.forkserver_preload"]
+
+__all__ = ["PRELOAD", "RANK_SIDE", "SERVER_PRELOAD", "WARM_IMPORTS"]
 
 
 _warm = False  # the server has imported its preload (it served a process)
@@ -44,7 +43,7 @@ def start(*, ready: bool = False) -> None:
     import torch.multiprocessing as torch_mp
 
     context = torch_mp.get_context("forkserver")
-    context.set_forkserver_preload(PRELOAD)
+    context.set_forkserver_preload(SERVER_PRELOAD)
     with main_module_not_inherited(StartMethod.FORKSERVER):
         multiprocessing.forkserver.ensure_running()
         if ready:

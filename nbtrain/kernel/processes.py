@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import torch.multiprocessing as torch_mp
 
-from nbtrain.kernel import fork_gc, forkserver, shm, signal_hold, warmup
+from nbtrain.kernel import fork_gc, forkserver, shm, signal_hold
 from nbtrain.shared.options import StartMethod
 
 _SIGKILL = getattr(signal, "SIGKILL", signal.SIGTERM)
@@ -152,14 +152,10 @@ def exit_fd(process: BaseProcess) -> int | None:
 
 
 def context(method: StartMethod) -> Any:
-    if method is StartMethod.FORK:
-        # Never fork while the warm-up thread imports (warmup.py). The other methods start
-        # a fresh Python (exec, or from the forkserver): the kernel is not copied.
-        warmup.wait()
     ctx = torch_mp.get_context(method.value)
     if method is StartMethod.FORKSERVER:
         # Takes effect when the forkserver first starts (then later launches reuse it warm).
-        ctx.set_forkserver_preload(forkserver.PRELOAD)
+        ctx.set_forkserver_preload(forkserver.SERVER_PRELOAD)
     return ctx
 
 
@@ -171,7 +167,7 @@ def starting_phase(method: StartMethod) -> str:
         return "starting Python"
     if method is StartMethod.FORKSERVER:
         return "" if forkserver.warm() else "starting Python, importing torch (forkserver)"
-    cold = warmup.running() or any(name not in sys.modules for name in forkserver.PRELOAD)
+    cold = any(name not in sys.modules for name in forkserver.PRELOAD)
     return "importing torch in the kernel (first launch only)" if cold else ""
 
 

@@ -1,34 +1,33 @@
-"""Ranks that start fast: what the first launch needs, made ready in the background as soon as
-nbtrain is imported in an interactive kernel (benchmarks/startup.py measures it).
+"""Ranks that start fast: what the first launch needs, made ready while the kernel is idle, as
+soon as nbtrain is imported in a Jupyter kernel (benchmarks/startup.py measures it).
 
 Without it, the first launch in a fresh kernel pays in its own cell for what every later one
 finds done: importing torch._dynamo (any optimizer imports it; a fork launch imports it once in
 the kernel so that ranks inherit it) and nbtrain's rank and kernel sides, and, for warm ranks
-and forkserver launches, starting the forkserver: a fresh Python importing torch. One daemon
-thread does it all once, while the person writes the next cell; the forkserver's imports run in
-its own process (on another core), the kernel's in this thread.
+and forkserver launches, starting the forkserver: a fresh Python importing torch.
 
-Safety:
-
-- a fork while this thread imports would give the child a module half imported, whose lock
-  nobody in the child will ever release: a fork launch calls ``wait()`` before it forks
-  (processes.context), so no rank is forked mid-import (forkserver and spawn ranks are fresh
-  processes: they need not wait);
-- a fork launch in the very next cell waits for no more than the imports it would have done
-  itself: the kernel's come first, and the forkserver starts only after them;
-- whatever fails here is dropped: the launch then does the same work itself, as it always did;
-- nothing outlives the kernel: the forkserver ends when the kernel's end of its pipe closes
-  (it exits with the kernel), and the thread is a daemon.
+Each step runs in the kernel's main thread, from its event loop, one step per turn of the loop:
+never in a thread. So no fork of the kernel (a launch's, or a DataLoader's in the user's code)
+can happen in the middle of one of its imports, and no cell imports the same modules at the
+same time: a cell sent meanwhile runs between two steps, and waits for one step at most. A
+launch that comes before the last step simply imports what is still missing itself, as it
+always did. The forkserver imports in its own process (on another core); it ends when the
+kernel does (its end of the forkserver's pipe closes). Whatever fails here is dropped: the
+launch then does the same work itself.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import contextlib
 import importlib
 import threading
 
-# What a first launch imports into the kernel beyond what the rank inherits (processes.py
-# imports the rank's own modules): the launch paths, the warm-rank session and the views.
+from nbtrain.kernel import environment, forkserver
+
+# What a first launch imports into the kernel beyond what the rank inherits (forkserver.py
+# lists the rank's own modules): the launch paths, the warm-rank session and the views.
 KERNEL_IMPORTS = [
     "multiprocessing.popen_fork",
     "multiprocessing.popen_forkserver",
@@ -38,55 +37,75 @@ KERNEL_IMPORTS = [
     "nbtrain.display.text",
     "nbtrain.display.widgets",
 ]
-# (started once the cell that imported nbtrain ended: see nbtrain/__init__.py)
+_FORKSERVER = "(the forkserver)"  # the step that starts it
+_AFTER_THE_CELL = 0.05  # seconds: the first step waits for the cell that started it to end
 
-_thread: threading.Thread | None = None
-_lock = threading.Lock()
-_imported = threading.Event()  # the kernel's imports are done (what a fork waits for)
-
-
-def start() -> None:
-    """Begin the warm-up in the background (once per process; later calls do nothing)."""
-    global _thread
-    with _lock:
-        if _thread is not None:
-            return
-        _thread = threading.Thread(target=_warm, name="nbtrain-warmup", daemon=True)
-        _thread.start()
+_steps: collections.deque[str] = collections.deque()
+_loop: asyncio.AbstractEventLoop | None = None
+_started = False
 
 
-def wait(*, everything: bool = False) -> None:
-    """Return once the warm-up's imports into the kernel (if one was started) are over: before
-    a fork. (The forkserver it starts afterwards needs no wait: it is another process.)
-    ``everything``: also until the forkserver is ready (tests and benchmarks that count the
-    kernel's file descriptors or time what follows)."""
-    thread = _thread
-    if thread is None or thread is threading.current_thread():
-        return
-    if everything:
-        thread.join()
-    else:
-        _imported.wait()
+def steps() -> list[str]:
+    """The warm-up's steps in order: torch first (the forkserver needs it), then the forkserver
+    (it imports on another core meanwhile), then the kernel's own imports, torch._dynamo, the
+    slowest, last."""
+    rank_side = [name for name in forkserver.WARM_IMPORTS if name != "torch._dynamo"]
+    start_server = [_FORKSERVER] if "forkserver" in environment.available_start_methods() else []
+    return [
+        "torch", *start_server, *rank_side, *forkserver.RANK_SIDE, *KERNEL_IMPORTS,
+        "torch._dynamo",
+    ]
+
+
+def start() -> bool:
+    """Begin the warm-up on this thread's running event loop once the current cell has ended
+    (once per process; later calls do nothing). False where there is no such loop (a script,
+    terminal IPython): there a launch does the work itself."""
+    global _loop, _started
+    if _started:
+        return True
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    try:
+        loop = asyncio.get_running_loop()  # ipykernel runs each cell inside its loop
+    except RuntimeError:
+        return False
+    _loop, _started = loop, True
+    _steps.extend(steps())
+    loop.call_later(_AFTER_THE_CELL, _next)
+    return True
 
 
 def running() -> bool:
-    """The warm-up is still importing into the kernel."""
-    return _thread is not None and not _imported.is_set()
+    """Steps of the warm-up are still to come."""
+    return bool(_steps)
 
 
-def _warm() -> None:
-    from nbtrain.kernel import environment, forkserver
+def finish(*, forkserver_ready: bool = False) -> None:
+    """Do the steps still to come now, in this cell (tests and benchmarks that time or count
+    what follows). ``forkserver_ready``: also until the forkserver has imported its preload."""
+    while _steps:
+        _do(_steps.popleft())
+    if forkserver_ready and "forkserver" in environment.available_start_methods():
+        forkserver.start(ready=True)
 
-    # The kernel's own imports first: a fork launch (the default on CPU) in the very next
-    # cell waits for them, and must not share the cores with the forkserver's imports then.
+
+def _next() -> None:
+    if not _steps:
+        return
     try:
-        for module in [*forkserver.PRELOAD, *KERNEL_IMPORTS]:
-            try:
-                importlib.import_module(module)
-            except Exception:  # (ipywidgets missing, ...): the launch imports what it needs
-                continue
-    finally:
-        _imported.set()
-    if "forkserver" in environment.available_start_methods():
-        with contextlib.suppress(Exception):
-            forkserver.start(ready=True)  # (at once if a launch or start_ranks started it)
+        _do(_steps.popleft())
+    except KeyboardInterrupt:  # pressed while the kernel was idle: nothing of the user's to stop
+        _steps.clear()
+        return
+    if _steps and _loop is not None:
+        # One step per turn of the loop: a cell that arrived meanwhile runs before the next.
+        _loop.call_soon(_next)
+
+
+def _do(step: str) -> None:
+    with contextlib.suppress(Exception):  # (ipywidgets missing, ...): the launch does it
+        if step == _FORKSERVER:
+            forkserver.start()  # returns at once: the server imports in its own process
+        else:
+            importlib.import_module(step)

@@ -155,7 +155,7 @@ def snapshot():
 
 notebook_launcher(work, ("ok",), num_processes=2, progress="off")
 from nbtrain.kernel import warmup
-warmup.wait(everything=True)  # (the forkserver it starts after the first launch holds fds)
+warmup.finish()  # (where it runs: the forkserver it starts holds fds)
 before = snapshot()
 for i in range(5):
     assert notebook_launcher(work, ("ok",), num_processes=2, progress="off") == "ok"

@@ -152,14 +152,14 @@ def forkservers(kernel: Kernel) -> list[int]:
 def test_ranks_end_with_the_kernel_even_on_sigkill(tmp_path):
     kernel = Kernel(tmp_path)
     try:
-        # nbtrain.warm_up() (kernel/warmup.py): the forkserver starts in the background and
-        # the kernel imports what a first launch needs; both end with the kernel.
-        kernel.run("import os, sys, nbtrain\nnbtrain.warm_up()")  # (begins once the cell ends)
+        # The warm-up (kernel/warmup.py; the suite turns it off by default) starts the
+        # forkserver and the kernel imports what a first launch needs; both end with the kernel.
+        kernel.run("import os, sys\nos.environ.pop('NBTRAIN_WARM_UP')\nimport nbtrain")
         out = kernel.run("from nbtrain.kernel import warmup\n"
-                         "warmup.wait(everything=True)\nprint('torch._dynamo' in sys.modules)")
+                         "warmup.finish()\nprint('torch._dynamo' in sys.modules)")
         assert out.stdout.strip() == "True", out
         servers = forkservers(kernel)
-        assert len(servers) == 1, "nbtrain.warm_up() did not start the forkserver"
+        assert len(servers) == 1, "import nbtrain did not start the forkserver"
         out = kernel.run("ranks = nbtrain.start_ranks(2, progress='off')")
         assert out.error is None, out.traceback_text
         assert forkservers(kernel) == servers, "start_ranks did not use the warm forkserver"

@@ -243,8 +243,9 @@ print("loaded", notebook_launcher(load, ({str(tmp_path)!r},), num_processes=2, p
 
 def test_interrupt_while_a_cold_forkserver_starts(fresh_kernel, tmp_path):
     """The interrupt reaches the forkserver too (same process group) while it imports torch:
-    it dies, the kernel is interrupted inside start_ranks; the next forkserver launch starts a
-    new one."""
+    it goes on importing (rank/forkserver_preload.py: a half-imported forkserver once served
+    ranks whose import of torch failed), the kernel is interrupted inside start_ranks before a
+    rank runs, and the next forkserver launch works."""
     error, descendants, _ = interrupt_during(fresh_kernel, "cold forkserver", tmp_path)
     assert error["ename"] == "KeyboardInterrupt", error
     assert not list(tmp_path.glob("proc-rank-*")), "a rank got to run: not start-up"

@@ -1,0 +1,79 @@
+"""The warm-up in a real kernel (nbtrain/kernel/warmup.py): ``import nbtrain`` makes the first
+launch's imports and the forkserver ready while the kernel is idle, never holding up a cell
+for more than one step; ``NBTRAIN_WARM_UP=0`` turns it off and ``nbtrain.warm_up()`` back on.
+(The suite turns it off for every other kernel: tests/conftest.py.)"""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+from kernelutil import Kernel
+
+POLL = "from nbtrain.kernel import warmup\nprint(warmup.running())"
+
+
+def forkservers(kernel: Kernel) -> list[int]:
+    return [child.pid for child in psutil.Process(kernel.pid).children()
+            if "forkserver import main" in " ".join(child.cmdline())]
+
+
+def ask(kernel: Kernel, code: str) -> str:
+    out = kernel.run(code)
+    assert out.error is None, out.traceback_text
+    return out.stdout.strip()
+
+
+def wait_for_the_warm_up(kernel: Kernel, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while ask(kernel, POLL) == "True":
+        assert time.monotonic() < deadline, "the warm-up did not end"
+        time.sleep(0.1)
+
+
+def test_import_warms_up_while_the_kernel_is_idle(tmp_path):
+    kernel, servers = Kernel(tmp_path), []
+    try:
+        # Nothing happens inside the import cell: the steps begin once it has ended.
+        imported = "import os, sys\nos.environ.pop('NBTRAIN_WARM_UP')\nimport nbtrain\n"
+        assert ask(kernel, imported + "print('torch' in sys.modules)") == "False"
+        # A cell sent at once runs between two steps: it does not wait for the warm-up.
+        assert ask(kernel, POLL) == "True"
+        wait_for_the_warm_up(kernel)
+        needed = ["torch._dynamo", "nbtrain.rank.worker", "nbtrain.kernel.launcher"]
+        imports = ask(kernel, f"print(all(name in sys.modules for name in {needed!r}))")
+        assert imports == "True", "the warm-up did not import what a first launch needs"
+        servers = forkservers(kernel)
+        assert len(servers) == 1, "the warm-up did not start the forkserver"
+        assert ask(kernel, "print(nbtrain.notebook_launcher(lambda: 'ran', num_processes=2, "
+                           "progress='off'))") == "ran"
+        out = ask(kernel, "ranks = nbtrain.start_ranks(2, progress='off')\n"
+                          "print(ranks.pull('1 + 1'))\nranks.stop()")
+        assert out == "[2, 2]" and forkservers(kernel) == servers
+    finally:
+        kernel.shutdown()
+    deadline = time.monotonic() + 15
+    while any(alive(pid) for pid in servers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(pid) for pid in servers), "the forkserver outlived its kernel"
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_warm_up_off_starts_nothing_until_asked(tmp_path):
+    kernel = Kernel(tmp_path)  # NBTRAIN_WARM_UP=0, as the suite sets it
+    try:
+        ask(kernel, "import sys, time, nbtrain")
+        idle = ask(kernel, "time.sleep(1)\n" + POLL + "\nprint('torch' in sys.modules)")
+        assert idle.split() == ["False", "False"] and forkservers(kernel) == []
+        ask(kernel, "nbtrain.warm_up()")  # asked for: it runs even so
+        wait_for_the_warm_up(kernel)
+        assert ask(kernel, "print('torch._dynamo' in sys.modules)") == "True"
+        assert len(forkservers(kernel)) == 1
+    finally:
+        kernel.shutdown()
