@@ -76,7 +76,8 @@ def first_step():  # --step: the group, then a first DDP optimizer step (imports
     return formed
 """
 
-NBTRAIN_IMPORT = "import nbtrain"  # the default: in a kernel, it warms up while idle
+# The default: in a kernel, it warms up while idle (whatever this shell's NBTRAIN_WARM_UP says)
+NBTRAIN_IMPORT = "import os\nos.environ.pop('NBTRAIN_WARM_UP', None)\nimport nbtrain"
 NBTRAIN_NO_WARM_UP = "import os\nos.environ['NBTRAIN_WARM_UP'] = '0'\nimport nbtrain"
 WARMING = "from nbtrain.kernel import warmup\nprint(warmup.running())"
 # (--step: first_step instead of trivial, here and in Accelerate's)

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import torch.multiprocessing as torch_mp
 
-from nbtrain.kernel import fork_gc, forkserver, shm, signal_hold
+from nbtrain.kernel import environment, fork_gc, forkserver, shm, signal_hold, warmup
 from nbtrain.shared.options import StartMethod
 
 _SIGKILL = getattr(signal, "SIGKILL", signal.SIGTERM)
@@ -159,16 +159,28 @@ def context(method: StartMethod) -> Any:
     return ctx
 
 
-def starting_phase(method: StartMethod) -> str:
-    """What starting ranks by ``method`` will spend its seconds on, said before it blocks
+def starting_phase(method: StartMethod, count: int) -> str:
+    """What starting ``count`` ranks by ``method`` will spend its seconds on, said before it blocks
     (the view cannot redraw while the kernel waits for a fork or for the forkserver); '' when
     that is only a fork of a kernel that has imported everything already."""
     if method is StartMethod.SPAWN:
         return "starting Python"
     if method is StartMethod.FORKSERVER:
         return "" if forkserver.warm() else "starting Python, importing torch (forkserver)"
-    cold = any(name not in sys.modules for name in forkserver.PRELOAD)
+    cold = any(name not in sys.modules for name in fork_imports(count))
     return "importing torch in the kernel (first launch only)" if cold else ""
+
+
+def fork_imports(count: int) -> list[str]:
+    """What a fork launch of ``count`` ranks imports into the kernel first: what every rank
+    imports anyway (torch, the rank side), once, as the forkserver preloads it; later ranks
+    inherit it. Except torch._dynamo while the warm-up has yet to import it and each rank has
+    a core (a launch in the cell right after ``import nbtrain``, as "Run All" sends it): the
+    ranks that need it import it at the same time, in parallel, and the warm-up imports it
+    for the next launch."""
+    if warmup.pending("torch._dynamo") and count <= environment.cpu_count():
+        return [name for name in forkserver.PRELOAD if name != "torch._dynamo"]
+    return list(forkserver.PRELOAD)
 
 
 def start_ranks(
@@ -184,9 +196,7 @@ def start_ranks(
     """
     ctx = context(method)
     if method is StartMethod.FORK:
-        # What a rank imports anyway (torch, the rank side) is imported here once, as the
-        # forkserver preloads it: the first launch pays, later ranks inherit it.
-        for module in forkserver.PRELOAD:
+        for module in fork_imports(len(ranks)):
             importlib.import_module(module)
     all_pipes = {rank: RankPipes.create(ctx) for rank in ranks}
     started: list[RankProcess] = []

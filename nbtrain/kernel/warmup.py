@@ -10,10 +10,11 @@ Each step runs in the kernel's main thread, from its event loop, one step per tu
 never in a thread. So no fork of the kernel (a launch's, or a DataLoader's in the user's code)
 can happen in the middle of one of its imports, and no cell imports the same modules at the
 same time: a cell sent meanwhile runs between two steps, and waits for one step at most. A
-launch that comes before the last step simply imports what is still missing itself, as it
-always did. The forkserver imports in its own process (on another core); it ends when the
-kernel does (its end of the forkserver's pipe closes). Whatever fails here is dropped: the
-launch then does the same work itself.
+launch that comes before the last step imports what it still lacks itself, as it always did,
+but for torch._dynamo, which it leaves to its ranks and to the warm-up
+(processes.fork_imports). The forkserver imports in its own process (on another core); it
+ends when the kernel does (its end of the forkserver's pipe closes). Whatever fails here is
+dropped: the launch then does the same work itself.
 """
 
 from __future__ import annotations
@@ -79,6 +80,11 @@ def start() -> bool:
 def running() -> bool:
     """Steps of the warm-up are still to come."""
     return bool(_steps)
+
+
+def pending(module: str) -> bool:
+    """The warm-up has yet to import ``module``."""
+    return module in _steps
 
 
 def finish(*, forkserver_ready: bool = False) -> None:

@@ -6,7 +6,8 @@ ImportError of a preload module. A Ctrl-C in the kernel reaches its forkserver t
 a process group), and one pressed while a cold forkserver imported numpy for torch became an
 ImportError ("cannot load module more than once per process"): that forkserver lived on half
 imported and served ranks whose ``import torch`` failed. Ctrl-C is ignored here from the first
-import on; the handler the forkserver had is restored after, so ranks get theirs as before.
+import on; the handler the forkserver had is restored after, so ranks get theirs as before. A
+module that is truly missing is skipped, as multiprocessing does: a rank that needs it raises.
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ def _preload() -> None:
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         for name in PRELOAD:
-            importlib.import_module(name)
+            try:
+                importlib.import_module(name)
+            except ImportError:  # (as multiprocessing would): the rank then imports it itself
+                continue
     finally:
         signal.signal(signal.SIGINT, previous)
 

@@ -65,6 +65,28 @@ def alive(pid: int) -> bool:
         return False
 
 
+def test_a_launch_right_after_the_import_leaves_torch_dynamo_to_the_warm_up(tmp_path):
+    # "Run All": the launch cell comes before the warm-up's last step. Its ranks are not made
+    # to wait for torch._dynamo in the kernel (they import it if they need it, here for an
+    # optimizer), and the next launch's ranks inherit the kernel's, as before.
+    kernel = Kernel(tmp_path)
+    try:
+        launch = ("print(nbtrain.notebook_launcher(train, num_processes=2, progress='off'))")
+        out = kernel.run(
+            "import os, sys\nos.environ.pop('NBTRAIN_WARM_UP')\nimport nbtrain, torch\n"
+            "def train():\n"
+            "    inherited = 'torch._dynamo' in sys.modules\n"
+            "    torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1).step()\n"
+            "    return inherited"
+        )
+        assert out.error is None, out.traceback_text
+        assert ask(kernel, launch) == "False"
+        wait_for_the_warm_up(kernel)
+        assert ask(kernel, launch) == "True"
+    finally:
+        kernel.shutdown()
+
+
 def test_warm_up_off_starts_nothing_until_asked(tmp_path):
     kernel = Kernel(tmp_path)  # NBTRAIN_WARM_UP=0, as the suite sets it
     try:

@@ -116,3 +116,16 @@ def test_the_forkservers_preload_is_deaf_to_ctrl_c_and_gives_it_back(tmp_path):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["True", "True"], out.stderr
+
+
+def test_a_fork_launch_leaves_torch_dynamo_to_its_ranks_only_while_the_warm_up_has_it_to_come(
+    fresh, monkeypatch
+):
+    from nbtrain.kernel import environment, processes
+
+    monkeypatch.setattr(environment, "cpu_count", lambda: 2)
+    assert "torch._dynamo" in processes.fork_imports(2)  # no warm-up: the kernel imports it
+    warmup._steps.extend(["nbtrain.kernel.launcher", "torch._dynamo"])
+    assert "torch._dynamo" not in processes.fork_imports(2)  # "Run All": the ranks may
+    assert "torch._dynamo" in processes.fork_imports(3)  # more ranks than cores: once, here
+    assert "nbtrain.rank.worker" in processes.fork_imports(2)  # (the fork's target)

@@ -97,7 +97,9 @@ class Relay:
     def _run(self) -> None:
         import ray
 
-        pending = {self._read(rank): rank for rank in self._ranks}
+        pending: dict[Any, int] = {}
+        for rank in self._ranks:
+            self._ask(pending, rank)
         while pending and not self._stop.is_set():
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.2)
             if ready:  # and whatever else is ready by now
@@ -106,14 +108,20 @@ class Relay:
                 rank = pending.pop(ref)
                 code = self._deliver(rank, ref)
                 if code is None:
-                    pending[self._read(rank)] = rank
+                    self._ask(pending, rank)
                 else:
                     self._end(rank, code)
         for rank in pending.values():  # closing: the actors are being killed
             self._end(rank, LOST)
 
-    def _read(self, rank: int) -> Any:
-        return self._handles[rank].actor.read.remote(READ_WAIT)
+    def _ask(self, pending: dict[Any, int], rank: int) -> None:
+        """Keep one read outstanding for the rank, unless the launch has let go of its actor
+        (RayRanks.close, after this thread did not end within JOIN_WAIT): then it is lost."""
+        actor = self._handles[rank].actor
+        if actor is None:
+            self._end(rank, LOST)
+        else:
+            pending[actor.read.remote(READ_WAIT)] = rank
 
     def _deliver(self, rank: int, ref: Any) -> int | None:
         import ray

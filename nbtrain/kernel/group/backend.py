@@ -64,7 +64,7 @@ class LocalProcesses:
     say: Callable[[str], None] = _silent
 
     def start(self) -> list[processes.RankProcess]:
-        phase = processes.starting_phase(self.method)
+        phase = processes.starting_phase(self.method, len(self.specs))
         if phase:
             self.say(phase)
         self.before()
