@@ -8,13 +8,13 @@ import sys
 from collections.abc import Iterator
 
 from nbtrain.shared.options import StartMethod
-from nbtrain.shared.preload import PRELOAD, RANK_SIDE, WARM_IMPORTS
+from nbtrain.shared.preload import PRELOAD
 
 # The forkserver imports PRELOAD through one module of ours, deaf to Ctrl-C meanwhile (its
 # docstring says why).
 SERVER_PRELOAD = ["nbtrain.rank.forkserver_preload"]
 
-__all__ = ["PRELOAD", "RANK_SIDE", "SERVER_PRELOAD", "WARM_IMPORTS"]
+__all__ = ["PRELOAD", "SERVER_PRELOAD"]
 
 
 _warm = False  # the server has imported its preload (it served a process)

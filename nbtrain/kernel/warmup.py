@@ -50,12 +50,9 @@ def steps() -> list[str]:
     """The warm-up's steps in order: torch first (the forkserver needs it), then the forkserver
     (it imports on another core meanwhile), then the kernel's own imports, torch._dynamo, the
     slowest, last."""
-    rank_side = [name for name in forkserver.WARM_IMPORTS if name != "torch._dynamo"]
+    rank_side = [name for name in forkserver.PRELOAD if name != "torch._dynamo"]
     start_server = [_FORKSERVER] if "forkserver" in environment.available_start_methods() else []
-    return [
-        "torch", *start_server, *rank_side, *forkserver.RANK_SIDE, *KERNEL_IMPORTS,
-        "torch._dynamo",
-    ]
+    return ["torch", *start_server, *rank_side, *KERNEL_IMPORTS, "torch._dynamo"]
 
 
 def start() -> bool:
@@ -87,13 +84,10 @@ def pending(module: str) -> bool:
     return module in _steps
 
 
-def finish(*, forkserver_ready: bool = False) -> None:
-    """Do the steps still to come now, in this cell (tests and benchmarks that time or count
-    what follows). ``forkserver_ready``: also until the forkserver has imported its preload."""
+def finish() -> None:
+    """Do the steps still to come now, in this cell (tests that count what follows)."""
     while _steps:
         _do(_steps.popleft())
-    if forkserver_ready and "forkserver" in environment.available_start_methods():
-        forkserver.start(ready=True)
 
 
 def _next() -> None:
