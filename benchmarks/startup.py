@@ -6,7 +6,7 @@ person writing the next cell; the same for every case), then times the cells a p
 for, from ``execute`` to the kernel's idle (the client's clock):
 
 - nbtrain ``notebook_launcher`` (auto start: fork on CPU) as a person gets it: ``import nbtrain``
-  (which, in a kernel, warms up while the kernel is idle: kernel/warmup.py), the pause, the
+  (which, in a kernel, warms up while the kernel is idle: kernel/procs/warmup.py), the pause, the
   first launch, then a relaunch;
 - the same first launch in the cell right after the import (no pause: the worst case);
 - the first launch and a relaunch with ``NBTRAIN_WARM_UP=0`` (no warm-up: what a launch costs
@@ -79,7 +79,7 @@ def first_step():  # --step: the group, then a first DDP optimizer step (imports
 # The default: in a kernel, it warms up while idle (whatever this shell's NBTRAIN_WARM_UP says)
 NBTRAIN_IMPORT = "import os\nos.environ.pop('NBTRAIN_WARM_UP', None)\nimport nbtrain"
 NBTRAIN_NO_WARM_UP = "import os\nos.environ['NBTRAIN_WARM_UP'] = '0'\nimport nbtrain"
-WARMING = "from nbtrain.kernel import warmup\nprint(warmup.running())"
+WARMING = "from nbtrain.kernel.procs import warmup\nprint(warmup.running())"
 # (--step: first_step instead of trivial, here and in Accelerate's)
 NBTRAIN_LAUNCH = "_formed = nbtrain.notebook_launcher(trivial, num_processes=2)"
 ACCELERATE_IMPORT = "from accelerate import notebook_launcher"

@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _LAZY = {
-    "notebook_launcher": "nbtrain.kernel.launcher",
-    "debug_launcher": "nbtrain.kernel.launcher",
-    "start_ranks": "nbtrain.kernel.magics",
+    "notebook_launcher": "nbtrain.kernel.entry",
+    "debug_launcher": "nbtrain.kernel.entry",
+    "start_ranks": "nbtrain.kernel.warm.magics",
     "WorkerError": "nbtrain.shared.errors",
-    "RayCluster": "nbtrain.kernel.cluster.spec",
+    "RayCluster": "nbtrain.kernel.launch.cluster.spec",
     "ResultError": "nbtrain.shared.errors",
     "SessionError": "nbtrain.shared.errors",
     "Accelerator": "nbtrain.accelerator.front.core",
@@ -43,9 +43,9 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     from nbtrain.accelerator.front.core import Accelerator, DistributedType
     from nbtrain.accelerator.fsdp.plugin import FullyShardedDataParallelPlugin
     from nbtrain.integrations.transformers import NbtrainCallback
-    from nbtrain.kernel.cluster.spec import RayCluster
-    from nbtrain.kernel.launcher import debug_launcher, notebook_launcher
-    from nbtrain.kernel.magics import start_ranks
+    from nbtrain.kernel.entry import debug_launcher, notebook_launcher
+    from nbtrain.kernel.launch.cluster.spec import RayCluster
+    from nbtrain.kernel.warm.magics import start_ranks
     from nbtrain.rank.reporting import log, progress
     from nbtrain.shared.errors import ResultError, SessionError, WorkerError
 
@@ -59,12 +59,12 @@ def __getattr__(name: str) -> Any:
 
 def warm_up() -> None:
     """Make what the first launch needs ready while the kernel is idle, once the current cell
-    has ended (nbtrain/kernel/warmup.py): the forkserver with torch imported, and the kernel's
+    has ended (nbtrain/kernel/procs/warmup.py): the forkserver with torch imported, and the kernel's
     own imports for a fork launch. ``import nbtrain`` in a Jupyter kernel does it already,
     unless ``NBTRAIN_WARM_UP=0`` is set (then this call does it). Elsewhere (a script, terminal
     IPython) it does nothing: a launch imports what it needs itself."""
     if _in_a_kernel():
-        import_module("nbtrain.kernel.warmup").start()
+        import_module("nbtrain.kernel.procs.warmup").start()
 
 
 def _in_a_kernel() -> bool:
@@ -75,13 +75,13 @@ def _in_a_kernel() -> bool:
 
 def _warm_up_on_import() -> None:
     # (ranks never get here: a forked rank finds nbtrain imported, a fresh one has no kernel)
-    if _in_a_kernel() and import_module("nbtrain.kernel.environment").warm_up_on_import():
-        import_module("nbtrain.kernel.warmup").start()
+    if _in_a_kernel() and import_module("nbtrain.kernel.host.environment").warm_up_on_import():
+        import_module("nbtrain.kernel.procs.warmup").start()
 
 
 def load_ipython_extension(shell: Any) -> None:
     """``%load_ext nbtrain``: registers the ``%%ranks`` cell magic (warm ranks)."""
-    import_module("nbtrain.kernel.magics").load_ipython_extension(shell)
+    import_module("nbtrain.kernel.warm.magics").load_ipython_extension(shell)
 
 
 def __dir__() -> list[str]:

@@ -1,7 +1,7 @@
 """``python -m nbtrain ...``: the same as the ``nbtrain`` command."""
 
 
-from nbtrain.kernel.cli import main, run
+from nbtrain.kernel.cli.commands import main, run
 
 __all__ = ["main", "run"]  # main: what console scripts made by older installs import
 

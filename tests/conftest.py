@@ -14,8 +14,8 @@ import torch._dynamo  # noqa: F401 - sets TORCHINDUCTOR_CACHE_DIR once; the laun
 from procguard import ProcessWatch
 
 # Every kernel the suite starts (Jupyter clients, notebooks, browsers) inherits this: without
-# it, each kernel that imports nbtrain would warm up (kernel/warmup.py), a forkserver importing
-# torch included: minutes of CPU over the suite on CI's two cores. The warm-up's own tests
+# it, each kernel that imports nbtrain would warm up (kernel/procs/warmup.py), a forkserver
+# importing torch included: minutes of CPU over the suite on CI's two cores. The warm-up's own tests
 # (tests/kernel/test_warmup_kernel.py, the SIGKILL test) turn it back on in their kernels.
 os.environ.setdefault("NBTRAIN_WARM_UP", "0")
 

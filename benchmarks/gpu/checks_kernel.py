@@ -23,7 +23,7 @@ TOUCH = 'x = torch.zeros(1, device="cuda")'  # cell In[2], line 1
 
 
 def check_env(results: Results) -> None:
-    done = subprocess.run([sys.executable, "-m", "nbtrain.kernel.cli", "env"],
+    done = subprocess.run([sys.executable, "-m", "nbtrain.kernel.cli.commands", "env"],
                           capture_output=True, text=True, timeout=120)
     gpus = [line.strip() for line in done.stdout.splitlines() if line.strip().startswith("GPU ")]
     counted = next((line.strip() for line in done.stdout.splitlines() if "CUDA GPUs" in line), "")

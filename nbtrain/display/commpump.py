@@ -13,7 +13,7 @@ ipykernel 7 queues the main thread's messages on an inproc socket (SubshellManag
 (another kernel, an older ipykernel, no kernel) and the dashboard shows no button.
 
 It sits with the dashboard it serves: the widget view asks ``for_kernel`` whether its button can
-work at all; the kernel's launch loop (kernel/run.py) pumps it.
+work at all; the kernel's launch loop (kernel/run/lifecycle.py) pumps it.
 """
 
 from __future__ import annotations

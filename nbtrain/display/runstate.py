@@ -1,7 +1,8 @@
 """RunState: a plain per-rank model of a launch, folded from events. No drawing code here.
 
-The kernel's launch loop (kernel/run.py) feeds it the ranks' events; the views beside it in this
-package draw it. It lives with the views so that they import nothing of the kernel side.
+The kernel's launch loop (kernel/run/lifecycle.py) feeds it the ranks' events; the views
+beside it in this package draw it. It lives with the views so that they import nothing of the
+kernel side.
 
 Views (display/) read it and redraw only what changed: ``RunState.version`` moves on every
 change, ``RankView.version`` when that rank's row changed, ``RunState.metrics_version`` when a

@@ -1,7 +1,7 @@
 """Text view: compact progress lines per rank and a final summary.
 
 For terminals, CI logs, ``nbtrain launch`` and frontends without widgets. The ranks' output lines
-are not this view's: the run prints them (kernel/cellout.py), calling ``erase_status`` first.
+are not this view's: the run prints them (kernel/run/cellout.py), calling ``erase_status`` first.
 Progress is printed as whole lines (``[rank 1] train 40/100 12.3 it/s loss 0.52``) at most every
 ``every`` seconds per rank; only on an interactive terminal does one status line redraw in place,
 and it is erased before anything else is printed (output, notes), so no carriage returns reach

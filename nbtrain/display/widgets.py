@@ -158,7 +158,7 @@ class WidgetView:
         self._display = display if display is not None else IPythonDisplay()
         self.rows: dict[int, RankRow] = {}
         self.title = widgets.HTML(layout=widgets.Layout(flex="1", min_width="0"))
-        # "where?": each rank's stack, in the cell (kernel/where.py). Its click reaches the
+        # "where?": each rank's stack, in the cell (kernel/run/where.py). Its click reaches the
         # kernel while the cell is busy through the launch's loop (commpump.py).
         self.where_button = widgets.Button(
             description="where?",
@@ -202,7 +202,7 @@ class WidgetView:
             for rank, row in self.rows.items():
                 if timed_phase(state.ranks[rank]):
                     row.render(state.ranks[rank])
-        # The ranks' output is the cell's own output (kernel/cellout.py), not the dashboard's.
+        # The ranks' output is the cell's own output (kernel/run/cellout.py), not the dashboard's.
         now = time.monotonic()
         if state.metrics_version != self._metrics_drawn and (
             final or now - self._chart_at >= CHART_EVERY

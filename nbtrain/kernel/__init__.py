@@ -1,28 +1,26 @@
 """The kernel side: code that runs in the launching process (a Jupyter kernel, or
 ``nbtrain launch`` in a terminal). Nothing here is imported by a rank.
 
-One way through, no back and forth::
+Layers along a launch's path, lowest first; each imports only those before it, type-only
+imports included (tests/unit/test_house.py: KERNEL_LAYERS)::
 
-    launcher    the public entry points: their parameters become one options.Requested
-    options     the options checked once (LaunchOptions), the launch kind picked (launch.py)
-    launch      ONE launch interface (Launch: check, run), chosen in one place; the kinds:
-      inprocess   num_processes=1, in the kernel itself
-      local       ranks on this machine          (processes.py, rendezvous.py)
-      xla         torch_xla's host process       (the ordinals are ranks)
-      elastic/    torch's elastic agent          (multi-node, restarts, nbtrain launch)
-      cluster/    ranks placed by Ray            (a RankGroup backend)
-    run         ONE lifecycle per launch (Run): state, view, interrupt, timeout, outcome,
-                and the one ending (finish) for every kind, in process too
-    group/      ONE RankGroup owns the rank processes of local, XLA, elastic and warm launches:
-                start through a backend (LocalProcesses), the one watch loop, the one Ctrl-C
-                policy, stacks, stop, close
-    supervisor  the group's channel: the non-blocking loop over every rank's pipes and exit
-    outcome     results and the root-cause rule (the per-rank model the views draw, RunState,
-                is display/runstate.py: the kernel feeds it events; display imports no kernel)
-    warm/       warm ranks across cells (start_ranks): one Run per command; magics: %%ranks
+    host/      what the kernel process is and has: os.environ, devices, cell names, stdin
+    options/   what the user asked, checked once: Requested, config, Accelerate's options,
+               stop/resume, debug, option names; the launch interface (UserCall, Launch)
+    specs/     who each rank is, what it runs, where the ranks meet: rank specs, payload,
+               rendezvous
+    procs/     OS processes: start (fork/forkserver/spawn), signals, forkserver, warm-up,
+               fork gc, shared memory
+    group/     ONE RankGroup per set of rank processes: backends, the supervisor (channel and
+               watch loop), interrupts, output order, pdb prompts, post-mortem, the outcome and
+               its root-cause rule
+    run/       one launch as the cell sees it: lifecycle (Run), cell output, tracebacks, where
+    launch/    the kinds side by side, none importing another (inprocess, local, xla,
+               elastic/, cluster/), and the chooser above them (choose.py: check_options)
+    warm/      warm ranks across cells (start_ranks) and the %%ranks magics
+    cli/       the ``nbtrain`` command (launch, env, demo)
+    entry.py   the public entry points: notebook_launcher, debug_launcher
 
-Also here: ``environment`` (the kernel's one reader of os.environ and of what the machine
-offers), ``shm`` (what killed ranks leave in /dev/shm), ``cli`` / ``envreport`` / ``demo`` (the
-``nbtrain`` command). Rank entry points are named through ``nbtrain.rank``'s trampolines, so
-importing this package loads no rank logic.
+Rank entry points are named through ``nbtrain.rank``'s trampolines, so importing this package
+loads no rank logic; the display (nbtrain/display) draws a RunState the kernel feeds.
 """

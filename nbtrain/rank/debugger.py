@@ -1,10 +1,10 @@
 """``breakpoint()`` and ``pdb.set_trace()`` in a rank: a pdb whose prompt is the kernel's.
 
 A rank has no terminal. Its pdb (``RankPdb``) reads its lines from the debug pipe the kernel
-writes (kernel/processes.py: RankPipes.debug_w) and writes its output into events: each time it
-wants a line it sends ``Paused`` (what it wrote since the last prompt, and where it stopped) and
-a ``Status`` note for the live view ("paused in pdb (line N)"); when a command lets the rank run
-again it sends ``Resumed``. The kernel asks the human (kernel/pdbprompt.py).
+writes (kernel/procs/processes.py: RankPipes.debug_w) and writes its output into events: each
+time it wants a line it sends ``Paused`` (what it wrote since the last prompt, and where it
+stopped) and a ``Status`` note for the live view ("paused in pdb (line N)"); when a command
+lets the rank run again it sends ``Resumed``. The kernel asks the human (kernel/group/pdbprompt.py).
 
 ``q`` (or ``exit``, or end of input) ends the debugging, not the rank: the rank continues and
 ignores every later breakpoint of this launch (warm ranks: of this cell), as IPython's ``%debug``

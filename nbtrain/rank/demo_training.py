@@ -1,6 +1,6 @@
 """The training that ``nbtrain demo`` runs in every rank: a small MLP learns two interleaved
 spirals, data-parallel with DDP over gloo, each rank on its own shard, with progress and metrics
-reported to the launching process. Rank-side code: the kernel side (kernel/demo.py) only
+reported to the launching process. Rank-side code: the kernel side (kernel/cli/demo.py) only
 launches it and sums up.
 """
 

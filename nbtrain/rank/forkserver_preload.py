@@ -1,4 +1,4 @@
-"""The forkserver's one preload module (kernel/forkserver.py): imports what ranks start with,
+"""The forkserver's one preload module (kernel/procs/forkserver.py): imports what ranks start with,
 deaf to Ctrl-C meanwhile.
 
 multiprocessing's forkserver ignores Ctrl-C only once its preload is over, and drops an

@@ -7,7 +7,7 @@ the message would be lost. ``install`` (called once as a rank starts) detaches e
 
 - ``display()`` / ``publish_display_data`` / matplotlib's inline ``plt.show()`` become a
   ``Display`` event to the kernel, which shows the mime bundle in the calling cell, labelled
-  with the rank (kernel/cellout.py). Spawn and forkserver ranks get the same ``display``.
+  with the rank (kernel/run/cellout.py). Spawn and forkserver ranks get the same ``display``.
 - comms (ipywidgets made in a rank) go nowhere: a widget's model lives in the rank, which no
   frontend can reach; its text form is what a display shows.
 - the display hook prints, as in plain Python; logging handlers on the kernel's streams write

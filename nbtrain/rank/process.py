@@ -94,7 +94,7 @@ _MARKS = {"pid": 0, "count": 0}  # the process whose fds 1 and 2 are the kernel'
 
 def mark_output() -> int:
     """Before a display: flush, and write the next mark to the kernel's stdout and stderr pipes
-    (kernel/outorder.py puts the display between the lines around it). 0 where fds 1 and 2
+    (kernel/group/outorder.py puts the display between the lines around it). 0 where fds 1 and 2
     are not this rank's pipes (a rank in the kernel's process, a forked DataLoader worker)."""
     if _MARKS["pid"] != os.getpid():
         return 0

@@ -26,7 +26,7 @@ class Cell:
 
 @dataclass(frozen=True)
 class Call:
-    """Run a pickled ``(function, args, kwargs)`` (kernel/payload.py's envelope)."""
+    """Run a pickled ``(function, args, kwargs)`` (kernel/specs/payload.py's envelope)."""
 
     payload: bytes
     send_result: bool

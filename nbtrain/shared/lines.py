@@ -35,7 +35,7 @@ class LineSplitter:
 
 def mark_line(mark: int) -> str:
     """The line a rank writes to its stdout and stderr before its display numbered ``mark``
-    (kernel/outorder.py), never shown."""
+    (kernel/group/outorder.py), never shown."""
     return f"{_MARK}{mark}\x00\n"
 
 

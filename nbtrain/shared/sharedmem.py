@@ -178,7 +178,7 @@ _CLOUDPICKLE_CODE = cloudpickle.Pickler.dispatch_table[types.CodeType]
 def _named_code(code: types.CodeType) -> tuple:
     """cloudpickle's reduction of a code object, keeping the file name it drops (for a
     deterministic pickle, which we do not need): a rank's traceback names the notebook's cell
-    of a function defined there ('Cell In[3], line 4', kernel/cellnames.py), not
+    of a function defined there ('Cell In[3], line 4', kernel/host/cellnames.py), not
     '<dynamic-code>'. A cell's lines go with it: pdb in the rank lists them."""
     rebuild, args = _CLOUDPICKLE_CODE(code)
     return _code_in_file, (rebuild, args, code.co_filename, _cell_lines(code.co_filename))

@@ -37,7 +37,7 @@ class RankSpec:
 
 @dataclass(frozen=True)
 class HostSpec:
-    """What torch_xla's host process needs (kernel/xla.py), decided in the kernel."""
+    """What torch_xla's host process needs (kernel/launch/xla.py), decided in the kernel."""
 
     ordinals: int
     device: str  # PJRT device: "TPU" or "CPU"

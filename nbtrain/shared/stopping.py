@@ -6,8 +6,8 @@ end. Periodic checkpoints (``checkpoint_every``) and ``resume`` use the same fol
 ``<project_dir>/checkpoints/checkpoint_<n>`` (Accelerate's automatic naming), ``n`` counting on
 from the highest number already there, so the newest checkpoint is always the highest number.
 
-The kernel decides the policy (kernel/stopping.py); the Accelerator in each rank carries it out
-(accelerator/checkpoint/stopping.py, accelerator/checkpoint/resume.py).
+The kernel decides the policy (kernel/options/stopping.py); the Accelerator in each rank carries
+it out (accelerator/checkpoint/stopping.py, accelerator/checkpoint/resume.py).
 """
 
 from __future__ import annotations

@@ -396,7 +396,7 @@ def _watch_live_run(page, frontend: str) -> dict:
 
 def _ask_where(page, frontend: str) -> str:
     """Click the live dashboard's "where?" while the cell is busy: the cell shows where each
-    rank is (kernel/where.py) while the launch goes on. The picture's text."""
+    rank is (kernel/run/where.py) while the launch goes on. The picture's text."""
     page.click(".nbtrain-dashboard .nbtrain-where")
     page.wait_for_function(
         "() => document.body.innerText.includes('[nbtrain] where each rank is:')",

@@ -362,7 +362,7 @@ def test_demo_refuses_zero_ranks_before_starting_any():
 
 
 def test_every_option_of_every_command_says_what_it_does():
-    from nbtrain.kernel.cli import build_parser
+    from nbtrain.kernel.cli.commands import build_parser
 
     parser = build_parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nbtrain.kernel.cli import main
+from nbtrain.kernel.cli.commands import main
 
 pytestmark = pytest.mark.timeout(180)
 

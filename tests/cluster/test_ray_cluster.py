@@ -20,8 +20,8 @@ from stopresume import Seen, interrupt_when
 
 import nbtrain
 from nbtrain import RayCluster, WorkerError
-from nbtrain.kernel.cluster.checks import check_shared
-from nbtrain.kernel.cluster.relay import Node
+from nbtrain.kernel.launch.cluster.checks import check_shared
+from nbtrain.kernel.launch.cluster.relay import Node
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402

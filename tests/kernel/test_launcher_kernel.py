@@ -154,7 +154,7 @@ def snapshot():
     return len(watch.alive()), me.num_fds(), threading.active_count()
 
 notebook_launcher(work, ("ok",), num_processes=2, progress="off")
-from nbtrain.kernel import warmup
+from nbtrain.kernel.procs import warmup
 warmup.finish()  # (where it runs: the forkserver it starts holds fds)
 before = snapshot()
 for i in range(5):

@@ -152,10 +152,10 @@ def forkservers(kernel: Kernel) -> list[int]:
 def test_ranks_end_with_the_kernel_even_on_sigkill(tmp_path):
     kernel = Kernel(tmp_path)
     try:
-        # The warm-up (kernel/warmup.py; the suite turns it off by default) starts the
+        # The warm-up (kernel/procs/warmup.py; the suite turns it off by default) starts the
         # forkserver and the kernel imports what a first launch needs; both end with the kernel.
         kernel.run("import os, sys\nos.environ.pop('NBTRAIN_WARM_UP')\nimport nbtrain")
-        out = kernel.run("from nbtrain.kernel import warmup\n"
+        out = kernel.run("from nbtrain.kernel.procs import warmup\n"
                          "warmup.finish()\nprint('torch._dynamo' in sys.modules)")
         assert out.stdout.strip() == "True", out
         servers = forkservers(kernel)

@@ -1,4 +1,4 @@
-"""The warm-up in a real kernel (nbtrain/kernel/warmup.py): ``import nbtrain`` makes the first
+"""The warm-up in a real kernel (nbtrain/kernel/procs/warmup.py): ``import nbtrain`` makes the first
 launch's imports and the forkserver ready while the kernel is idle, never holding up a cell
 for more than one step; ``NBTRAIN_WARM_UP=0`` turns it off and ``nbtrain.warm_up()`` back on.
 (The suite turns it off for every other kernel: tests/conftest.py.)"""
@@ -10,7 +10,7 @@ import time
 import psutil
 from kernelutil import Kernel
 
-POLL = "from nbtrain.kernel import warmup\nprint(warmup.running())"
+POLL = "from nbtrain.kernel.procs import warmup\nprint(warmup.running())"
 
 
 def forkservers(kernel: Kernel) -> list[int]:
@@ -40,7 +40,7 @@ def test_import_warms_up_while_the_kernel_is_idle(tmp_path):
         # A cell sent at once runs between two steps: it does not wait for the warm-up.
         assert ask(kernel, POLL) == "True"
         wait_for_the_warm_up(kernel)
-        needed = ["torch._dynamo", "nbtrain.rank.worker", "nbtrain.kernel.launcher"]
+        needed = ["torch._dynamo", "nbtrain.rank.worker", "nbtrain.kernel.entry"]
         imports = ask(kernel, f"print(all(name in sys.modules for name in {needed!r}))")
         assert imports == "True", "the warm-up did not import what a first launch needs"
         servers = forkservers(kernel)

@@ -8,9 +8,9 @@ import time
 import pytest
 
 from nbtrain import WorkerError, notebook_launcher
-from nbtrain.kernel.config import build_config
-from nbtrain.kernel.elastic.network import is_local_address, split_endpoint
-from nbtrain.kernel.elastic.news import News, check_nodes
+from nbtrain.kernel.launch.elastic.network import is_local_address, split_endpoint
+from nbtrain.kernel.launch.elastic.news import News, check_nodes
+from nbtrain.kernel.options.config import build_config
 
 
 def config(**overrides):
@@ -128,7 +128,7 @@ def test_a_store_closed_while_a_node_connects_is_waited_out(monkeypatch):
 
     from torch.distributed import TCPStore
 
-    from nbtrain.kernel.elastic import node as elastic
+    from nbtrain.kernel.launch.elastic import node as elastic
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

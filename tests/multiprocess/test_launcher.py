@@ -627,12 +627,12 @@ def test_autograd_results_come_back_detached_from_the_rank_graph():
 
 def test_start_method_missing_on_this_platform_is_refused(monkeypatch):
     """Platform facts are what we fake here (we have only Linux), not the check under test."""
-    import nbtrain.kernel.environment as environment
+    import nbtrain.kernel.host.environment as environment
 
     monkeypatch.setattr(environment, "available_start_methods", lambda: ("spawn",))
     with pytest.raises(ValueError, match="not available on this platform"):
         notebook_launcher(lambda: 1, num_processes=2, start_method="fork")
-    from nbtrain.kernel.config import StartMethod, choose_start_method
+    from nbtrain.kernel.options.config import StartMethod, choose_start_method
 
     assert choose_start_method("auto", uses_cuda=False).method is StartMethod.SPAWN
 
@@ -787,9 +787,9 @@ class BrokenView:
 
 
 def test_single_process_outcomes_survive_a_broken_frontend(monkeypatch):
-    import nbtrain.kernel.run
+    import nbtrain.kernel.run.lifecycle
 
-    monkeypatch.setattr(nbtrain.kernel.run, "open_view", lambda config: BrokenView())
+    monkeypatch.setattr(nbtrain.kernel.run.lifecycle, "open_view", lambda config: BrokenView())
 
     def broken():
         raise ZeroDivisionError("the real error")
@@ -919,7 +919,7 @@ def test_one_rank_with_gpu_ids_runs_apart_from_the_kernel(monkeypatch):
     """The kernel sees every GPU and cannot be limited to gpu_ids: one rank with gpu_ids= runs in
     a process of its own that sees only those (GPUs mocked: CI has none; benchmarks/gpu runs the
     real thing). Without gpu_ids one rank still runs in the kernel's own process."""
-    from nbtrain.kernel import environment
+    from nbtrain.kernel.host import environment
 
     monkeypatch.setattr(environment, "cuda_device_count", lambda: 2)
     pid, visible = notebook_launcher(where_am_i, num_processes=1, gpu_ids=[1], **QUIET)

@@ -11,8 +11,8 @@ from multiprocessing.connection import wait
 import psutil
 import pytest
 
-from nbtrain.kernel import processes
-from nbtrain.kernel.config import StartMethod
+from nbtrain.kernel.options.config import StartMethod
+from nbtrain.kernel.procs import processes
 
 
 def exit_leaving_a_worker(stdout, stderr, events):

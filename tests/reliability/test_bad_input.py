@@ -29,7 +29,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-import nbtrain.kernel.environment as environment
+import nbtrain.kernel.host.environment as environment
 from nbtrain import WorkerError, notebook_launcher
 
 pytestmark = pytest.mark.timeout(120)
@@ -46,8 +46,8 @@ def nothing_starts(monkeypatch: pytest.MonkeyPatch):
     """Any rank process, any multiprocessing child, or an in-process run fails the test."""
     import multiprocessing.process
 
-    import nbtrain.kernel.inprocess as inprocess
-    import nbtrain.kernel.processes as processes
+    import nbtrain.kernel.launch.inprocess as inprocess
+    import nbtrain.kernel.procs.processes as processes
 
     def refuse(*args, **kwargs):
         raise ProcessStarted("a process was started although the input was invalid")

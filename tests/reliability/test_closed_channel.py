@@ -16,7 +16,7 @@ may be able to write there. What a launch exposes otherwise: the TCPStore the ra
   *same* user can (it could equally ptrace the kernel): the channel's boundary is the user.
 
 Multi-node is different by design: node 0's rendezvous endpoint must be reachable from the other
-machines, and torch's c10d rendezvous backend (used as-is by kernel/elastic/) keeps its state
+machines, and torch's c10d rendezvous backend (used as-is by kernel/launch/elastic/) keeps its state
 in that store as a pickle, as under torchrun: keep the endpoint on a network only the cluster
 can reach. (See the report for details.)
 """

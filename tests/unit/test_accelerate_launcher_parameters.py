@@ -12,7 +12,7 @@ import pytest
 
 import nbtrain
 from nbtrain import WorkerError, debug_launcher, notebook_launcher
-from nbtrain.kernel import accelerate_options
+from nbtrain.kernel.options import accelerate
 
 
 def train() -> int:
@@ -22,7 +22,7 @@ def train() -> int:
 @pytest.fixture(autouse=True)
 def no_process_starts(monkeypatch: pytest.MonkeyPatch):
     """Validation must fail before anything starts (as in test_config.py)."""
-    import nbtrain.kernel.processes as processes
+    import nbtrain.kernel.procs.processes as processes
 
     def refuse(*args, **kwargs):
         raise AssertionError("a process was started although the arguments were invalid")
@@ -82,13 +82,13 @@ def resolve(**given):
         "monitor_interval": 0.1,
         "log_line_prefix_template": None,
     }
-    return accelerate_options.resolve(**{**values, **given})
+    return accelerate.resolve(**{**values, **given})
 
 
 def test_accelerates_meanings():
     # Accelerate's defaults, given explicitly, are nbtrain's
     assert resolve(rdzv_endpoint="", use_port="29500", master_addr="127.0.0.1") == (
-        accelerate_options.Rendezvous(None, 900.0)
+        accelerate.Rendezvous(None, 900.0)
     )
     # multi-node without rdzv_endpoint: node 0 is master_addr:use_port (port default 29500)
     assert resolve(num_nodes=2, master_addr="10.0.0.1").endpoint == "10.0.0.1:29500"

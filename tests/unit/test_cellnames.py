@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
-from nbtrain.kernel import cellnames, tracebacks
+from nbtrain.kernel.host import cellnames
+from nbtrain.kernel.run import tracebacks
 from nbtrain.shared.errors import RemoteTraceback, WorkerError
 from nbtrain.shared.stacks import Frame, RankStack, describe
 

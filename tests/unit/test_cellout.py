@@ -1,4 +1,4 @@
-"""Rank output as the cell's output (kernel/cellout.py): prefixed, filtered, coalesced, never
+"""Rank output as the cell's output (kernel/run/cellout.py): prefixed, filtered, coalesced, never
 lost: flood control in the cell, every line in the launch's log folder."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from nbtrain.display.runstate import OutputLine, RunState
-from nbtrain.kernel import cellout
-from nbtrain.kernel.cellout import CellOutput
+from nbtrain.kernel.run import cellout
+from nbtrain.kernel.run.cellout import CellOutput
 from nbtrain.shared.events import Output
 from nbtrain.shared.options import OutputMode
 

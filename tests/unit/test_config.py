@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from nbtrain import notebook_launcher, start_ranks
-from nbtrain.kernel.config import StartMethod, choose_start_method
+from nbtrain.kernel.options.config import StartMethod, choose_start_method
 
 
 def train(lr, epochs=1):
@@ -22,7 +22,7 @@ def train_with_rank(rank, lr):
 @pytest.fixture(autouse=True)
 def no_process_starts(monkeypatch: pytest.MonkeyPatch):
     """Validation must fail before anything starts: make any start an immediate test failure."""
-    import nbtrain.kernel.processes as processes
+    import nbtrain.kernel.procs.processes as processes
 
     def refuse(*args, **kwargs):
         raise AssertionError("a process was started although the arguments were invalid")
@@ -218,7 +218,7 @@ def test_auto_start_method_prefers_fork_on_linux_without_cuda():
 
 def test_fork_refused_when_cuda_would_be_unusable(monkeypatch):
     """CUDA availability is hardware we lack: fake the probe, not the decision under test."""
-    import nbtrain.kernel.environment as environment
+    import nbtrain.kernel.host.environment as environment
 
     monkeypatch.setattr(environment, "fork_poisons_cuda", lambda: True)
     with pytest.raises(ValueError, match="forkserver"):
@@ -234,7 +234,7 @@ def test_the_precise_cuda_fork_probe_runs_and_clears_fork_here(monkeypatch):
     machine no CUDA context exists, so the answer is 'not poisoned' and auto keeps fork."""
     import os
 
-    import nbtrain.kernel.environment as environment
+    import nbtrain.kernel.host.environment as environment
 
     forks = []
     real_fork = os.fork

@@ -107,7 +107,7 @@ def test_mixed_precision_default_outside_launches(monkeypatch):
 
 def test_bf16_needs_a_gpu_that_supports_it(monkeypatch):
     from nbtrain.accelerator.training.precision import Precision
-    from nbtrain.kernel.config import MixedPrecision
+    from nbtrain.kernel.options.config import MixedPrecision
 
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: False)
     with pytest.raises(ValueError, match=r"bfloat16 support.*mixed_precision='fp16'"):

@@ -16,7 +16,9 @@ from IPython.core.interactiveshell import InteractiveShell
 
 from nbtrain.display.formatting import format_status
 from nbtrain.display.runstate import RankStatus, RunState
-from nbtrain.kernel import config, cuda_origin, environment, envreport
+from nbtrain.kernel.cli import envreport
+from nbtrain.kernel.host import cuda_origin, environment
+from nbtrain.kernel.options import config
 from nbtrain.rank import gpu_usage
 from nbtrain.shared.events import GpuUsage, Started
 

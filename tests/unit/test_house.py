@@ -40,9 +40,9 @@ ALLOWED = {
 # function their ranks run, and torch_xla's host process, which keeps the XLA backend's
 # per-ordinal bookkeeping.
 EXCEPTIONS = {
-    "nbtrain.kernel.inprocess": {"rank"},
-    "nbtrain.kernel.cli": {"rank.script"},
-    "nbtrain.kernel.demo": {"rank.demo_training"},
+    "nbtrain.kernel.launch.inprocess": {"rank"},
+    "nbtrain.kernel.cli.commands": {"rank.script"},
+    "nbtrain.kernel.cli.demo": {"rank.demo_training"},
     "nbtrain.rank.xla_host": {"accelerator"},
 }
 
@@ -60,6 +60,14 @@ ACCELERATOR_LAYERS = [
     "front",
 ]
 
+# The kernel side's sub-packages along a launch's path (nbtrain/kernel/__init__.py), lowest
+# first: each imports only itself and those before it, type-only imports included, so no
+# circle can come back through ``if TYPE_CHECKING:``. The modules directly in kernel/ (the
+# public entry points) sit on top and may import any of them.
+KERNEL_LAYERS = ["host", "options", "specs", "procs", "group", "run", "launch", "warm", "cli"]
+# In launch/, the kinds sit side by side: none imports another (choose.py, above them, picks).
+LAUNCH_KINDS = ["inprocess", "local", "xla", "elastic", "cluster"]
+
 
 def module_name(path: Path) -> str:
     parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
@@ -70,12 +78,16 @@ def imports_of(path: Path, *, type_only: bool = False) -> set[str]:
     """nbtrain modules ``path`` imports, outside ``if TYPE_CHECKING:`` blocks (``type_only``:
     those too)."""
     tree = ast.parse(path.read_text())
-    skipped = set() if type_only else {
-        id(node)
-        for block in ast.walk(tree)
-        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
-        for node in ast.walk(block)
-    }
+    skipped = (
+        set()
+        if type_only
+        else {
+            id(node)
+            for block in ast.walk(tree)
+            if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+            for node in ast.walk(block)
+        }
+    )
     found: set[str] = set()
     for node in ast.walk(tree):
         if id(node) in skipped:
@@ -91,8 +103,11 @@ def imports_of(path: Path, *, type_only: bool = False) -> set[str]:
     return found
 
 
-def graph() -> dict[str, set[str]]:
-    return {module_name(p): imports_of(p) for p in sorted(PACKAGE.rglob("*.py"))}
+def graph(*, type_only: bool = False) -> dict[str, set[str]]:
+    """Each module's nbtrain imports (``type_only``: ``if TYPE_CHECKING:`` ones included)."""
+    return {
+        module_name(p): imports_of(p, type_only=type_only) for p in sorted(PACKAGE.rglob("*.py"))
+    }
 
 
 def package_of(module: str) -> str:
@@ -150,14 +165,76 @@ def test_the_accelerator_sub_packages_form_layers():
     assert not wrong, "\n".join(wrong)
 
 
+def kernel_layer(module: str) -> str | None:
+    """The sub-package of nbtrain.kernel that ``module`` is in ("" directly in it)."""
+    parts = module.split(".")
+    if parts[:2] != ["nbtrain", "kernel"] or len(parts) < 3:
+        return None if parts[:2] != ["nbtrain", "kernel"] else ""
+    return parts[2] if (PACKAGE / "kernel" / parts[2]).is_dir() else ""
+
+
+def test_the_kernel_sub_packages_form_layers_type_only_imports_included():
+    assert sorted(KERNEL_LAYERS) == sorted(
+        p.name for p in (PACKAGE / "kernel").iterdir() if (p / "__init__.py").exists()
+    )
+    wrong = []
+    for module, targets in graph(type_only=True).items():
+        layer = kernel_layer(module)
+        if not layer:  # outside the kernel, or its top (the entry points)
+            continue
+        allowed = KERNEL_LAYERS[: KERNEL_LAYERS.index(layer) + 1]
+        for target in targets:
+            if kernel_layer(target) not in (None, *allowed):
+                wrong.append(f"{module} imports {target}")
+    assert not wrong, "\n".join(wrong)
+
+
+def launch_kind(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[:3] != ["nbtrain", "kernel", "launch"] or len(parts) < 4:
+        return None
+    return parts[3] if parts[3] in LAUNCH_KINDS else None
+
+
+def test_no_launch_kind_imports_another_type_only_imports_included():
+    assert set(LAUNCH_KINDS) <= {
+        p.stem for p in (PACKAGE / "kernel" / "launch").iterdir() if p.name != "__init__.py"
+    }
+    wrong = [
+        f"{module} imports {target}"
+        for module, targets in graph(type_only=True).items()
+        for target in targets
+        if launch_kind(module) and launch_kind(target) not in (None, launch_kind(module))
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_import_cycles_in_the_kernel_type_only_imports_included():
+    kernel = {
+        module: {t for t in targets if kernel_layer(t) is not None}
+        for module, targets in graph(type_only=True).items()
+        if kernel_layer(module) is not None
+    }
+    assert not find_cycles(kernel)
+
+
 def test_no_import_cycles():
-    edges = graph()
+    # nbtrain/__init__ names every public module lazily; importing it is no cycle.
+    cycles = [
+        c
+        for c in find_cycles(graph())
+        if not c.startswith("nbtrain ->") and " -> nbtrain " not in c + " "
+    ]
+    assert not cycles, "\n".join(sorted(set(cycles)))
+
+
+def find_cycles(edges: dict[str, set[str]]) -> list[str]:
     cycles = []
 
     def visit(module: str, path: list[str]) -> None:
         for target in sorted(edges.get(module, ())):
             if target in path:
-                cycles.append(" -> ".join([*path[path.index(target):], target]))
+                cycles.append(" -> ".join([*path[path.index(target) :], target]))
             elif target in edges and target not in done:
                 visit(target, [*path, target])
         done.add(module)
@@ -166,13 +243,11 @@ def test_no_import_cycles():
     for module in sorted(edges):
         if module not in done:
             visit(module, [module])
-    # nbtrain/__init__ names every public module lazily; importing it is no cycle.
-    cycles = [c for c in cycles if not c.startswith("nbtrain ->") and " -> nbtrain " not in c + " "]
-    assert not cycles, "\n".join(sorted(set(cycles)))
+    return cycles
 
 
 def test_no_module_outside_the_side_environment_readers_reads_os_environ():
-    readers = {"nbtrain.kernel.environment", "nbtrain.rank.rankenv"}
+    readers = {"nbtrain.kernel.host.environment", "nbtrain.rank.rankenv"}
     offenders = [
         module_name(path)
         for path in PACKAGE.rglob("*.py")
@@ -227,11 +302,11 @@ def test_a_rank_imports_nothing_of_the_kernel_side():
 @pytest.mark.parametrize(
     "entry",
     [
-        "nbtrain.kernel.launcher",
-        "nbtrain.kernel.elastic.agent",
-        "nbtrain.kernel.xla",
-        "nbtrain.kernel.cli",
-        "nbtrain.kernel.magics",
+        "nbtrain.kernel.entry",
+        "nbtrain.kernel.launch.elastic.agent",
+        "nbtrain.kernel.launch.xla",
+        "nbtrain.kernel.cli.commands",
+        "nbtrain.kernel.warm.magics",
     ],
 )
 def test_importing_the_kernel_side_loads_no_rank_logic(entry):

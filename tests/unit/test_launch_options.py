@@ -1,5 +1,6 @@
-"""The launch interface (kernel/launch.py): the options as one object (kernel/options.py), the
-kind picked in one place, and one ending for every kind (run.Run.finish), in process too."""
+"""The launch interface (kernel/launch/choose.py): the options as one object
+(kernel/options/requested.py), the kind picked in one place, and one ending for every kind
+(run.Run.finish), in process too."""
 
 from __future__ import annotations
 
@@ -10,16 +11,16 @@ import re
 import pytest
 
 from nbtrain import notebook_launcher
-from nbtrain.kernel.cluster import RayLaunch
-from nbtrain.kernel.config import LaunchConfig, build_config
-from nbtrain.kernel.elastic import ElasticAgent
-from nbtrain.kernel.inprocess import InProcess
-from nbtrain.kernel.launch import choose
-from nbtrain.kernel.local import LocalRanks
-from nbtrain.kernel.options import Requested
-from nbtrain.kernel.run import Run
-from nbtrain.kernel.stopping import StopOptions
-from nbtrain.kernel.xla import XlaOrdinals
+from nbtrain.kernel.launch.choose import choose
+from nbtrain.kernel.launch.cluster import RayLaunch
+from nbtrain.kernel.launch.elastic import ElasticAgent
+from nbtrain.kernel.launch.inprocess import InProcess
+from nbtrain.kernel.launch.local import LocalRanks
+from nbtrain.kernel.launch.xla import XlaOrdinals
+from nbtrain.kernel.options.config import LaunchConfig, build_config
+from nbtrain.kernel.options.requested import Requested
+from nbtrain.kernel.options.stopping import StopOptions
+from nbtrain.kernel.run.lifecycle import Run
 from nbtrain.shared.errors import WorkerError
 from nbtrain.shared.events import Exited, Started
 
@@ -62,7 +63,7 @@ def config(**given: object) -> LaunchConfig:
     ],
 )
 def test_one_place_picks_the_kind(monkeypatch, given, cluster, elastic, kind):
-    from nbtrain.kernel import environment
+    from nbtrain.kernel.host import environment
 
     monkeypatch.setattr(environment, "cuda_device_count", lambda: 1)  # (gpu_ids=[0] exists)
     assert type(choose(config(**given), cluster=cluster, elastic=elastic)) is kind

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nbtrain.kernel.outcome import Outcome
+from nbtrain.kernel.group.outcome import Outcome
 from nbtrain.rank.payload import pack_result
 from nbtrain.shared.events import Exited, Failed, Finished, Output
 from nbtrain.shared.serialization import pack_exception

@@ -1,12 +1,12 @@
-"""kernel/outorder.py: a rank's lines and displays, read from three pipes in any order, come out
-in the order the rank made them."""
+"""kernel/group/outorder.py: a rank's lines and displays, read from three pipes in any order,
+come out in the order the rank made them."""
 
 from __future__ import annotations
 
 import pytest
 
-from nbtrain.kernel import outorder
-from nbtrain.kernel.outorder import OutputOrder
+from nbtrain.kernel.group import outorder
+from nbtrain.kernel.group.outorder import OutputOrder
 from nbtrain.shared.events import Display, Output
 from nbtrain.shared.lines import mark_line, parse_mark
 

@@ -1,5 +1,5 @@
 """Post-mortem: the rank's pdb on a failure's frames (rank/debugger.py) over a real pipe to the
-kernel's prompt, and the kernel's choices and checks (kernel/postmortem.py)."""
+kernel's prompt, and the kernel's choices and checks (kernel/group/postmortem.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import sys
 import pytest
 from test_rank_debugger import _in_a_rank, _serve, rank_3  # noqa: F401 (rank_3: a fixture)
 
-from nbtrain.kernel.outcome import Outcome
-from nbtrain.kernel.pdbprompt import Prompts
-from nbtrain.kernel.postmortem import KeptFailures, check_debug
+from nbtrain.kernel.group.outcome import Outcome
+from nbtrain.kernel.group.pdbprompt import Prompts
+from nbtrain.kernel.group.postmortem import KeptFailures
+from nbtrain.kernel.options.debug import check_debug
 from nbtrain.rank import debugger
 from nbtrain.rank.failures import failure_event
 from nbtrain.shared.errors import SessionError

@@ -1,4 +1,4 @@
-"""The rank's pdb (rank/debugger.py) and the kernel's prompt (kernel/pdbprompt.py), wired
+"""The rank's pdb (rank/debugger.py) and the kernel's prompt (kernel/group/pdbprompt.py), wired
 together in one process over a real pipe: what the live view is told, and q's semantics."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from nbtrain.kernel.pdbprompt import Prompts
+from nbtrain.kernel.group.pdbprompt import Prompts
 from nbtrain.rank import debugger
 from nbtrain.shared.events import CallbackSink, Paused, Resumed, Status
 

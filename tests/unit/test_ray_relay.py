@@ -1,10 +1,10 @@
-"""The Ray relay's bookkeeping without a cluster (kernel/cluster/relay.py); the relay moving a
-real cluster's bytes is tested in tests/cluster."""
+"""The Ray relay's bookkeeping without a cluster (kernel/launch/cluster/relay.py); the relay
+moving a real cluster's bytes is tested in tests/cluster."""
 
 from __future__ import annotations
 
-from nbtrain.kernel import processes
-from nbtrain.kernel.cluster import relay
+from nbtrain.kernel.launch.cluster import relay
+from nbtrain.kernel.procs import processes
 
 
 def test_a_rank_whose_actor_was_let_go_ends_lost_instead_of_failing_the_relay():

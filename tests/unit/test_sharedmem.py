@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from nbtrain.kernel.config import StartMethod
-from nbtrain.kernel.payload import prepare_call, shm_room
+from nbtrain.kernel.options.config import StartMethod
+from nbtrain.kernel.specs.payload import prepare_call, shm_room
 from nbtrain.shared import sharedmem
 from nbtrain.shared.serialization import PayloadError
 
@@ -105,7 +105,7 @@ def test_a_reference_outside_a_forked_rank_is_refused():
 
 def test_too_large_for_dev_shm_is_refused_before_anything_starts(monkeypatch):
     """A 64 MiB /dev/shm (Docker's default) is a machine we lack: the free space is faked."""
-    import nbtrain.kernel.payload as payload
+    import nbtrain.kernel.specs.payload as payload
 
     monkeypatch.setattr(payload, "shm_room", lambda: (48 * MiB, "/dev/shm"))
     data = {"x": torch.zeros(16 * MiB)}  # 64 MiB
@@ -146,7 +146,7 @@ def test_orphaned_segments_of_a_dead_kernel_are_swept():
 
 def test_share_for_running_ranks_then_release():
     """The warm-rank path: no fork to inherit from, so even under fork it is a segment."""
-    from nbtrain.kernel.payload import share
+    from nbtrain.kernel.specs.payload import share
 
     value = {"x": torch.arange(MiB // 2, dtype=torch.float64), "n": np.ones(MiB)}
     pushed = share(value, label="data")
@@ -158,7 +158,7 @@ def test_share_for_running_ranks_then_release():
 
 
 def test_share_names_the_part_that_does_not_fit(monkeypatch):
-    import nbtrain.kernel.payload as payload
+    import nbtrain.kernel.specs.payload as payload
 
     monkeypatch.setattr(payload, "shm_room", lambda: (MiB, "/dev/shm"))
     with pytest.raises(PayloadError, match=r"data\['n'\] \(numpy.ndarray, 8 MiB\)"):
@@ -175,7 +175,7 @@ def test_without_dev_shm_everything_is_pickled(monkeypatch, tmp_path):
 
 
 def test_too_large_names_a_variable_the_function_captured(monkeypatch):
-    import nbtrain.kernel.payload as payload
+    import nbtrain.kernel.specs.payload as payload
 
     monkeypatch.setattr(payload, "shm_room", lambda: (MiB, "memory"))
     table = np.zeros(MiB)
@@ -219,7 +219,7 @@ def test_the_fork_check_does_not_stream_big_data(monkeypatch):
 
 def test_a_pickled_function_keeps_its_code_file_name():
     """cloudpickle names by-value code '<dynamic-code>'; a rank's traceback must name the
-    notebook's cell (the kernel renames the file, kernel/cellnames.py), nested code too."""
+    notebook's cell (the kernel renames the file, kernel/host/cellnames.py), nested code too."""
     namespace: dict = {}
     source = "def outer(x):\n    def inner():\n        raise ValueError(x)\n    return inner()\n"
     exec(compile(source, "/tmp/ipykernel_1/5.py", "exec"), namespace)

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from nbtrain.kernel import shm
+from nbtrain.kernel.procs import shm
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or not os.path.isdir("/dev/shm"), reason="Linux only"

@@ -10,7 +10,7 @@ import pytest
 from nbtrain.display.runstate import RunState
 from nbtrain.display.statusline import status_line
 from nbtrain.display.text import TextView
-from nbtrain.kernel.config import OutputMode
+from nbtrain.kernel.options.config import OutputMode
 from nbtrain.shared.events import Log, Progress, Started
 
 

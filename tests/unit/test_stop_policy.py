@@ -1,5 +1,5 @@
-"""Stop and resume options checked in the kernel (kernel/stopping.py), and how a graceful stop
-is folded into the run's outcome and view."""
+"""Stop and resume options checked in the kernel (kernel/options/stopping.py), and how a
+graceful stop is folded into the run's outcome and view."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import pytest
 
 from nbtrain.display.formatting import format_status
 from nbtrain.display.runstate import RankStatus, RunState
-from nbtrain.kernel.config import build_config
-from nbtrain.kernel.launch import choose
-from nbtrain.kernel.outcome import Outcome
-from nbtrain.kernel.stopping import StopOptions, build_policy
+from nbtrain.kernel.group.outcome import Outcome
+from nbtrain.kernel.launch.choose import choose
+from nbtrain.kernel.options.config import build_config
+from nbtrain.kernel.options.stopping import StopOptions, build_policy
 from nbtrain.shared.events import Exited, Status, Stopped
 
 

@@ -7,8 +7,8 @@ import time
 
 from nbtrain.display.runstate import RunState
 from nbtrain.display.text import TextView, format_rank
-from nbtrain.kernel.cellout import CellOutput
-from nbtrain.kernel.config import OutputMode
+from nbtrain.kernel.options.config import OutputMode
+from nbtrain.kernel.run.cellout import CellOutput
 from nbtrain.shared.events import Exited, Failed, Finished, Log, Output, Progress, Started, Status
 
 

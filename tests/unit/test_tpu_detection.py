@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nbtrain.kernel.config import build_config
+from nbtrain.kernel.options.config import build_config
 from nbtrain.shared import tpu
 
 COLAB = {"COLAB_RELEASE_TAG": "release-colab_20250101", "COLAB_GPU": "0"}
@@ -254,7 +254,7 @@ def test_initialised_runtime_refuses_fork_even_off_tpu(monkeypatch):
 
 
 def test_the_launch_counts_the_ordinals_once(tpu_host, monkeypatch):
-    from nbtrain.kernel import xla
+    from nbtrain.kernel.launch import xla
 
     config = _config()
     assert config.xla_counted == "TPU_ACCELERATOR_TYPE=v3-8"

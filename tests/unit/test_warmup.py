@@ -1,4 +1,4 @@
-"""The warm-up (nbtrain/kernel/warmup.py): steps in the kernel's main thread, one per turn of
+"""The warm-up (nbtrain/kernel/procs/warmup.py): steps in the kernel's main thread, one per turn of
 its event loop, after the cell that started it; it never breaks a launch. (In a real kernel:
 tests/kernel/test_warmup_kernel.py.)"""
 
@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from nbtrain.kernel import forkserver, warmup
+from nbtrain.kernel.procs import forkserver, warmup
 
 
 @pytest.fixture
@@ -121,11 +121,12 @@ def test_the_forkservers_preload_is_deaf_to_ctrl_c_and_gives_it_back(tmp_path):
 def test_a_fork_launch_leaves_torch_dynamo_to_its_ranks_only_while_the_warm_up_has_it_to_come(
     fresh, monkeypatch
 ):
-    from nbtrain.kernel import environment, processes
+    from nbtrain.kernel.host import environment
+    from nbtrain.kernel.procs import processes
 
     monkeypatch.setattr(environment, "cpu_count", lambda: 2)
     assert "torch._dynamo" in processes.fork_imports(2)  # no warm-up: the kernel imports it
-    warmup._steps.extend(["nbtrain.kernel.launcher", "torch._dynamo"])
+    warmup._steps.extend(["nbtrain.kernel.entry", "torch._dynamo"])
     assert "torch._dynamo" not in processes.fork_imports(2)  # "Run All": the ranks may
     assert "torch._dynamo" in processes.fork_imports(3)  # more ranks than cores: once, here
     assert "nbtrain.rank.worker" in processes.fork_imports(2)  # (the fork's target)

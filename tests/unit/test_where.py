@@ -1,7 +1,7 @@
 """Hang detection's clock: a human at a rank's pdb prompt is not a hang."""
 
-from nbtrain.kernel.supervisor import Supervisor
-from nbtrain.kernel.where import HangWatch
+from nbtrain.kernel.group.supervisor import Supervisor
+from nbtrain.kernel.run.where import HangWatch
 
 
 def _nothing(event):

@@ -24,7 +24,7 @@ from nbtrain.display.widgets import (
     STATUS_COLORS,
     WidgetView,
 )
-from nbtrain.kernel.config import OutputMode, ProgressMode
+from nbtrain.kernel.options.config import OutputMode, ProgressMode
 from nbtrain.shared.events import Exited, Failed, Finished, Log, Progress, Started, Status
 
 GREEN, RED, ORANGE = (STATUS_COLORS[s] for s in (RankStatus.DONE, RankStatus.FAILED,

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from nbtrain import WorkerError, notebook_launcher
-from nbtrain.kernel import xla
+from nbtrain.kernel.launch import xla
 
 pytestmark = pytest.mark.timeout(180)
 

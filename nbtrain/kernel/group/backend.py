@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from nbtrain.kernel import processes
+from nbtrain.kernel.procs import processes
 from nbtrain.shared.options import StartMethod
 from nbtrain.shared.specs import HostSpec, RankSpec
 

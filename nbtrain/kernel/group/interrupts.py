@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from nbtrain.kernel.supervisor import Supervisor
+from nbtrain.kernel.group.supervisor import Supervisor
 
 STOPPING = "stopping at the next optimizer step to save a checkpoint…"  # a graceful stop's note
 

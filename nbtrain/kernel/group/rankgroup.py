@@ -21,10 +21,10 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 
-from nbtrain.kernel import processes
 from nbtrain.kernel.group.backend import Backend
 from nbtrain.kernel.group.interrupts import Interrupts, sigint_deferred
-from nbtrain.kernel.supervisor import EXIT_WAIT, Supervisor
+from nbtrain.kernel.group.supervisor import EXIT_WAIT, Supervisor
+from nbtrain.kernel.procs import processes
 from nbtrain.shared.events import Event
 from nbtrain.shared.stacks import RankStack
 

@@ -25,10 +25,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from nbtrain.display.runstate import Verdict
-from nbtrain.kernel import cellnames
-from nbtrain.kernel.config import LaunchConfig
-from nbtrain.kernel.run import Run
-from nbtrain.kernel.supervisor import Supervisor
+from nbtrain.kernel.group.supervisor import Supervisor
+from nbtrain.kernel.host import cellnames
+from nbtrain.kernel.options.config import LaunchConfig
+from nbtrain.kernel.run.lifecycle import Run
 from nbtrain.kernel.warm.world import World, Worlds
 from nbtrain.shared import sharedmem, stacks
 from nbtrain.shared.commands import Command

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import contextlib
 
-from nbtrain.kernel.pdbprompt import can_ask
-from nbtrain.kernel.postmortem import NO_INPUT
+from nbtrain.kernel.host.stdin import NO_INPUT, can_ask
+from nbtrain.kernel.run.where import Where
 from nbtrain.kernel.warm.command import execute
 from nbtrain.kernel.warm.world import Worlds, drop
-from nbtrain.kernel.where import Where
 from nbtrain.shared.commands import Debug
 from nbtrain.shared.errors import SessionError
 from nbtrain.shared.stacks import RankStack

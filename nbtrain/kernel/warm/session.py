@@ -14,17 +14,17 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from nbtrain.kernel import environment
-from nbtrain.kernel.cluster import resolve
-from nbtrain.kernel.cluster.spec import RayCluster
-from nbtrain.kernel.config import LaunchConfig, StartChoice, check_function
-from nbtrain.kernel.options import Requested
-from nbtrain.kernel.payload import prepare_call, share
-from nbtrain.kernel.stopping import StopOptions, build_policy
+from nbtrain.kernel.host import environment
+from nbtrain.kernel.launch.cluster import resolve
+from nbtrain.kernel.launch.cluster.spec import RayCluster
+from nbtrain.kernel.options.config import LaunchConfig, StartChoice, check_function
+from nbtrain.kernel.options.requested import Requested
+from nbtrain.kernel.options.stopping import StopOptions, build_policy
+from nbtrain.kernel.run.where import Where
+from nbtrain.kernel.specs.payload import prepare_call, share
 from nbtrain.kernel.warm import debugging
 from nbtrain.kernel.warm.command import execute, results_segments
 from nbtrain.kernel.warm.world import Worlds, keep_until_collected
-from nbtrain.kernel.where import Where
 from nbtrain.shared.commands import Call, Cell, Pull, Push
 from nbtrain.shared.errors import SessionError
 from nbtrain.shared.options import ProgressMode, StartMethod

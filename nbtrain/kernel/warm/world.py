@@ -18,14 +18,15 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from nbtrain.kernel import environment, processes
-from nbtrain.kernel.cluster.spec import RayCluster
-from nbtrain.kernel.config import LaunchConfig
 from nbtrain.kernel.group import Backend, LocalProcesses, RankGroup
-from nbtrain.kernel.local import rank_specs
-from nbtrain.kernel.postmortem import KeptFailures
-from nbtrain.kernel.rendezvous import open_local
-from nbtrain.kernel.stopping import StopOptions, build_policy
+from nbtrain.kernel.group.postmortem import KeptFailures
+from nbtrain.kernel.host import environment
+from nbtrain.kernel.launch.cluster.spec import RayCluster
+from nbtrain.kernel.options.config import LaunchConfig
+from nbtrain.kernel.options.stopping import StopOptions, build_policy
+from nbtrain.kernel.procs import processes
+from nbtrain.kernel.specs.rankspec import rank_specs
+from nbtrain.kernel.specs.rendezvous import open_local
 from nbtrain.rank import session_entry
 from nbtrain.shared.commands import Stop
 from nbtrain.shared.errors import SessionError, WorkerError
@@ -208,7 +209,7 @@ def _local_world(config: LaunchConfig, say: Callable[[str], None]) -> World:
 
 def _cluster_world(config: LaunchConfig, cluster: RayCluster) -> World:
     """Warm ranks placed by Ray: each on its node under a rank actor, commands as Ray calls."""
-    from nbtrain.kernel.cluster.ray_backend import RayRanks
+    from nbtrain.kernel.launch.cluster.ray_backend import RayRanks
 
     backend = RayRanks(config, cluster, None, say=lambda text: None)
     return World(_started(backend), dict(backend.senders()), backend.named)

@@ -1,0 +1,77 @@
+"""Ranks on a cluster (``notebook_launcher(..., cluster=...)``): a new way to place ranks and
+move their bytes behind the rank group's Backend seam, not a new lifecycle.
+
+- here: ``RayLaunch``, the launch kind (launch.py), and ``resolve``: ``cluster=`` checked
+  against the other options and the connected Ray cluster (also for warm ranks);
+- ``spec``: ``RayCluster`` (what ``cluster=`` says) and the checks made before anything starts;
+- ``ray_backend``: the Backend (placement group, one actor per rank, env as torchrun sets it)
+  and the one-shot launch path;
+- ``ray_node``: the actor on each node that runs the real rank as its child;
+- ``relay``: the kernel side of the channel (Ray calls -> local pipes the Supervisor reads).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from nbtrain.kernel.launch.cluster.spec import RayCluster, as_cluster, check_connected, check_room
+from nbtrain.kernel.launch.cluster.spec import import_ray as _import_ray
+from nbtrain.kernel.options.config import LaunchConfig
+
+if TYPE_CHECKING:
+    from nbtrain.kernel.options.interface import LaunchOptions, UserCall
+    from nbtrain.kernel.options.requested import Requested
+
+# The options a cluster does not take (yet), as the launcher's defaults: given otherwise, an
+# error names them (checked in this order).
+_DEFAULTS: dict[str, Any] = {
+    "start_method": "auto",
+    "gpu_ids": None,
+    "num_nodes": 1,
+    "node_rank": 0,
+    "rdzv_endpoint": None,
+}
+
+
+class RayLaunch:
+    """The launch kind (launch.py) of ranks placed by Ray (``cluster=``)."""
+
+    no_stop_resume = ""  # (cluster/checks.py: every node must see the checkpoint folder)
+
+    def check(self, options: LaunchOptions) -> None:
+        resolve(options.requested.cluster, options.config, options.requested)
+
+    def run(self, options: LaunchOptions, call: UserCall) -> Any:
+        """Run the ranks there: after a failure, placed again up to ``max_restarts`` times."""
+        __tracebackhide__ = True
+        from nbtrain.kernel.launch.cluster.ray_backend import run_on_ray
+
+        config, chosen = options.config, as_cluster(options.requested.cluster)
+        return run_on_ray(
+            config, chosen, *call, max_restarts=config.max_restarts
+        )
+
+
+def resolve(cluster: object, config: LaunchConfig, requested: Requested) -> RayCluster:
+    """``cluster=`` checked against the other options (``requested``: as the user gave them)
+    and against the Ray cluster this kernel is connected to, before anything starts."""
+    chosen = as_cluster(cluster)
+    if requested.num_processes is None:  # one per local GPU means nothing on a cluster
+        raise ValueError(
+            f"cluster={cluster!r} needs num_processes=: how many ranks Ray should place."
+        )
+    for name, default in _DEFAULTS.items():
+        value = getattr(requested, name)
+        if value != default:
+            raise ValueError(
+                f"{name}={value!r} does not apply to cluster={cluster!r}: Ray places the ranks "
+                f"(leave {name} out; see notebooks/guides/cluster.md for what works on a "
+                "cluster so far)."
+            )
+    ray = _import_ray()
+    check_connected(ray)
+    check_room(chosen, config.num_processes, ray.cluster_resources())
+    return chosen
+
+
+__all__ = ["RayCluster", "RayLaunch", "resolve"]
