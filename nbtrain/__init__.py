@@ -19,7 +19,7 @@ loads the kernel side, and ``import nbtrain`` in the kernel stays light.
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from nbtrain._version import __version__
 
 _LAZY = {
     "notebook_launcher": "nbtrain.kernel.entry",

@@ -13,7 +13,7 @@ ordinal 0 fails the launch at once, saying both counts, before any user code run
   thread into an ``Output`` event with its ordinal (threads share fds 1/2, so lines could not be
   told apart there); output of other threads and of C code still reaches the kernel on fds 1/2;
 - reports Started, then Finished or Failed, like any rank (Failed also when its function
-  returned after giving up on an XLA collective: ``xla_accel.XlaCollectiveAbandoned``).
+  returned after giving up on an XLA collective: ``xla_ordinals.XlaCollectiveAbandoned``).
 
 An ordinal that fails takes its process down after a short grace (the others may wait for it in a
 collective forever); the kernel then stops whatever is left.
@@ -33,7 +33,7 @@ from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
-from nbtrain.rank import debugger, runtime, startup, worker
+from nbtrain.rank import debugger, runtime, startup, worker, xla_ordinals
 from nbtrain.rank.failures import failure_event
 from nbtrain.rank.runtime import Runtime
 from nbtrain.shared.events import Event, Finished, Output, PipeWriter, Started
@@ -128,8 +128,6 @@ def run_ordinal(index: int, spec: HostSpec, payload: bytes) -> None:
     import torch_xla
     import torch_xla.runtime as xr
 
-    from nbtrain.accelerator.devices import xla_collectives as xla_accel
-
     ordinal, world = xr.global_ordinal(), xr.world_size()
     sink = process_sink()
     if world != spec.ordinals:
@@ -139,7 +137,7 @@ def run_ordinal(index: int, spec: HostSpec, payload: bytes) -> None:
     device = f"{torch_xla.device()} ({spec.device})"
     sink.send(Started(ordinal, os.getpid(), device, socket.gethostname(), local))
     debugger.install(ordinal, sink, None)  # no prompt for ordinals yet: said, then ignored
-    xla_accel.ordinal_started(ordinal)
+    xla_ordinals.ordinal_started(ordinal)
     verdict = _Verdict(ordinal, sink)
     try:
         with (
@@ -152,7 +150,7 @@ def run_ordinal(index: int, spec: HostSpec, payload: bytes) -> None:
     finally:
         # After its report: a peer waiting for it in a collective now fails fast (collectives
         # can tell a peer that ended from one that is slow).
-        xla_accel.ordinal_ended(ordinal)
+        xla_ordinals.ordinal_ended(ordinal)
     code = code or verdict.code
     if code:
         _failures.append(code)
@@ -176,9 +174,7 @@ class _Verdict:
 
     def send(self, event: Event) -> None:
         if isinstance(event, Finished):
-            from nbtrain.accelerator.devices import xla_collectives as xla_accel
-
-            error = xla_accel.abandoned(self.ordinal, "returned")
+            error = xla_ordinals.abandoned(self.ordinal, "returned")
             if error is not None:
                 self.code = 1
                 event = failure_event(self.ordinal, error, self.code)

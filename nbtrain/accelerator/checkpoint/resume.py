@@ -25,7 +25,7 @@ from nbtrain.rank import reporting
 from nbtrain.shared.checkpoints import read_meta
 
 if TYPE_CHECKING:
-    from nbtrain.accelerator.front.core import Accelerator
+    from nbtrain.accelerator.checkpoint.target import CheckpointTarget
 
 _COUNTED = ("models", "optimizers", "schedulers", "dataloaders")
 
@@ -37,23 +37,23 @@ class Resume:
         self._loaded: checkpoint.Loaded | None = None
         self.done = False  # loaded and started, or cancelled
 
-    def after_prepare(self, accelerator: Accelerator) -> None:
-        """Load once the Accelerator holds what the checkpoint holds."""
+    def after_prepare(self, accelerator: CheckpointTarget) -> int | None:
+        """Load once the Accelerator holds what the checkpoint holds: the optimizer steps the
+        checkpoint had made (None: nothing loaded now)."""
         if self.done or self._loaded is not None:
-            return
-        state = accelerator._training_state()
+            return None
+        state = accelerator.training_state()
         counts = state.counts()
         if any(counts[name] != self._meta.get(name, 0) for name in _COUNTED):
-            return
+            return None
         self._loaded = checkpoint.load_state(
             self.source,
             state,
-            accelerator._collectives,
-            accelerator._device,
+            accelerator.collectives,
+            accelerator.device,
             later=True,
         )
         accelerator.gradient_state.step = self._loaded.accumulation_step
-        accelerator._stops.resumed(self._loaded.steps)
         # Say so (the cell keeps it), and chart on from the loop steps the checkpoint holds.
         steps, per_step = self._loaded.steps, accelerator.gradient_state.num_steps
         # Batches so far: those of the optimizer steps, and any of an unfinished accumulation
@@ -62,6 +62,7 @@ class Resume:
         if accelerator.is_main_process:
             print(f"[nbtrain] resumed from {self.source.name} (step {steps})", file=sys.stderr,
                   flush=True)
+        return steps
 
     def registered(self, objects: list[Any], first: int) -> None:
         """Objects registered for checkpointing at indexes ``first``...: give them their state."""
@@ -72,14 +73,14 @@ class Resume:
             if index < len(files):
                 checkpoint.load_custom(obj, files[index])
 
-    def at_loop_start(self, accelerator: Accelerator) -> None:
+    def at_loop_start(self, accelerator: CheckpointTarget) -> None:
         """The loop asks for its first batch: everything must be in place now."""
         if self.done:
             return
         self.done = True
         if self._loaded is None:
             raise ValueError(self._mismatch(accelerator, "prepared"))
-        if len(accelerator._custom) != len(self._loaded.custom):
+        if len(accelerator.training_state().custom) != len(self._loaded.custom):
             raise ValueError(self._mismatch(accelerator, "registered"))
         if self._loaded.rng is not None:  # (None: a resharded FSDP checkpoint)
             rng.restore(self._loaded.rng)
@@ -92,8 +93,8 @@ class Resume:
     def cancel(self) -> None:
         self.done = True
 
-    def _mismatch(self, accelerator: Accelerator, verb: str) -> str:
-        counts = accelerator._training_state().counts()
+    def _mismatch(self, accelerator: CheckpointTarget, verb: str) -> str:
+        counts = accelerator.training_state().counts()
         names = (*_COUNTED, "custom_objects")
         have = ", ".join(f"{counts[name]} {name}" for name in names)
         want = ", ".join(f"{self._meta.get(name, 0)} {name}" for name in names)

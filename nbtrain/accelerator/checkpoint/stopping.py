@@ -35,7 +35,7 @@ from nbtrain.shared.events import Status
 from nbtrain.shared.stopping import StopPolicy, TrainingStopped
 
 if TYPE_CHECKING:
-    from nbtrain.accelerator.front.core import Accelerator
+    from nbtrain.accelerator.checkpoint.target import CheckpointTarget
 
 NOTHING, SAVE, STOP = 0, 1, 2
 
@@ -85,9 +85,10 @@ class Stops:
         """A checkpoint was loaded: the step count continues from it."""
         self.steps = steps
 
-    def after_prepare(self, accelerator: Accelerator) -> None:
-        if self.resume is not None:
-            self.resume.after_prepare(accelerator)
+    def after_prepare(self, accelerator: CheckpointTarget) -> None:
+        steps = self.resume.after_prepare(accelerator) if self.resume is not None else None
+        if steps is not None:
+            self.resumed(steps)
 
     def registered(self, objects: list[Any], first: int) -> None:
         if self.resume is not None:
@@ -98,7 +99,7 @@ class Stops:
         if self.resume is not None:
             self.resume.cancel()
 
-    def point(self, accelerator: Accelerator) -> None:
+    def point(self, accelerator: CheckpointTarget) -> None:
         """A prepared loader of ``accelerator`` is about to hand out its next batch."""
         if self.resume is not None:
             self.resume.at_loop_start(accelerator)
@@ -131,14 +132,14 @@ class Stops:
             return SAVE if due else NOTHING
         return NOTHING
 
-    def save(self, accelerator: Accelerator, note: str) -> str:
+    def save(self, accelerator: CheckpointTarget, note: str) -> str:
         """Every rank: save the registered state as the next numbered checkpoint."""
         policy = self.policy
         assert policy is not None
         _say(note)
         target = automatic_name(policy.project_dir, self._number)
         self._number += 1
-        checkpoint.save_state(target, accelerator._training_state(), accelerator._collectives)
+        checkpoint.save_state(target, accelerator.training_state(), accelerator.collectives)
         if policy.total_limit is not None and accelerator.is_main_process:
             checkpoint.prune_automatic(policy.project_dir, policy.total_limit, target)
         self._saved_at = time.monotonic()

@@ -1,97 +1,21 @@
-"""The collectives transport on XLA devices (xla.py's strategy hands it to ``Collectives``), and
-what this process knows of its ordinals (the XLA host, rank/xla_host.py, reports their ends)."""
+"""The collectives transport on XLA devices (xla.py's strategy hands it to ``Collectives``); what
+this process knows of its ordinals is kept on the rank side (rank/xla_ordinals.py), where the
+XLA host (rank/xla_host.py) reports their ends."""
 
 from __future__ import annotations
 
 import pickle
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from nbtrain.accelerator.comm.backends import Pending
 from nbtrain.accelerator.devices.xla_runtime import sync
+from nbtrain.rank.xla_ordinals import check_usable, ordinals_lock, peers_lost_for, record_of
 
 # ---------------------------------------------------------------------------------------------
 # Collectives transport
-
-
-# What this process knows of its own ordinals (threads on XLA:CPU, device threads of one TPU
-# process): whether each one's function has ended (reported by the XLA host, xla_host.py) and how
-# far it got in the handshake gathers, which every ordinal makes in the same order (the n-th of
-# one meets the n-th of the others). A peer that ended after completing gather n took part in
-# it: a rank still finishing its own side of gather n (its sync and .cpu() after the meeting
-# point, slow on a loaded host) only has to wait. A peer that ended before completing it never
-# will: the rank waits in vain.
-
-
-@dataclass
-class _OrdinalRecord:
-    ended: bool = False
-    begun: int = 0  # handshake gathers this ordinal has started
-    completed: int = 0  # the number of the last one XLA completed for it
-    latest: _GatherInThread | None = None
-
-
-_ordinals: dict[int, _OrdinalRecord] = {}
-_ordinals_lock = threading.Lock()
-
-
-def _record(ordinal: int) -> _OrdinalRecord:
-    # (The caller holds _ordinals_lock.) Also for ordinals not started by nbtrain's XLA host.
-    return _ordinals.setdefault(ordinal, _OrdinalRecord())
-
-
-def ordinal_started(ordinal: int) -> None:
-    with _ordinals_lock:
-        _ordinals[ordinal] = _OrdinalRecord()
-
-
-def ordinal_ended(ordinal: int) -> None:
-    with _ordinals_lock:
-        _record(ordinal).ended = True
-
-
-def peers_lost_for(rank: int, number: int) -> list[int]:
-    """The peers of ``rank`` that ended without completing its gather number ``number``."""
-    with _ordinals_lock:
-        return sorted(
-            ordinal
-            for ordinal, record in _ordinals.items()
-            if ordinal != rank and record.ended and record.completed < number
-        )
-
-
-class XlaCollectiveAbandoned(BaseException):
-    """This ordinal went on after giving up on an XLA collective (collectives.py's timeout or
-    lost peers, an error its code caught). That all-gather is still pending inside XLA, which
-    cannot cancel it, so any further XLA work of this ordinal could hang, or meet a peer's next
-    collective. A BaseException, like SystemExit, so that ``except Exception`` does not swallow
-    it as well: the ordinal fails (also when its function returns: xla_host.py), and on a
-    multi-ordinal host its process ends with it."""
-
-
-def abandoned(rank: int, after: str) -> XlaCollectiveAbandoned | None:
-    """The error to fail ``rank`` with, if its last gather was given up on and is still in XLA."""
-    with _ordinals_lock:
-        record = _ordinals.get(rank)
-        latest = record.latest if record is not None else None
-    if latest is None or latest.done:
-        return None
-    return XlaCollectiveAbandoned(
-        f"ordinal {rank} {after} after giving up on a collective (it timed out, or its peers "
-        "were gone, and the error was caught). That XLA all-gather is still pending and cannot "
-        "be cancelled, so this ordinal cannot go on on its XLA device. Let a collective's error "
-        "end the function instead of catching it, and relaunch."
-    )
-
-
-def check_usable(rank: int) -> None:
-    """Before more XLA work of ``rank``: refuse it once a collective of its was abandoned."""
-    error = abandoned(rank, "went on to more XLA work")
-    if error is not None:
-        raise error
 
 
 class XlaBackend:
@@ -189,8 +113,8 @@ class _GatherInThread:
         self._value: list[torch.Tensor] = []
         self._failure: BaseException | None = None  # XLA's own error in the helper
         self._lost: RuntimeError | None = None  # peers ended while this ordinal waited
-        with _ordinals_lock:
-            record = _record(backend.rank)
+        with ordinals_lock:
+            record = record_of(backend.rank)
             record.begun += 1
             self._number = record.begun
             record.latest = self
@@ -211,8 +135,8 @@ class _GatherInThread:
             # The default XLA device is per thread: this one must work on the ordinal's.
             torch_xla.device(self._backend.device.index or 0)
             self._value = self._backend.gather_now(tensor)
-            with _ordinals_lock:  # before done is set: the ordinal can only end after it
-                record = _record(self._backend.rank)
+            with ordinals_lock:  # before done is set: the ordinal can only end after it
+                record = record_of(self._backend.rank)
                 record.completed = max(record.completed, self._number)
         except BaseException as exc:
             self._failure = exc

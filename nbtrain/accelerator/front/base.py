@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from nbtrain.accelerator.checkpoint import stopping
+from nbtrain.accelerator.checkpoint.target import CheckpointTarget
 from nbtrain.accelerator.comm import collectives
 from nbtrain.accelerator.data import loaderconfig
 from nbtrain.accelerator.data import prepared as data
@@ -56,6 +57,11 @@ class AcceleratorBase:
     _custom: list[Any]
     _stops: stopping.Stops
     _trigger: int
+
+    def _checkpoint_target(self) -> CheckpointTarget:
+        """This Accelerator as its checkpoints see it (state.py builds it; declared here so
+        every part of the front end can hand it to checkpoint/)."""
+        raise NotImplementedError
 
     # ---------------------------------------------------------------------------------------
     # Where this rank is

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 if TYPE_CHECKING:
-    from nbtrain.accelerator.front.core import Accelerator
+    from nbtrain.accelerator.front.base import AcceleratorBase
 
 _WARNED: set[str] = set()
 
@@ -126,6 +126,12 @@ def project_configuration(project_dir: Any, config: Any) -> Any:
 # accelerator.state
 
 
+class _Ends(Protocol):
+    """What the view calls on its Accelerator beyond what every part reads (base.py)."""
+
+    def end_training(self) -> None: ...
+
+
 class State:
     """A live view of where the Accelerator runs, with the names of Accelerate's AcceleratorState
     (``accelerator.state.num_processes``, ``logger.info(accelerator.state)``, ...). Other
@@ -143,7 +149,7 @@ class State:
     parallelism_config = None
     initialized = True
 
-    def __init__(self, accelerator: Accelerator) -> None:
+    def __init__(self, accelerator: AcceleratorBase) -> None:
         self._accelerator = accelerator
 
     @property
@@ -178,7 +184,7 @@ class State:
         if group is not None:
             dist.destroy_process_group(group)
             return
-        self._accelerator.end_training()
+        cast(_Ends, self._accelerator).end_training()  # the Accelerator (core.py) of this view
         if dist.is_available() and dist.is_initialized():  # one the user's code had made
             dist.destroy_process_group()
 

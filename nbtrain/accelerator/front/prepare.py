@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 import torch
 from torch import nn
@@ -15,9 +15,6 @@ from nbtrain.accelerator.data import prepared as data
 from nbtrain.accelerator.front.base import PREPARED_MODELS, AcceleratorBase
 from nbtrain.accelerator.training.optim import PreparedOptimizer, PreparedScheduler
 from nbtrain.accelerator.training.parallel import DistributedType
-
-if TYPE_CHECKING:
-    from nbtrain.accelerator.front.core import Accelerator
 
 
 class PrepareMethods(AcceleratorBase):
@@ -40,7 +37,7 @@ class PrepareMethods(AcceleratorBase):
                 if kind == phase:
                     result[index] = self._prepare_one(kind, obj, device_placement[index])
         # resume=True loads once everything is prepared
-        self._stops.after_prepare(cast("Accelerator", self))
+        self._stops.after_prepare(self._checkpoint_target())
         return result[0] if len(result) == 1 else tuple(result)
 
     def _prepare_one(self, kind: str, obj: Any, placement: bool) -> Any:
@@ -136,7 +133,7 @@ class PrepareMethods(AcceleratorBase):
             dispatch_with=self._collectives if opts.dispatch_batches else None,
         )
         if self._stops.active:
-            prepared.stop_point = functools.partial(self._stops.point, cast("Accelerator", self))
+            prepared.stop_point = functools.partial(self._stops.point, self._checkpoint_target())
             self._stops.arm()
         self._dataloaders.append(prepared)
         return prepared

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from nbtrain.accelerator.checkpoint import state as checkpoint
+from nbtrain.accelerator.checkpoint.target import CheckpointTarget
 from nbtrain.accelerator.data import batches
 from nbtrain.accelerator.data import prepared as data
 from nbtrain.accelerator.front.base import AcceleratorBase
@@ -123,6 +124,16 @@ class StateMethods(AcceleratorBase):
         self.gradient_state.step = loaded.accumulation_step
         self._stops.resumed(loaded.steps)
         return str(loaded.source)
+
+    def _checkpoint_target(self) -> CheckpointTarget:
+        """This Accelerator as its checkpoints (checkpoint/) see it."""
+        return CheckpointTarget(
+            training_state=self._training_state,
+            collectives=self._collectives,
+            device=self._device,
+            gradient_state=self.gradient_state,
+            is_main_process=self.is_main_process,
+        )
 
     def _training_state(self) -> checkpoint.TrainingState:
         state = checkpoint.TrainingState(

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -27,25 +27,30 @@ from torch import nn
 from nbtrain.accelerator.checkpoint import dirs as checkpoint_dirs
 from nbtrain.accelerator.checkpoint import state as checkpoint
 
-if TYPE_CHECKING:
-    from nbtrain.accelerator.fsdp.strategy import FsdpStrategy
-
 SHARDED, FULL = "SHARDED_STATE_DICT", "FULL_STATE_DICT"
 
 
-def split_training_state(state: checkpoint.TrainingState, strategy: FsdpStrategy) -> Any:
-    """``state`` with the FSDP models and every optimizer (their parameters are those models')
-    handed to a ShardedCheckpoint; other models (evaluation only, frozen) stay as they are."""
-    fsdp_ids = {id(model) for model in strategy.models}
+def split_training_state(
+    state: checkpoint.TrainingState,
+    fsdp_models: list[nn.Module],
+    *,
+    sharded_state_dict: bool,
+    sharding: Any,
+    rank: int,
+) -> Any:
+    """``state`` with the FSDP models (``fsdp_models``: those the strategy wrapped) and every
+    optimizer (their parameters are those models') handed to a ShardedCheckpoint; other models
+    (evaluation only, frozen) stay as they are. ``sharding``, ``rank``: the strategy's."""
+    fsdp_ids = {id(model) for model in fsdp_models}
     models = [m for m in state.models if id(m) in fsdp_ids]
     if not models:
         return state
     sharded = ShardedCheckpoint(
         models,
         list(state.optimizers),
-        SHARDED if strategy.settings.sharded_state_dict else FULL,
-        distributed=strategy.sharding,
-        rank=strategy.collectives.rank,
+        SHARDED if sharded_state_dict else FULL,
+        distributed=sharding,
+        rank=rank,
     )
     return dataclasses.replace(
         state,

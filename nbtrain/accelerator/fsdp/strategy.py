@@ -171,7 +171,13 @@ class FsdpStrategy:
         torch.distributed.checkpoint; everything else stays with checkpoint/state.py."""
         from nbtrain.accelerator.fsdp.checkpoint import split_training_state
 
-        return split_training_state(state, self)
+        return split_training_state(
+            state,
+            self.models,
+            sharded_state_dict=self.settings.sharded_state_dict,
+            sharding=self.sharding,
+            rank=self.collectives.rank,
+        )
 
     # -- sharding ---------------------------------------------------------------------------
 

@@ -218,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="nbtrain",
         description="Notebook-first distributed training for PyTorch: the command line.",
     )
-    from nbtrain import __version__
+    from nbtrain._version import __version__
 
     parser.add_argument("--version", action="version", version=f"nbtrain {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

@@ -10,7 +10,7 @@ import socket
 import sys
 from importlib import metadata
 
-from nbtrain import __version__
+from nbtrain._version import __version__
 from nbtrain.kernel.host import environment
 from nbtrain.kernel.options.config import choose_start_method, default_num_processes
 

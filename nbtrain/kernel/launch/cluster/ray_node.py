@@ -108,9 +108,9 @@ class RankHost:
 def installed() -> dict[str, str]:
     """The versions a rank's code depends on, as this process finds them: Python's, and the
     installed distributions' of torch and nbtrain (their metadata: importing is not needed)."""
-    import nbtrain
+    from nbtrain._version import __version__
 
-    found = {"Python": platform.python_version(), "nbtrain": nbtrain.__version__}
+    found = {"Python": platform.python_version(), "nbtrain": __version__}
     with contextlib.suppress(metadata.PackageNotFoundError):
         found["torch"] = metadata.version("torch")
     return found
