@@ -7,7 +7,6 @@ checks it against the launch and against the Ray cluster the kernel is connected
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -15,6 +14,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from nbtrain.kernel import environment
 from nbtrain.shared.frontend import Frontend, frontend
 
 PLACEMENTS = {"pack": "PACK", "spread": "SPREAD"}
@@ -120,7 +120,7 @@ def _here() -> str:
 def _address_hint() -> str:
     """A cluster this machine knows of, read cheaply (no Ray import): RAY_ADDRESS, or the
     address file ``ray start`` writes (ray_current_cluster in Ray's temp folder)."""
-    address = os.environ.get("RAY_ADDRESS", "").strip()
+    address = environment.variables().get("RAY_ADDRESS", "").strip()
     if address:
         return f"; RAY_ADDRESS is set ({address!r}): ray.init() connects to it"
     try:
