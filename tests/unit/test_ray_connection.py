@@ -2,9 +2,9 @@
 ``ray.init``, which imports it), in words that fit where the user is, with a hint at a cluster
 this machine knows of (RAY_ADDRESS, the address file ``ray start`` writes).
 
-Measured (2 cores, load ~3.4, 2026-11-28; launcher already imported in both): 2.8-6.1 ms and
-Ray never imported, against 2.7-3.7 s with Ray imported first before this check (4.5-11 s on a
-busier machine). The kernel's wording: tests/kernel/test_launcher_kernel.py."""
+Measured (benchmarks/first_contact.py, 2 cores, load 12.9, 2026-11-28; the launcher already
+imported): 0.5 ms and Ray never imported, against 2.7-3.7 s with Ray imported first before this
+check (4.5-11 s in a newcomer's run). The kernel's wording: tests/kernel/test_launcher_kernel.py."""
 
 from __future__ import annotations
 
