@@ -33,8 +33,16 @@ API_PAGE = "api.md"
 API_TEXT = """# API reference
 
 Every public name of `nbtrain` (its `__all__`), from its docstring: what `help()` shows.
+Accelerate's `accelerate.utils` and `accelerate.tracking` names that nbtrain has follow, then
+the handle `nbtrain.start_ranks` returns.
 
 ::: nbtrain
+
+::: nbtrain.utils
+
+::: nbtrain.tracking
+
+::: nbtrain.kernel.warm.session.Ranks
 """
 # A warning on a logger under "mkdocs" fails a strict build.
 log = logging.getLogger("mkdocs.hooks.nbtrain")

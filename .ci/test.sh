@@ -12,8 +12,10 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q --no-cache-dir -c constraints.txt -e '.[dev,trackers,ray]'
 
-# A real browser for the live-view test (Debian's chromium; playwright cannot download one here).
-if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+# A real browser for the live-view test (Debian's chromium; playwright cannot download one here):
+# about 110 Debian packages, 420-460 MB. NBTRAIN_SKIP_BROWSER=1 leaves it and the browser tests out.
+if [ "${NBTRAIN_SKIP_BROWSER:-0}" != 1 ] && [ ! -x /usr/bin/chromium ] \
+    && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 fi
 

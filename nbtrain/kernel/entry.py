@@ -88,6 +88,52 @@ def notebook_launcher(
 
     The full contract: notebooks/guides/launching.md. Every argument is checked before anything
     starts.
+
+    :param function: any callable (a notebook's function, lambda, closure or class too): each
+        rank calls ``function(*args, **kwargs)``.
+    :param args: positional arguments (big tensors travel by shared memory, not copied).
+    :param kwargs: keyword arguments.
+    :param num_processes: how many ranks (per node); None: one per visible GPU, else 8 on a
+        TPU host, else 1. One rank runs ``function`` in this process.
+    :param start_method: ``"auto"`` (fork when it is safe, else forkserver), ``"fork"``,
+        ``"forkserver"`` or ``"spawn"``.
+    :param mixed_precision: ``"no"``, ``"fp16"`` or ``"bf16"``: the default of every
+        ``Accelerator`` the ranks make (None: full precision).
+    :param gpu_ids: which GPUs the ranks use, e.g. ``[0, 2]`` (their CUDA_VISIBLE_DEVICES).
+    :param num_nodes: how many machines run ``num_processes`` ranks each (torch's rendezvous).
+    :param node_rank: this machine's number among them (0: the one others meet at).
+    :param rdzv_endpoint: ``"host:port"`` of node 0, for ``num_nodes > 1``.
+    :param max_restarts: how many times a failed launch starts again (all ranks), through
+        torch's elastic agent or on a cluster; a rank can resume from its last checkpoint.
+    :param timeout: seconds the run may take; then every rank is stopped and ``TimeoutError``
+        says where each one was.
+    :param hang_after: see above.
+    :param output: whose prints reach the cell: ``"all"`` ranks (each line labelled),
+        ``"main"`` (rank 0) or ``"none"``.
+    :param progress: the live view: ``"auto"`` (widgets in Jupyter, text elsewhere),
+        ``"widgets"``, ``"text"`` or ``"off"``.
+    :param return_all: True: a list of every rank's value, by rank.
+    :param rdzv_timeout: seconds each node waits for the others at the rendezvous.
+    :param on_interrupt: ``"stop"`` or ``"checkpoint"`` (above).
+    :param checkpoint_every: see above.
+    :param resume: True: continue from the newest checkpoint; a path: from that one.
+    :param resume_from: the checkpoint folder to continue from (instead of ``resume=<path>``).
+    :param project_dir: where checkpoints go (above).
+    :param total_limit: how many automatic checkpoints to keep (None: all).
+    :param cluster: see above.
+    :param debug: see above.
+    :param use_port: see Accelerate's other parameters, above; as are ``master_addr``,
+        ``rdzv_backend``, ``rdzv_conf``, ``rdzv_id``, ``monitor_interval`` and
+        ``log_line_prefix_template``.
+    :returns: rank 0's return value (``return_all``: every rank's); tensors arrive on the CPU.
+    :raises ValueError: a bad argument value, named with its value and what to pass instead,
+        before any rank starts.
+    :raises TypeError: an argument of the wrong type (named the same way).
+    :raises WorkerError: a rank failed: it names the rank that failed first (the root cause),
+        with its traceback; every other rank was stopped.
+    :raises TimeoutError: ``timeout`` passed.
+    :raises KeyboardInterrupt: the notebook's stop button (every rank stopped).
+    :raises ResultError: a rank's value cannot be loaded here (its class exists only there).
     """
     # IPython (and pytest) hide frames that set this: a failure shows the cell and the
     # rank's own traceback, not the launcher's internals.
@@ -132,7 +178,16 @@ def notebook_launcher(
 
 
 def debug_launcher(function: Callable[..., Any], args: tuple = (), num_processes: int = 2) -> Any:
-    """CPU-only launch for debugging distributed code on a laptop (as in Accelerate)."""
+    """CPU-only launch for debugging distributed code on a laptop (as in Accelerate): the
+    ranks see no GPU.
+
+    :param function: the callable each rank runs, as for ``notebook_launcher``.
+    :param args: its positional arguments.
+    :param num_processes: how many CPU ranks (default 2).
+    :returns: rank 0's return value.
+    :raises WorkerError: a rank failed (named, with its traceback); the others were stopped.
+    :raises ValueError: a bad argument (named, with the fix), before any rank starts.
+    """
     __tracebackhide__ = True
     args, kwargs = check_function(function, args, None)
     requested = Requested(num_processes=num_processes)

@@ -59,7 +59,9 @@ NO_GROUP_HINT = (
 def failure_event(rank: int, exc: BaseException, exitcode: int) -> Failed:
     if _NO_GROUP in str(exc) and hasattr(exc, "add_note"):
         exc.add_note(NO_GROUP_HINT)
-    tb = users_traceback(exc.__traceback__)
+    # Bad input (e.g. a return value that cannot travel): the message says it all.
+    bad_input = getattr(exc, "nbtrain_bad_input", False)
+    tb = None if bad_input else users_traceback(exc.__traceback__)
     text = "".join(traceback.format_exception(type(exc), exc, tb))
     return Failed(
         rank=rank,

@@ -12,11 +12,13 @@ from __future__ import annotations
 import io
 import itertools
 import os
+import pickle
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from nbtrain.shared import sharedmem
+from nbtrain.shared.serialization import describe_return_error, tied_to_process
 
 # The prefix under which this rank may create result segments; set when a launch's envelope
 # arrives (None in the kernel and in launches that do not take results that way).
@@ -42,10 +44,28 @@ def take_results_as(prefix: str | None) -> None:
     _results_prefix = prefix
 
 
-def pack_result(value: Any, pickler: type[sharedmem.SharingPickler] | None = None) -> bytes:
+def pack_result(
+    value: Any,
+    pickler: type[sharedmem.SharingPickler] | None = None,
+    *,
+    rank: int = 0,
+    what: str = "return value",
+) -> bytes:
     """Pickle a result with ``pickler``; large tensors and arrays through a segment if the
-    launch takes them that way. Without room in /dev/shm, the result travels in the pickle."""
-    pickler = pickler or ResultPickler
+    launch takes them that way. Without room in /dev/shm, the result travels in the pickle.
+
+    :raises ReturnValueError: ``value`` cannot travel (a lock, an open file): names rank
+        ``rank``, its ``what`` ("return value"), the culprit's type and what to return instead.
+    """
+    try:
+        return _pack(value, pickler or ResultPickler)
+    except _OpenFile as exc:
+        raise describe_return_error(value, exc, rank=rank, what=what, culprit=exc.file) from None
+    except Exception as exc:  # whatever pickling raises: TypeError, PicklingError, ...
+        raise describe_return_error(value, exc, rank=rank, what=what) from None
+
+
+def _pack(value: Any, pickler: type[sharedmem.SharingPickler]) -> bytes:
     if _results_prefix is None:
         return _dump(value, pickler, None)
     segment = sharedmem.Segment(f"{_results_prefix}r{os.getpid()}_{next(_counter)}")
@@ -63,10 +83,21 @@ def _dump(value: Any, pickler: type[sharedmem.SharingPickler], segment: Any) -> 
     return buffer.getvalue()
 
 
+class _OpenFile(pickle.PicklingError):
+    """An open file in a result: refused, never sent as something else (serialization.py)."""
+
+    def __init__(self, file: object) -> None:
+        super().__init__(f"an open file: {file!r}")
+        self.file = file
+
+
 class ResultPickler(sharedmem.SharingPickler):
-    """Moves tensors to the CPU on the way out, so the kernel needs no GPU or XLA runtime."""
+    """Moves tensors to the CPU on the way out, so the kernel needs no GPU or XLA runtime;
+    refuses open files (cloudpickle would send one opened for reading as a StringIO)."""
 
     def reducer_override(self, obj: Any) -> Any:
+        if tied_to_process(obj):
+            raise _OpenFile(obj)
         torch = sys.modules.get("torch")
         if torch is not None and isinstance(obj, torch.Tensor):
             needs_cpu = obj.device.type != "cpu"

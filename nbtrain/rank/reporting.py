@@ -96,6 +96,10 @@ def log(values: Mapping[str, Any], step: int | None = None) -> None:
     step's loss is at step 1, the N-th's at N, as "Stopped at step N" counts), or of earlier
     log() calls when it uses no progress(). Inside a progress() loop logs go out with the
     loop's updates (coalesced messages; every value logged reaches the kernel).
+
+    :param values: metric names and numbers.
+    :param step: the step the values belong to.
+    :raises TypeError: a value that is not a number, or a ``step`` that is not an int.
     """
     numbers_only = _check_values(values)
     if step is not None and (isinstance(step, bool) or not isinstance(step, numbers.Integral)):

@@ -131,15 +131,18 @@ def execute(command: Command, namespace: dict, rank: int) -> bytes | None:
     if isinstance(command, Cell):
         take_results_as(command.results_prefix)
         value = run_cell(command, namespace)
-        return None if value is None else pack_result(display_bundle(value))
+        if value is None:
+            return None
+        return pack_result(display_bundle(value), rank=rank, what="cell value")
     if isinstance(command, Call):
         function, args, kwargs = unpack_call(command.payload)
         inherited.forget_cached_devices(function, args, kwargs)
         value = in_namespace(function, namespace)(*args, **kwargs)
-        return pack_result(value) if command.send_result else None
+        return pack_result(value, rank=rank) if command.send_result else None
     if isinstance(command, Pull):
         take_results_as(command.results_prefix)
-        return pack_result(pull(command.expression, namespace, rank))
+        value = pull(command.expression, namespace, rank)
+        return pack_result(value, rank=rank, what=f"value of {command.expression!r}")
     if isinstance(command, Push):
         namespace.update(sharedmem.loads(command.data, private=True))
         return None

@@ -49,7 +49,7 @@ def call_and_report(
         finally:
             reporting.flush()  # metrics progress()/log() still hold go out before the verdict
             runtime.end_tracker_run(raised)
-        data = pack_result(value) if send_result else None
+        data = pack_result(value, rank=rank) if send_result else None
     except TrainingStopped as stop:  # a graceful stop: its checkpoint is saved
         sink.send(Stopped(rank, stop.step, stop.path))
         return 0

@@ -29,6 +29,20 @@ class WorkerError(RuntimeError, ChildFailedError):
     Also a torch elastic ``ChildFailedError`` (what Accelerate's ``notebook_launcher`` raises), so
     code written for Accelerate (``except ChildFailedError``) catches it: ``failures`` and
     ``get_first_failure()`` describe the root-cause rank as a ``ProcessFailure``.
+
+    Its attributes, as the kernel builds it from the rank's report:
+
+    :param rank: the root-cause rank.
+    :param type_name: the type of the exception it raised (None: it died without one, e.g. a
+        signal).
+    :param message: that exception's message.
+    :param exitcode: the rank's exit code (None while it was still running).
+    :param signal: the signal that ended it (``"SIGKILL"``), or None.
+    :param original: the exception object itself when it could be unpickled here, else None.
+    :param remote_traceback: the rank's traceback, as text (the cell shows it as the cause).
+    :param node: the node (machine) number of the root cause in a multi-node launch.
+    :param other_failures: other ranks that failed on their own account: rank -> summary.
+    :param host: the root cause's machine name, where a cluster placed it.
     """
 
     name = "notebook_launcher"  # ChildFailedError's entrypoint name
@@ -128,7 +142,12 @@ class SessionError(RuntimeError):
 
 
 class ResultError(RuntimeError):
-    """A rank returned a value that the kernel cannot unpickle (the rank itself succeeded)."""
+    """A rank returned a value that the kernel cannot unpickle (the rank itself succeeded).
+
+    :param rank: the rank whose value could not be loaded.
+    :param type_name: the value's type, as the rank named it.
+    :param cause: the error unpickling raised.
+    """
 
     def __init__(self, rank: int, type_name: str | None, cause: BaseException) -> None:
         self.rank = rank

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import importlib
 import inspect
+import io
 import pickle
 import pickletools
 import types
@@ -133,6 +134,55 @@ def _advice(objects: list[object], exc: Exception) -> str:
         "Create such objects (open files, locks, generators, database or CUDA handles) inside "
         "the function instead of passing them or capturing them from the notebook."
     )
+
+
+class ReturnValueError(TypeError):
+    """A value a rank sends back (a launch's return value, a warm rank's cell value or pull)
+    cannot leave the rank: it holds something tied to the rank's process."""
+
+    nbtrain_bad_input = True  # the message says it all: no frame of the rank's is the user's
+
+
+def tied_to_process(obj: object) -> bool:
+    """An open file (or a socket's file): it means nothing in another process. Pickled as is,
+    cloudpickle would turn a file opened for reading into a StringIO of its text, silently;
+    in-memory streams (StringIO, BytesIO) travel as they are."""
+    return isinstance(obj, io.IOBase) and not isinstance(obj, (io.StringIO, io.BytesIO))
+
+
+def describe_return_error(
+    value: object, exc: Exception, *, rank: int, what: str, culprit: object = None
+) -> ReturnValueError:
+    """The error for ``value`` (rank ``rank``'s ``what``, e.g. "return value") that failed to
+    pickle with ``exc``: names where the culprit sits in it, its type and what to send instead.
+    ``culprit``: the object that failed, when the pickler knows it (an open file)."""
+    if culprit is None:
+        chain = _find_unpicklable(value, "value") or [("value", value)]
+        path, culprit = chain[-1]
+    else:
+        path = find_path(culprit, [("value", value)]) or "value"
+    kind = type(culprit)
+    type_name = kind.__qualname__ if kind.__module__ == "builtins" else (
+        f"{kind.__module__}.{kind.__qualname__}"
+    )
+    where = "it" if path == "value" else path
+    if tied_to_process(culprit):
+        mode, name = getattr(culprit, "mode", "?"), getattr(culprit, "name", None)
+        opened = f" {name!r}" if isinstance(name, str) else ""
+        advice = (
+            f"{where} is a file{opened} opened with mode {mode!r} ({type_name}), which stays "
+            "with the process that opened it. Return its path (f.name) instead, after closing "
+            "it in the rank, or what you read from it (f.read())."
+        )
+    else:
+        advice = (
+            f"{where} is a {type_name} ({_describe(culprit)}), which cannot be pickled "
+            f"({type(exc).__name__}: {exc}). Return plain data (numbers, strings, lists, "
+            "dicts), tensors or a state_dict (e.g. model.state_dict()) instead: objects tied "
+            "to the rank's process (locks, open files, sockets, threads, generators) cannot "
+            "leave it."
+        )
+    return ReturnValueError(f"rank {rank}'s {what} cannot travel back from the rank: {advice}")
 
 
 def unpack(data: bytes) -> Any:

@@ -14,7 +14,8 @@ tests/artifacts/ (live_view_<moment>.png, debug_<moment>.png); look at them.
 Needs: ``apt-get install -y chromium`` and ``pip install jupyterlab playwright`` (Playwright
 cannot download its own browser here; Debian's is used). Skips when those are missing, except in
 CI (``CI`` set) or with ``NBTRAIN_REQUIRE_BROWSER=1``: there a missing browser fails the test, so
-a broken CI image cannot pass it silently.
+a broken CI image cannot pass it silently. ``NBTRAIN_SKIP_BROWSER=1`` leaves every browser test
+out (skipped), and ``.ci/test.sh`` then installs no Chromium.
 """
 
 from __future__ import annotations
@@ -107,7 +108,15 @@ NOTEBOOK_READY_JS = """(path) => {
 }"""
 
 
+def _skipped() -> bool:
+    """``NBTRAIN_SKIP_BROWSER=1``: the browser tests are left out (reported as skipped), even in
+    CI; .ci/test.sh then does not install Chromium either."""
+    return os.environ.get("NBTRAIN_SKIP_BROWSER") == "1"
+
+
 def _requirements() -> str | None:
+    if _skipped():
+        return "NBTRAIN_SKIP_BROWSER=1 leaves the browser tests out"
     if not os.path.exists(CHROMIUM):
         return f"{CHROMIUM} is missing: apt-get update && apt-get install -y chromium"
     for module in ("playwright", "jupyterlab"):
@@ -119,7 +128,8 @@ def _requirements() -> str | None:
 
 
 def _browser_required() -> bool:
-    return bool(os.environ.get("CI")) or os.environ.get("NBTRAIN_REQUIRE_BROWSER") == "1"
+    required = bool(os.environ.get("CI")) or os.environ.get("NBTRAIN_REQUIRE_BROWSER") == "1"
+    return required and not _skipped()
 
 
 MISSING = _requirements()

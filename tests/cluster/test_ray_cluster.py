@@ -433,7 +433,7 @@ except ImportError as exc:
     assert lines[2].startswith("ValueError RayCluster(placement='random') is not a valid")
     assert lines[3].startswith("RuntimeError cluster='ray' found no Ray connection")
     assert "ray.init(address='auto')" in lines[3]
-    assert lines[4].startswith("ImportError") and "pip install nbtrain[ray]" in lines[4]
+    assert lines[4].startswith("ImportError") and "pip install 'nbtrain[ray]'" in lines[4]
 
 
 def test_a_node_lost_mid_run_names_it_and_stops_the_rest(cluster, nodes, tmp_path) -> None:

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 import pytest
 
@@ -40,11 +41,18 @@ def first_printed_line(notebook: Path) -> str | None:
     return None
 
 
-def test_the_site_has_every_page_and_builds_strictly(tmp_path: Path):
-    done = build(REPO, tmp_path)
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The site, built once for this module's tests (a strict build takes most of a minute)."""
+    folder = tmp_path_factory.mktemp("site")
+    done = build(REPO, folder)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "WARNING" not in done.stderr, done.stderr[-3000:]
+    return folder
 
+
+def test_the_site_has_every_page_and_builds_strictly(site: Path):
+    tmp_path = site
     home = (tmp_path / "index.html").read_text()
     assert "Notebook-first interactive distributed training for PyTorch" in home
     # A link written for GitHub leads to the page built from its target.
@@ -73,6 +81,68 @@ def test_the_site_has_every_page_and_builds_strictly(tmp_path: Path):
         assert f'id="nbtrain.Accelerator.{member}"' in api, f"Accelerator.{member} is missing"
     # The docstrings themselves, rendered (double backticks become code).
     assert "Run <code>function(*args, **kwargs)</code> on <code>num_processes</code>" in api
+    # Accelerate's utils and tracking names, and the warm ranks' handle.
+    for name in (
+        "utils.gather",
+        "utils.LoggerType",
+        "tracking.GeneralTracker",
+        "kernel.warm.session.Ranks.run_cell",
+        "Accelerator.progress",
+    ):
+        assert f'id="nbtrain.{name}"' in api, f"nbtrain.{name} is not in the API reference"
+    # Parameters and what a call raises, as tables (the :param: and :raises: fields).
+    launcher = api.partition('id="nbtrain.notebook_launcher"')[2].partition('id="nbtrain.')[0]
+    assert "start_method" in launcher and "Raises:" in launcher and "WorkerError" in launcher
+
+
+HREF = re.compile(r'\s(?:href|src)="([^"]*)"')
+ANCHOR = re.compile(r'\s(?:id|name)="([^"]*)"')
+
+
+def broken_links(site: Path) -> list[str]:
+    """Every link of every page of the built site that leads to no file, or to no element of
+    its page with the anchor's id; a URL with a scheme (https:, mailto:) is not the site's."""
+    anchors: dict[Path, set[str]] = {}
+    broken = []
+    for page in sorted(site.rglob("*.html")):
+        for link in map(html.unescape, HREF.findall(page.read_text())):
+            parts = urlsplit(link)
+            if parts.scheme or link.startswith("//") or not link:
+                continue
+            base = site if parts.path.startswith("/") else page.parent  # 404.html: from the root
+            target = (base / unquote(parts.path).lstrip("/")).resolve() if parts.path else page
+            if target.is_dir():
+                target = target / "index.html"
+            where = f"{page.relative_to(site)} links to {link!r}"
+            if not target.is_file():
+                broken.append(f"{where}: no such file")
+            elif parts.fragment and target.suffix == ".html":
+                if target not in anchors:
+                    anchors[target] = set(map(html.unescape, ANCHOR.findall(target.read_text())))
+                if unquote(parts.fragment) not in anchors[target]:
+                    broken.append(f"{where}: no element has that id")
+    return broken
+
+
+def test_every_internal_link_of_the_site_leads_somewhere(site: Path):
+    # (mkdocs-jupyter's table of contents drops code spans from a notebook's headings, so a
+    # heading with `code` in it gets a contents link that goes nowhere: write it without.)
+    assert len(list(site.rglob("*.html"))) >= 25
+    broken = broken_links(site)
+    assert not broken, "\n".join(broken)
+
+
+def test_the_link_check_finds_a_missing_page_and_a_missing_anchor(tmp_path: Path):
+    (tmp_path / "a.html").write_text(
+        '<h2 id="here">x</h2><a href="#here">ok</a> <a href="b.html#there">b</a> '
+        '<a href="gone.html">gone</a> <a href="#nowhere">no</a> <a href="https://x.org/">ext</a>'
+    )
+    (tmp_path / "b.html").write_text('<p id="elsewhere">b</p> <a href="/a.html#here">root</a>')
+    assert broken_links(tmp_path) == [
+        "a.html links to 'b.html#there': no element has that id",
+        "a.html links to 'gone.html': no such file",
+        "a.html links to '#nowhere': no element has that id",
+    ]
 
 
 def test_a_broken_link_anchor_reference_or_docstring_fails_the_build(tmp_path: Path):

@@ -353,3 +353,14 @@ print(notebook_launcher(late_peer, num_processes=2, progress="widgets", hang_aft
     assert queued is not None
     after = kernel.collect(queued)
     assert after.stdout.strip() == "queued cell ran", after
+
+
+def test_cluster_ray_without_a_connection_speaks_of_the_kernel_and_imports_no_ray(kernel):
+    """The same check as in a script (tests/unit/test_ray_connection.py), in a notebook's words."""
+    out = kernel.run('notebook_launcher(lambda: 1, num_processes=2, cluster="ray")')
+    assert out.error is not None and out.error["ename"] == "RuntimeError", out
+    message = out.error["evalue"]
+    assert message.startswith("cluster='ray' found no Ray connection in this kernel (call it "
+                              "in a cell before the launch)"), message
+    assert "script" not in message
+    assert kernel.value("'ray' in sys.modules") is False

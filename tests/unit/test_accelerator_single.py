@@ -829,3 +829,20 @@ def test_a_directory_that_appears_during_a_save_is_kept(tmp_path, monkeypatch):
     acc.save_state(str(out))
     assert user_files(out) == {"notes.txt": "made meanwhile"}
     assert loaded_generation(out) == (1.0, 1)
+
+
+@pytest.mark.parametrize("value", ["fp8", "FP8", "half", 16])
+def test_the_launcher_and_the_accelerator_refuse_a_precision_with_one_message(value):
+    """The same words after the origin (how the user wrote it) from either place."""
+    from nbtrain import notebook_launcher
+
+    with pytest.raises((ValueError, TypeError)) as launcher:
+        notebook_launcher(print, num_processes=2, mixed_precision=value)
+    with pytest.raises((ValueError, TypeError)) as accelerator:
+        Accelerator(mixed_precision=value)
+    assert launcher.type is accelerator.type
+    in_launcher = str(launcher.value).removeprefix(f"mixed_precision={value!r}")
+    in_accelerator = str(accelerator.value).removeprefix(f"Accelerator(mixed_precision={value!r})")
+    assert in_launcher == in_accelerator, (str(launcher.value), str(accelerator.value))
+    if str(value).lower() == "fp8":
+        assert "fp8 is not supported by nbtrain; use 'bf16' or 'fp16'" in in_launcher

@@ -22,7 +22,17 @@ class DataLoaderConfiguration:
     """Accelerate's fields. ``dispatch_batches=True``: the main process loads every batch and
     sends each rank its share (for streams that must be read once); ``use_seedable_sampler``:
     each epoch's order is drawn from ``data_seed + epoch``. ``non_blocking`` and
-    ``use_stateful_dataloader`` need nothing: prepared loaders are always resumable."""
+    ``use_stateful_dataloader`` need nothing: prepared loaders are always resumable.
+
+    :param split_batches: split each batch across the ranks instead of each rank loading whole
+        batches.
+    :param even_batches: complete the last batches so that every rank gets as many (default True).
+    :param dispatch_batches: see above.
+    :param use_seedable_sampler: see above.
+    :param data_seed: the seed of the seedable sampler.
+    :param non_blocking: accepted (above).
+    :param use_stateful_dataloader: accepted (above).
+    """
 
     split_batches: bool = False
     dispatch_batches: bool | None = None

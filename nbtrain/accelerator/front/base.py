@@ -68,54 +68,72 @@ class AcceleratorBase:
 
     @property
     def device(self) -> torch.device:
+        """The device this rank computes on: ``cuda:<local rank>`` (or the GPU ``gpu_ids`` gave it),
+        an XLA device, else the CPU. ``prepare`` moves models and batches here."""
         return self._device
 
     @property
     def distributed_type(self) -> DistributedType:
+        """How the ranks train together: a ``DistributedType`` (``MULTI_CPU``, ``MULTI_GPU``,
+        ``XLA``, ``FSDP``, or ``NO`` for one process)."""
         return self._strategy.distributed_type
 
     @property
     def num_processes(self) -> int:
+        """How many ranks the launch runs (its world size)."""
         return self._collectives.world_size
 
     @property
     def process_index(self) -> int:
+        """This rank's number, 0 to ``num_processes - 1`` (its global rank)."""
         return self._collectives.rank
 
     @property
     def local_process_index(self) -> int:
+        """This rank's number on its own machine (its local rank)."""
         return self._placement.local_rank
 
     @property
     def is_main_process(self) -> bool:
+        """True on rank 0 only: where to save, print or log once for the whole launch."""
         return self.process_index == 0
 
     @property
     def is_local_main_process(self) -> bool:
+        """True on the first rank of each machine (local rank 0)."""
         return self.local_process_index == 0
 
     @property
     def is_last_process(self) -> bool:
+        """True on the rank numbered ``num_processes - 1``."""
         return self.process_index == self.num_processes - 1
 
     @property
     def use_distributed(self) -> bool:
+        """True when the launch has more than one rank."""
         return self.num_processes > 1
 
     @property
     def is_fsdp2(self) -> bool:
+        """True when this Accelerator shards models with FSDP2 (``fsdp_plugin`` given)."""
         return self.fsdp_plugin is not None
 
     @property
     def mixed_precision(self) -> str:
+        """The precision mode in use: ``'no'``, ``'fp16'`` or ``'bf16'``."""
         return self._precision.mode.value
 
     @property
     def scaler(self) -> torch.amp.GradScaler | None:
+        """The fp16 gradient scaler (``torch.amp.GradScaler``) with ``mixed_precision='fp16'``, else
+        None; ``backward`` and the prepared optimizer use it for you."""
         return self._precision.scaler
 
     @property
     def split_batches(self) -> bool:
+        """True: a prepared loader's batch is split across the ranks (each rank gets a slice); False
+        (default): each rank loads whole batches of its own. Set it before ``prepare`` for loaders
+        prepared afterwards."""
         return self._loader_options().split_batches
 
     @split_batches.setter
@@ -125,6 +143,9 @@ class AcceleratorBase:
 
     @property
     def even_batches(self) -> bool:
+        """True (default): every rank gets as many batches as the others, the last ones completed
+        with samples from the start; False: the last batches may differ. Set it before ``prepare``
+        for loaders prepared afterwards."""
         return self._loader_options().even_batches
 
     @even_batches.setter
@@ -134,10 +155,14 @@ class AcceleratorBase:
 
     @property
     def dispatch_batches(self) -> bool:
+        """True: rank 0 loads every batch and sends each rank its part
+        (``DataLoaderConfiguration(dispatch_batches=True)``); False: each rank loads its own."""
         return self._loader_options().dispatch_batches
 
     @property
     def use_seedable_sampler(self) -> bool:
+        """True: prepared loaders shuffle with a seedable sampler, the same order on every rank for
+        a given seed and epoch (``DataLoaderConfiguration(use_seedable_sampler=True)``)."""
         return self._loader_options().seedable
 
     def _loader_options(self) -> loaderconfig.LoaderOptions:
@@ -145,10 +170,14 @@ class AcceleratorBase:
 
     @property
     def project_dir(self) -> str | None:
+        """The project folder (``project_dir=`` or ``ProjectConfiguration``): where automatically
+        named checkpoints go; None if not set."""
         return self.project_configuration.project_dir
 
     @property
     def logging_dir(self) -> str | None:
+        """Where trackers write their files (``logging_dir=`` or ``ProjectConfiguration``), None if
+        not set."""
         return getattr(self.project_configuration, "logging_dir", None)
 
     @property
@@ -161,6 +190,9 @@ class AcceleratorBase:
 
     @property
     def sync_gradients(self) -> bool:
+        """True when the current step synchronises gradients (the last micro-step of an
+        accumulation, or every step without accumulation): the step where the optimizer really
+        steps."""
         return self.gradient_state.sync_gradients
 
     @sync_gradients.setter
@@ -169,6 +201,10 @@ class AcceleratorBase:
 
     @property
     def gradient_accumulation_steps(self) -> int:
+        """How many micro-steps each optimizer step accumulates (``gradient_accumulation_steps=``).
+
+        :raises ValueError: when set to a number below 1.
+        """
         return self.gradient_state.num_steps
 
     @gradient_accumulation_steps.setter
@@ -195,7 +231,14 @@ class AcceleratorBase:
     def unwrap_model(
         self, model: nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
     ) -> nn.Module:
-        """The user's own module (without DDP; without autocast if keep_fp32_wrapper=False)."""
+        """The user's own module (without DDP; without autocast if keep_fp32_wrapper=False).
+
+        :param model: a prepared model.
+        :param keep_fp32_wrapper: keep the forward that autocasts and returns float32 outputs
+            (default True).
+        :param keep_torch_compile: keep a ``torch.compile`` wrapper (default True); False: the
+            compiled module's original.
+        """
         inner = self._strategy.unwrap_model(model)
         if not keep_torch_compile:
             inner = getattr(inner, "_orig_mod", inner)

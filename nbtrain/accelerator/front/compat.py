@@ -86,7 +86,15 @@ class ProjectConfiguration:
     With ``automatic_checkpoint_naming``, ``save_state()`` writes
     ``<project_dir>/checkpoints/checkpoint_<iteration>`` (keeping the ``total_limit`` newest)
     and ``load_state()`` reads the newest. ``save_on_each_node`` is not used: the directory must
-    be on storage every rank shares."""
+    be on storage every rank shares.
+
+    :param project_dir: the project folder.
+    :param logging_dir: where trackers write (default: ``project_dir``).
+    :param automatic_checkpoint_naming: name checkpoints as above.
+    :param total_limit: how many automatic checkpoints to keep (None: all).
+    :param iteration: the number of the next automatic checkpoint.
+    :param save_on_each_node: accepted; not used (above).
+    """
 
     project_dir: str | None = None
     logging_dir: str | None = None

@@ -71,6 +71,32 @@ class Accelerator(PrepareMethods, StateMethods, ProcessMethods, TrainingStep):
       synchronised steps either way (Accelerate only bumps a counter torch uses for warnings);
     - prepared dataloaders resume by themselves after ``load_state`` (``skip_first_batches``
       still works and does not skip twice).
+
+    :param mixed_precision: ``'no'``, ``'fp16'`` or ``'bf16'`` (default: the launch's
+        ``mixed_precision``, else ``'no'``).
+    :param gradient_accumulation_steps: micro-steps per optimizer step (default 1).
+    :param cpu: train on the CPU even where a GPU is visible.
+    :param device_placement: ``prepare`` moves models and batches to ``device`` (default True).
+    :param split_batches: see the property of that name.
+    :param even_batches: see the property of that name.
+    :param gradient_accumulation_plugin: a ``GradientAccumulationPlugin`` (instead of
+        ``gradient_accumulation_steps``).
+    :param dataloader_config: a ``DataLoaderConfiguration``.
+    :param step_scheduler_with_optimizer: a prepared scheduler steps with its optimizer (default
+        True), as in Accelerate.
+    :param kwargs_handlers: ``DistributedDataParallelKwargs``, ``GradScalerKwargs``,
+        ``InitProcessGroupKwargs``, ``AutocastKwargs``.
+    :param project_dir: the project folder (automatic checkpoint names, trackers' files).
+    :param project_config: a ``ProjectConfiguration``.
+    :param log_with: tracker names (``"tensorboard"``, ``"mlflow"``, ``"wandb"``, ``"trackio"``,
+        ``"aim"``, ``"comet_ml"``, ``"all"``) or ``GeneralTracker`` instances.
+    :param fsdp_plugin: a ``FullyShardedDataParallelPlugin``: FSDP2 instead of DDP.
+    :param deepspeed_plugin: refused, as are ``deepspeed_plugins``, ``megatron_lm_plugin``,
+        ``torch_tp_plugin`` and ``parallelism_config`` (training without them would not be the run
+        asked for).
+    :raises ValueError: a bad value or a refused plugin (the message names it and the fix), e.g.
+        ``mixed_precision='fp8'``.
+    :raises TypeError: a value of the wrong type.
     """
 
     def __init__(
@@ -155,7 +181,12 @@ class Accelerator(PrepareMethods, StateMethods, ProcessMethods, TrainingStep):
     ) -> contextlib.AbstractContextManager[None]:
         """Train DDP models over ranks with different numbers of batches: ranks that finish
         early shadow DDP's collectives until all are done (torch's Join). ``even_batches``
-        overrides the prepared map-style loaders' setting inside the block (see join.py)."""
+        overrides the prepared map-style loaders' setting inside the block (see join.py).
+
+        :param joinables: the prepared DDP models (torch ``Joinable`` objects) that train inside the
+            block.
+        :param even_batches: see above (None: leave the loaders' setting).
+        """
         return join.join_uneven_inputs(
             joinables,
             # Accelerate's state view: a script may set its distributed_type (its tests do).
@@ -169,6 +200,14 @@ class Accelerator(PrepareMethods, StateMethods, ProcessMethods, TrainingStep):
     def progress(
         self, iterable: Iterable[Any], total: int | None = None, desc: str | None = None
     ) -> Any:
+        """``nbtrain.progress`` as a method: yield the items of ``iterable`` while this rank's bar
+        in the live view advances (a text bar on stderr outside a launch).
+
+        :param iterable: what the loop goes through, e.g. a prepared DataLoader.
+        :param total: its length, by default ``len(iterable)`` when it has one.
+        :param desc: the loop's name on the bar, e.g. ``"epoch 0"``.
+        :raises TypeError: ``desc`` is not a string or None.
+        """
         from nbtrain.rank.reporting import progress
 
         return progress(iterable, total=total, desc=desc)
@@ -176,7 +215,11 @@ class Accelerator(PrepareMethods, StateMethods, ProcessMethods, TrainingStep):
     def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: Any = None) -> None:
         """Metrics of this rank to the live view, and (main process) to the run's trackers at
         ``step``, by default the run's optimizer step. ``log_kwargs``: per tracker name, options
-        for its log call, e.g. ``{"wandb": {"commit": False}}``."""
+        for its log call, e.g. ``{"wandb": {"commit": False}}``.
+
+        :param values: metric names and numbers (one-element tensors too); text and nested values go
+            to the trackers only.
+        """
         from nbtrain.rank.reporting import log
 
         main = self.is_main_process
@@ -190,6 +233,8 @@ class Accelerator(PrepareMethods, StateMethods, ProcessMethods, TrainingStep):
 
     @property
     def trackers(self) -> list[Any]:
+        """The trackers of this run (``log_with``), after ``init_trackers``; empty on processes
+        other than the main one."""
         return self._tracking.trackers(self.is_main_process)
 
     def init_trackers(
@@ -197,7 +242,11 @@ class Accelerator(PrepareMethods, StateMethods, ProcessMethods, TrainingStep):
     ) -> None:
         """Start the run of every tracker of ``log_with`` on the main process (``config``: the
         run's hyperparameters; ``init_kwargs``: per tracker name, arguments for its library).
-        A launch with ``resume=True`` continues the run its checkpoint belongs to."""
+        A launch with ``resume=True`` continues the run its checkpoint belongs to.
+
+        :param project_name: the project (or experiment) the run belongs to, in each tracker's
+            terms.
+        """
         self._tracking.init(
             project_name, config, init_kwargs, main=self.is_main_process, stops=self._stops
         )

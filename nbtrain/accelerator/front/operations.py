@@ -39,36 +39,74 @@ def _collectives() -> Collectives:
 
 
 def gather(tensor: Any) -> Any:
-    """Every rank's tensors (nested too) concatenated along dim 0."""
+    """Every rank's tensors (nested too) concatenated along dim 0.
+
+    :param tensor: a tensor, or a list, tuple or dict of them, on every rank (the same shape but
+        for dim 0).
+    :raises DistributedOperationException: a rank calls it alone, or with tensors that do not match
+        the other ranks' (instead of a hang).
+    """
     return _collectives().gather(tensor)
 
 
 def gather_object(object: Any) -> Any:  # (Accelerate's parameter name)
-    """Every rank's object in one list (a rank's list or tuple contributes its items)."""
+    """Every rank's object in one list (a rank's list or tuple contributes its items).
+
+    ``object``: any picklable object (every rank must call it).
+
+    :raises DistributedOperationException: a rank calls it alone (instead of a hang).
+    """
     return _collectives().gather_object(object)
 
 
 def broadcast(tensor: Any, from_process: int = 0) -> Any:
-    """``from_process``'s tensors (nested too) on every rank, in place."""
+    """``from_process``'s tensors (nested too) on every rank, in place.
+
+    :param tensor: a tensor, or a nest of them, of the same shape on every rank.
+    :param from_process: the rank whose values every rank gets.
+    :raises DistributedOperationException: a rank calls it alone, or with tensors that do not match
+        the other ranks' (instead of a hang).
+    """
     return _collectives().broadcast(tensor, from_process)
 
 
 def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list[Any]:
-    """``from_process``'s list items on every rank, in place (the list is returned too)."""
+    """``from_process``'s list items on every rank, in place (the list is returned too).
+
+    :param object_list: a list of picklable objects, of the same length on every rank.
+    :param from_process: the rank whose items every rank gets.
+    :raises DistributedOperationException: a rank calls it alone, or with tensors that do not match
+        the other ranks' (instead of a hang).
+    """
     object_list[:] = _collectives().broadcast_object(list(object_list), from_process)
     return object_list
 
 
 def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
     """"mean" (Accelerate's default here; the Accelerator method's is "sum"), "sum", "max",
-    "min" or "none" over the ranks, times ``scale``."""
+    "min" or "none" over the ranks, times ``scale``.
+
+    :param tensor: a tensor, or a nest of them, of the same shape on every rank.
+    :param reduction: "mean", "sum", "max", "min" or "none".
+    :param scale: a factor applied after the reduction.
+    :raises DistributedOperationException: a rank calls it alone, or with tensors that do not match
+        the other ranks' (instead of a hang).
+    """
     return _collectives().reduce(tensor, reduction, scale)
 
 
 def pad_across_processes(
     tensor: Any, dim: int = 0, pad_index: Any = 0, pad_first: bool = False
 ) -> Any:
-    """Each tensor padded along ``dim`` to the largest size any rank has."""
+    """Each tensor padded along ``dim`` to the largest size any rank has.
+
+    :param tensor: a tensor, or a nest of them.
+    :param dim: the dimension to pad.
+    :param pad_index: the value padded with.
+    :param pad_first: pad at the start instead of the end.
+    :raises DistributedOperationException: a rank calls it alone, or with tensors that do not match
+        the other ranks' (instead of a hang).
+    """
     return _collectives().pad_across_processes(tensor, dim, pad_index, pad_first)
 
 
@@ -84,7 +122,14 @@ def send_to_device(
     skip_keys: list[str] | str | None = None,
 ) -> Any:
     """The tensors in ``tensor`` (nested containers too) moved to ``device``; values under the
-    keys ``skip_keys`` of a mapping, at any depth, are left where they are (as in Accelerate)."""
+    keys ``skip_keys`` of a mapping, at any depth, are left where they are (as in Accelerate).
+
+    :param tensor: a tensor or nested lists, tuples, dicts of tensors (other values are returned as
+        they are).
+    :param device: a ``torch.device``, a name (``"cuda:0"``) or a GPU number.
+    :param non_blocking: an asynchronous copy where the device allows it.
+    :param skip_keys: keys whose values stay where they are.
+    """
     import torch
 
     target = device if isinstance(device, torch.device) else torch.device(device)

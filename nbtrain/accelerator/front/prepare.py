@@ -20,7 +20,14 @@ from nbtrain.accelerator.training.parallel import DistributedType
 class PrepareMethods(AcceleratorBase):
     def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
         """Prepare models, optimizers, dataloaders and LR schedulers, in any order; they come
-        back in the same order (a single object when one is given)."""
+        back in the same order (a single object when one is given).
+
+        :param args: the objects to prepare.
+        :param device_placement: one bool per object: whether to move it to ``device`` (default: the
+            Accelerator's ``device_placement``).
+        :raises ValueError: ``device_placement`` does not have one bool per object.
+        :raises TypeError: an object of a kind ``prepare`` does not know.
+        """
         if device_placement is None:
             device_placement = [self.device_placement] * len(args)
         elif len(device_placement) != len(args):
@@ -55,7 +62,13 @@ class PrepareMethods(AcceleratorBase):
         self, model: nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
     ) -> nn.Module:
         """Place the model, run its forward under mixed precision and (unless
-        ``evaluation_mode``, for a model that is only evaluated) wrap it in DDP."""
+        ``evaluation_mode``, for a model that is only evaluated) wrap it in DDP.
+
+        :param model: a ``torch.nn.Module``.
+        :param device_placement: move it to ``device`` (default: the Accelerator's
+            ``device_placement``).
+        :param evaluation_mode: place it without wrapping it in DDP.
+        """
         for prepared in self._models:  # preparing again (the wrapper or the raw module)
             if model is prepared or model is self._strategy.unwrap_model(prepared):
                 return prepared
@@ -71,6 +84,13 @@ class PrepareMethods(AcceleratorBase):
     def prepare_optimizer(
         self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
     ) -> PreparedOptimizer:
+        """Prepare one optimizer (``prepare`` does it for each optimizer it gets): its state on the
+        model's device, its steps skipped on accumulation micro-steps and scaled in fp16.
+
+        :param optimizer: a ``torch.optim.Optimizer`` (one already prepared is returned as is).
+        :param device_placement: move its state to the device (default: the Accelerator's
+            ``device_placement``).
+        """
         if isinstance(optimizer, PreparedOptimizer):
             return optimizer
         placement = self.device_placement if device_placement is None else device_placement
@@ -85,6 +105,12 @@ class PrepareMethods(AcceleratorBase):
         return prepared
 
     def prepare_scheduler(self, scheduler: Any) -> PreparedScheduler:
+        """Prepare one learning-rate scheduler (``prepare`` does it): it steps when its optimizer
+        really steps, once per rank's share of the batches as Accelerate does.
+
+        :param scheduler: a ``torch.optim.lr_scheduler`` scheduler, for an optimizer prepared before
+            it (one already prepared is returned as is).
+        """
         if isinstance(scheduler, PreparedScheduler):
             return scheduler
         target = getattr(scheduler, "optimizer", None)
@@ -108,7 +134,12 @@ class PrepareMethods(AcceleratorBase):
     ) -> data.PreparedDataLoader:
         """With ``dispatch_batches`` the main process loads and sends each rank its rows
         (dispatch.py); ``slice_fn_for_dispatch`` is accepted and not used: the rows a rank gets
-        follow the same sharding as without dispatching."""
+        follow the same sharding as without dispatching.
+
+        :param loader: a ``torch.utils.data.DataLoader``.
+        :param device_placement: move its batches to ``device`` (default: the Accelerator's
+            ``device_placement``).
+        """
         if isinstance(loader, data.PreparedDataLoader):
             return loader
         placement = self.device_placement if device_placement is None else device_placement

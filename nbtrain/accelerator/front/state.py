@@ -61,7 +61,15 @@ class StateMethods(AcceleratorBase):
         On XLA saving marks steps (its barriers sync), and every mark moves the device's random
         seed on: a run that saves and continues draws other device random numbers afterwards
         than one that never saved; a run resumed from the checkpoint matches the one that never
-        saved."""
+        saved.
+
+        :param output_dir: the checkpoint folder (see above).
+        :param safe_serialization: write the models' weights as safetensors (default) instead of
+            torch pickles.
+        :returns: the checkpoint's folder.
+        :raises ValueError: no ``output_dir`` and no automatic naming
+            (``ProjectConfiguration(automatic_checkpoint_naming=True)``).
+        """
         automatic = output_dir is None
         target = self._automatic_checkpoint() if output_dir is None else output_dir
         path = checkpoint.save_state(
@@ -160,7 +168,12 @@ class StateMethods(AcceleratorBase):
         """Write the model's weights (model.safetensors, or pytorch_model.bin without
         safetensors) from the main process; not a collective. ``max_shard_size`` is accepted for
         compatibility: nbtrain writes a single file. Under FSDP every rank must call it (the
-        shards are gathered), as in Accelerate."""
+        shards are gathered), as in Accelerate.
+
+        :param model: a prepared (or plain) model.
+        :param save_directory: the folder to write into (created if needed).
+        :param safe_serialization: safetensors (default) or torch's pickle format.
+        """
         if fsdp_setup.sharded(self._strategy, model):
             state = self.get_state_dict(model)
             if self.is_main_process:
@@ -172,7 +185,12 @@ class StateMethods(AcceleratorBase):
             )
 
     def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
-        """torch.save (or safetensors) from the main process only; not a collective."""
+        """torch.save (or safetensors) from the main process only; not a collective.
+
+        :param obj: what to save (with ``safe_serialization``: a dict of tensors).
+        :param f: a path or a writable binary file.
+        :param safe_serialization: write safetensors instead of a torch pickle.
+        """
         if not self.is_main_process:
             return
         if safe_serialization:
@@ -184,7 +202,12 @@ class StateMethods(AcceleratorBase):
 
     def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, Any]:
         """The model's weights. Under FSDP: the whole model gathered to CPU on the main process
-        ({} on the others); every rank must call it then."""
+        ({} on the others); every rank must call it then.
+
+        :param model: a prepared model.
+        :param unwrap: the user's module's keys (True, default) rather than the DDP wrapper's
+            (``module.`` prefixed).
+        """
         if fsdp_setup.sharded(self._strategy, model):
             return self._strategy.full_state_dict(model)
         return (self.unwrap_model(model) if unwrap else model).state_dict()

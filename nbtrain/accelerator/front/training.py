@@ -45,23 +45,40 @@ class TrainingStep(AcceleratorBase):
 
     @contextlib.contextmanager
     def no_sync(self, model: nn.Module) -> Iterator[None]:
-        """Skip the gradient all-reduce for forward/backward passes inside the block."""
+        """Skip the gradient all-reduce for forward/backward passes inside the block.
+
+        :param model: a prepared model.
+        """
         with self._strategy.no_sync(model):
             yield
 
     @contextlib.contextmanager
     def trigger_sync_in_backward(self, model: nn.Module) -> Iterator[None]:
         """Make the next backward inside the block all-reduce the gradients, although the
-        forward ran under ``no_sync`` (several forwards, one synchronising backward)."""
+        forward ran under ``no_sync`` (several forwards, one synchronising backward).
+
+        :param model: a prepared model.
+        """
         trigger = getattr(self._strategy, "trigger_sync", None)
         with trigger(model) if trigger is not None else contextlib.nullcontext():
             yield
 
     def autocast(self, autocast_handler: Any = None) -> contextlib.AbstractContextManager[Any]:
+        """Context manager: the block runs under autocast to this Accelerator's mixed precision (a
+        no-op with ``mixed_precision='no'``). Prepared models do it for their forward already; use
+        it for computations outside them.
+
+        :param autocast_handler: an ``AutocastKwargs`` with autocast's options (e.g.
+            ``cache_enabled``).
+        """
         return self._precision.autocast(autocast_handler)
 
     def unscale_gradients(self, optimizer: Any = None) -> None:
-        """Undo the fp16 loss scale on the gradients (once per step; clipping does it for you)."""
+        """Undo the fp16 loss scale on the gradients (once per step; clipping does it for you).
+
+        :param optimizer: a prepared optimizer, or a list of them (default: every prepared
+            optimizer).
+        """
         chosen: list[Any] | tuple[Any, ...]
         if optimizer is None:
             chosen = self._optimizers
@@ -83,7 +100,13 @@ class TrainingStep(AcceleratorBase):
         them, or unscaling them for fp16, would be wrong) and their current norm is returned.
         Intentional difference: Accelerate 1.15 clips on every call (the partial gradients; and
         under fp16 its second unscale raises), so its docs wrap the call in
-        ``if accelerator.sync_gradients:``, which gives the same result here."""
+        ``if accelerator.sync_gradients:``, which gives the same result here.
+
+        :param parameters: the model's parameters (``model.parameters()``), or one tensor.
+        :param max_norm: the largest total norm allowed.
+        :param norm_type: the norm's order (2: Euclidean; ``inf``: the largest value).
+        :returns: the total norm of the gradients before clipping.
+        """
         params = _parameter_list(parameters)
         if not self.sync_gradients:
             return self._gradient_norm(params, norm_type)
@@ -98,7 +121,11 @@ class TrainingStep(AcceleratorBase):
         self, parameters: Iterable[torch.Tensor] | torch.Tensor, clip_value: float
     ) -> None:
         """Clamp gradients to [-clip_value, clip_value], when gradients are synchronised (not
-        on non-final accumulation micro-steps, unlike Accelerate 1.15: see clip_grad_norm_)."""
+        on non-final accumulation micro-steps, unlike Accelerate 1.15: see clip_grad_norm_).
+
+        :param parameters: the model's parameters (``model.parameters()``), or one tensor.
+        :param clip_value: the largest absolute value allowed.
+        """
         if not self.sync_gradients:
             return
         self.unscale_gradients()

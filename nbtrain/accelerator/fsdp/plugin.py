@@ -66,6 +66,16 @@ class FullyShardedDataParallelPlugin:
     may build their model on the meta device), ``activation_checkpointing`` (the wrapped layers
     recompute activations in backward), ``mixed_precision_policy`` (FSDP2's
     ``MixedPrecisionPolicy``, a dict of its fields, or "bf16"/"fp16"/"fp32").
+
+    Accelerate's FSDP1 options that FSDP2 has no knob for (``backward_prefetch``, ``cpu_offload``,
+    ``ignored_modules``, ``state_dict_config``, ``optim_state_dict_config``, ``limit_all_gathers``,
+    ``use_orig_params``, ``param_init_fn``, ``sync_module_states``, ``forward_prefetch``,
+    ``activation_checkpointing_offload``) are accepted at the values that describe what FSDP2 does
+    anyway.
+
+    :raises ValueError: an option at a value FSDP2 cannot honour (the message says what to use), or
+        an unknown choice.
+    :raises TypeError: a value of the wrong type.
     """
 
     fsdp_version: int | None = None

@@ -59,7 +59,10 @@ def on_main_process(function: Method) -> Method:
     """Accelerate's decorator for a tracker's methods (``__init__`` too): the method runs only
     on the main process when the tracker's ``main_process_only`` is true, and does nothing (returns
     None) on the others. Checked at each call, as in Accelerate: a tracker built outside a launch
-    is on the main process."""
+    is on the main process.
+
+    :param function: a tracker's method.
+    """
 
     @functools.wraps(function)
     def on_main_only(self: Any, *args: Any, **kwargs: Any) -> Any:

@@ -71,7 +71,11 @@ def scalars(values: dict[str, Any]) -> dict[str, float | int]:
 class TensorBoardTracker(LibraryTracker):
     """torch's ``SummaryWriter`` into ``<logging_dir>/<project_name>``. A resumed run writes into
     the same directory with ``purge_step`` at its first new step, so TensorBoard drops anything
-    an earlier launch logged past the checkpoint (e.g. after a crash): no step twice."""
+    an earlier launch logged past the checkpoint (e.g. after a crash): no step twice.
+
+    :param run_name: the project name (a subfolder of ``logging_dir``).
+    :param logging_dir: where the event files go.
+    """
 
     name = "tensorboard"
     requires_logging_directory = True
@@ -126,7 +130,11 @@ _WANDB_EXIT_CODE = {"finished": 0, "killed": 255, "failed": 1}
 class MLflowTracker(LibraryTracker):
     """An MLflow run in the experiment named after the project (``MLFLOW_EXPERIMENT_NAME``
     overrides it), on MLflow's tracking URI (``MLFLOW_TRACKING_URI``; MLflow's default is
-    ``sqlite:///mlflow.db`` in the working directory)."""
+    ``sqlite:///mlflow.db`` in the working directory).
+
+    :param run_name: the experiment's name.
+    :param logging_dir: accepted as in Accelerate; MLflow's tracking URI decides where runs go.
+    """
 
     name = "mlflow"
     module = "mlflow"
@@ -180,7 +188,10 @@ class MLflowTracker(LibraryTracker):
 class WandBTracker(LibraryTracker):
     """``wandb.init(project=project_name)`` (offline with ``WANDB_MODE=offline`` or
     ``init_kwargs={"wandb": {"mode": "offline"}}``); its files go to ``logging_dir`` when one is
-    set. A resumed launch reopens the same run id (``resume="allow"``)."""
+    set. A resumed launch reopens the same run id (``resume="allow"``).
+
+    :param run_name: the W&B project.
+    """
 
     name = "wandb"
     module = "wandb"
@@ -225,7 +236,11 @@ class WandBTracker(LibraryTracker):
 
 class TrackioTracker(LibraryTracker):
     """``trackio.init(project=project_name)``, local (``TRACKIO_DIR``) unless a Space or server
-    is named. ``embed`` defaults to False: a rank starts no dashboard server of its own."""
+    is named. ``embed`` defaults to False: a rank starts no dashboard server of its own.
+
+    :param run_name: the trackio project.
+    :param logging_dir: accepted as in Accelerate; ``TRACKIO_DIR`` decides where runs go.
+    """
 
     name = "trackio"
     module = "trackio"
@@ -266,7 +281,11 @@ class TrackioTracker(LibraryTracker):
 
 
 class AimTracker(LibraryTracker):
-    """An ``aim.Run`` in the Aim repository at ``logging_dir``, experiment ``project_name``."""
+    """An ``aim.Run`` in the Aim repository at ``logging_dir``, experiment ``project_name``.
+
+    :param run_name: the Aim experiment.
+    :param logging_dir: the Aim repository's folder.
+    """
 
     name = "aim"
     requires_logging_directory = True
@@ -305,7 +324,11 @@ class AimTracker(LibraryTracker):
 
 class CometMLTracker(LibraryTracker):
     """``comet_ml.start(project_name=project_name)`` (offline with ``online=False`` or
-    ``COMET_START_ONLINE=false``); a resumed launch passes the same experiment key."""
+    ``COMET_START_ONLINE=false``); a resumed launch passes the same experiment key.
+
+    :param run_name: the Comet project.
+    :param logging_dir: accepted as in Accelerate; Comet's own settings decide where runs go.
+    """
 
     name = "comet_ml"
     module = "comet_ml"

@@ -22,7 +22,15 @@ class GradientAccumulationPlugin:
 
     ``adjust_scheduler`` has no effect (intentional): prepared schedulers step only on
     synchronised steps either way; in Accelerate 1.15 it only advances a counter torch's
-    schedulers use for warnings, not the learning rate."""
+    schedulers use for warnings, not the learning rate.
+
+    :param num_steps: micro-steps per optimizer step.
+    :param adjust_scheduler: accepted; no effect (above).
+    :param sync_with_dataloader: the last batch of a prepared loader always synchronises, even
+        mid-accumulation (default True).
+    :param sync_each_batch: synchronise gradients on every micro-step (less memory, more
+        communication).
+    """
 
     num_steps: int = 1
     adjust_scheduler: bool = True

@@ -14,10 +14,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from nbtrain.shared.options import MixedPrecision
+from nbtrain.shared.options import MixedPrecision, parse_mixed_precision
 
 _DTYPES = {MixedPrecision.FP16: torch.float16, MixedPrecision.BF16: torch.bfloat16}
-_CHOICES = "'no', 'fp16' or 'bf16'"
 
 
 def resolve(requested: object, default: str | None, default_source: str) -> MixedPrecision:
@@ -30,17 +29,7 @@ def resolve(requested: object, default: str | None, default_source: str) -> Mixe
 
 
 def _parse(value: object, origin: str) -> MixedPrecision:
-    if isinstance(value, MixedPrecision):
-        return value
-    if not isinstance(value, str):
-        raise TypeError(f"{origin}: mixed precision must be a string, one of {_CHOICES}.")
-    text = value.strip().lower()
-    if text == "fp8":
-        raise ValueError(f"{origin}: fp8 is not supported by nbtrain; use 'bf16' or 'fp16'.")
-    try:
-        return MixedPrecision(text)
-    except ValueError:
-        raise ValueError(f"{origin} is not a valid choice: use {_CHOICES}.") from None
+    return parse_mixed_precision(value, origin)  # the launcher's parser: the same messages
 
 
 class Precision:

@@ -18,7 +18,13 @@ from typing import Any
 from nbtrain.kernel.host import cuda_origin, environment
 from nbtrain.kernel.options.names import hint, setting
 from nbtrain.shared import tpu
-from nbtrain.shared.options import MixedPrecision, OutputMode, ProgressMode, StartMethod
+from nbtrain.shared.options import (
+    MixedPrecision,
+    OutputMode,
+    ProgressMode,
+    StartMethod,
+    parse_mixed_precision,
+)
 from nbtrain.shared.stopping import StopPolicy
 
 
@@ -313,8 +319,8 @@ def build_config(
     precision = (
         None
         if mixed_precision is None
-        else choice("mixed_precision", mixed_precision, MixedPrecision)
-    )
+        else parse_mixed_precision(mixed_precision, setting("mixed_precision", mixed_precision))
+    )  # the Accelerator's parser: the same message for 'fp8' from either
     if not isinstance(return_all, bool):
         raise TypeError(f"return_all={return_all!r} must be True or False.")
     nodes, rank_of_node, endpoint = _check_nodes(num_nodes, node_rank, rdzv_endpoint)

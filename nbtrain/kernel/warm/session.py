@@ -58,6 +58,7 @@ class Ranks:
 
     @property
     def cluster(self) -> RayCluster | None:
+        """The ``RayCluster`` the ranks are placed on, or None for ranks on this machine."""
         return self._worlds.cluster
 
     # -- the public API ----------------------------------------------------------------------
@@ -139,7 +140,15 @@ class Ranks:
     ) -> dict[int, dict[str, Any]]:
         """Run ``code`` on ``ranks`` (default: all) in each rank's namespace (what ``%%ranks``
         does). Returns each rank's display bundle of the last expression's value (ranks whose
-        cell ended without a value are left out)."""
+        cell ended without a value are left out).
+
+        :param code: Python source.
+        :param ranks: rank numbers (default: every rank).
+        :param filename: the name tracebacks give the code (``%%ranks`` gives ``Cell In[n]``).
+        :param timeout: seconds the cell may take (default: the session's ``timeout``).
+        :raises SessionError: no session running, or a rank number it does not have.
+        :raises WorkerError: the cell failed on a rank (the ranks stay warm).
+        """
         __tracebackhide__ = True
         selected = sorted(self.ranks if ranks is None else ranks)
         self._cells += 1
@@ -201,6 +210,7 @@ class Ranks:
 
     @property
     def running(self) -> bool:
+        """True while the ranks are up (False after ``stop()`` or when they were lost)."""
         return self._worlds.world is not None
 
     def __enter__(self) -> Ranks:
@@ -286,7 +296,30 @@ def start_ranks(
     first; otherwise that is an error saying so. The stop and resume options are
     notebook_launcher's, for every command (default project_dir: ``nbtrain-runs/session``).
     ``cluster="ray"`` (or ``nbtrain.RayCluster(...)``): the ranks are placed on the Ray cluster
-    this kernel is connected to, as notebook_launcher's (notebooks/guides/cluster.md)."""
+    this kernel is connected to, as notebook_launcher's (notebooks/guides/cluster.md).
+
+    :param num_processes: how many warm ranks (None: one per visible GPU).
+    :param start_method: ``"auto"``, ``"forkserver"``, ``"spawn"`` or ``"fork"``.
+    :param mixed_precision: the default precision of the ranks' Accelerators, as
+        notebook_launcher's.
+    :param gpu_ids: which GPUs the ranks use, as notebook_launcher's.
+    :param timeout: see above.
+    :param hang_after: see above.
+    :param output: ``"all"``, ``"main"`` or ``"none"``: whose prints reach the cell.
+    :param progress: ``"auto"``, ``"widgets"``, ``"text"`` or ``"off"``: the live view of each
+        command.
+    :param return_all: True: ``ranks.run(function)`` returns every rank's value, not only rank 0's.
+    :param replace: see above.
+    :param on_interrupt: ``"stop"`` or ``"checkpoint"``, as notebook_launcher's.
+    :param checkpoint_every: periodic checkpoints, as notebook_launcher's.
+    :param resume: as notebook_launcher's; as are ``resume_from``, ``project_dir`` and
+        ``total_limit``.
+    :param cluster: see above.
+    :returns: the ``Ranks`` handle; ``%%ranks`` cells run on these ranks from now on.
+    :raises ValueError: a bad option value, named with the fix, before any rank starts.
+    :raises TypeError: an option of the wrong type (named the same way).
+    :raises SessionError: warm ranks already run and ``replace`` is False.
+    """
     global _current
     # A start that takes seconds says what it waits for (Worlds._say), then how long it took.
     began = time.monotonic()

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from nbtrain.kernel.launch.cluster.spec import RayCluster, as_cluster, check_connected, check_room
-from nbtrain.kernel.launch.cluster.spec import import_ray as _import_ray
+from nbtrain.kernel.launch.cluster.spec import RayCluster, as_cluster, check_room, connected_ray
 from nbtrain.kernel.options.config import LaunchConfig
 
 if TYPE_CHECKING:
@@ -68,8 +67,7 @@ def resolve(cluster: object, config: LaunchConfig, requested: Requested) -> RayC
                 f"(leave {name} out; see notebooks/guides/cluster.md for what works on a "
                 "cluster so far)."
             )
-    ray = _import_ray()
-    check_connected(ray)
+    ray = connected_ray()  # before Ray's import, where there can be no connection
     check_room(chosen, config.num_processes, ray.cluster_resources())
     return chosen
 

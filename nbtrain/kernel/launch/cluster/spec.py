@@ -6,9 +6,16 @@ checks it against the launch and against the Ray cluster the kernel is connected
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+from nbtrain.kernel import environment
+from nbtrain.shared.frontend import Frontend, frontend
 
 PLACEMENTS = {"pack": "PACK", "spread": "SPREAD"}
 PLACEMENT_WAIT = 10.0  # seconds a launch waits for the cluster to have room for its ranks
@@ -72,25 +79,55 @@ def as_cluster(cluster: object) -> RayCluster:
     )
 
 
-def import_ray() -> ModuleType:
-    try:
-        import ray
-    except ImportError:
-        raise ImportError(
-            "cluster='ray' needs Ray in this kernel: pip install nbtrain[ray] (then "
-            "ray.init(address=...) to connect to your cluster)."
-        ) from None
+def connected_ray() -> ModuleType:
+    """Ray, connected (``ray.init`` called in this process), or an error saying how to connect.
+
+    Decided without importing Ray where it cannot be connected: ``ray.init`` imports it, so
+    with no ``ray`` module loaded there is no connection, and the error comes in milliseconds
+    instead of after Ray's import (4-11 s on a loaded machine)."""
+    ray = sys.modules.get("ray")
+    if ray is None:
+        if importlib.util.find_spec("ray") is None:  # None too when sys.modules["ray"] is None
+            raise ImportError(
+                f"cluster='ray' needs Ray in {_here()}: pip install 'nbtrain[ray]' (from a "
+                "clone of nbtrain: pip install -e '.[ray]'), then connect with ray.init(...)."
+            )
+        raise _not_connected()
+    if not ray.is_initialized():
+        raise _not_connected()
     return ray
 
 
-def check_connected(ray: ModuleType) -> None:
-    if not ray.is_initialized():
-        raise RuntimeError(
-            "cluster='ray' found no Ray connection in this kernel: connect first with "
-            "ray.init(address='auto') on a machine of the cluster, or "
-            "ray.init('ray://<head>:10001') from outside it (start a cluster with "
-            "`ray start --head`; see the guide notebooks/guides/cluster.md)."
-        )
+def _not_connected() -> RuntimeError:
+    return RuntimeError(
+        f"cluster='ray' found no Ray connection in {_here()}: connect first with "
+        "ray.init(address='auto') on a machine of the cluster, or "
+        f"ray.init('ray://<head>:10001') from outside it{_address_hint()} (start a cluster "
+        "with `ray start --head`; see the guide notebooks/guides/cluster.md)."
+    )
+
+
+def _here() -> str:
+    """Where the user is, in words that fit it: a notebook's kernel, IPython, or a script."""
+    where = frontend()
+    if where is Frontend.JUPYTER:
+        return "this kernel (call it in a cell before the launch)"
+    if where is Frontend.IPYTHON:
+        return "this IPython session"
+    return "this Python process (call it in your script before the launch)"
+
+
+def _address_hint() -> str:
+    """A cluster this machine knows of, read cheaply (no Ray import): RAY_ADDRESS, or the
+    address file ``ray start`` writes (ray_current_cluster in Ray's temp folder)."""
+    address = environment.variables().get("RAY_ADDRESS", "").strip()
+    if address:
+        return f"; RAY_ADDRESS is set ({address!r}): ray.init() connects to it"
+    try:
+        found = (Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster").read_text().strip()
+    except OSError:
+        return ""
+    return f"; a cluster started on this machine is at {found!r}: ray.init() connects to it"
 
 
 def check_room(cluster: RayCluster, ranks: int, total: dict[str, Any]) -> None:
