@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from multiprocessing.connection import Connection
 
-from nbtrain.rank import inherited, notebook, process, rankenv, teardown
+from nbtrain.rank import accelerate_state, inherited, notebook, process, rankenv, teardown
 from nbtrain.shared.specs import HostSpec, RankSpec
 
 
@@ -18,6 +18,7 @@ def set_up(spec: RankSpec | HostSpec, stdout: Connection, stderr: Connection) ->
         process.fork_children_on_linux()
     rankenv.adopt_environment(spec.kernel_env, spec.env)
     inherited.forget_accelerate_states()  # a fork's copy of the kernel's (see inherited.py)
+    accelerate_state.install()  # Accelerate's bare PartialState() sees the launch's world
     if isinstance(spec, RankSpec):
         process.set_threads(spec.torch_threads)
     notebook.install()  # no message from this fork over the kernel's sockets, ever

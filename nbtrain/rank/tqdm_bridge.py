@@ -6,13 +6,22 @@ draw: ``tqdm.notebook`` builds widgets whose comm messages a forked rank would s
 kernel's own sockets, and the others write carriage-return text. So, in a rank only, a bar of any
 of those classes is made as a ``RankTqdm`` instead: tqdm's own counting, rate and ``set_*``
 methods, with its display going to nbtrain's progress reporting (``open_bar``: step, total,
-description; nested bars show as outer loops). A user's own subclass of tqdm is left alone.
+description; nested bars show as outer loops).
+
+Libraries make their bars as subclasses of a front end (``huggingface_hub``'s and ``datasets``'
+``tqdm`` subclass ``tqdm.auto.tqdm``, which in a forked rank is the kernel's notebook bar: left
+alone, each built a widget that cannot work from a rank and left a dead "0%" line in the cell).
+Such a subclass, from outside tqdm (a library's or the user's), keeps its own methods and takes
+the rank's bar as its base in place of the front end: its ``__bases__`` are changed in this rank's
+copy of the class, so ``isinstance``, ``super()`` and its own ``__init__`` work as they did.
+tqdm's own other bars (``tqdm.gui``, ``tqdm.contrib``'s) are left alone.
 
 Installed by the rank at start (``install``); outside a launch tqdm behaves as usual.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import io
 import numbers
@@ -47,18 +56,55 @@ def _patch(std: ModuleType) -> None:
     if getattr(std.tqdm, "_nbtrain_original_new", None) is not None:
         return  # already installed (a forked child of a rank)
     original_new = std.tqdm.__new__
-    rank_class = _rank_class(std.tqdm)
+    ranked = _RankClasses(_rank_class(std.tqdm))
 
     def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:
-        if cls.__module__ not in FRONTENDS or issubclass(cls, rank_class):
+        if issubclass(cls, ranked.plain):  # a rank bar, or a subclass rebased onto one
             return original_new(cls, *args, **kwargs)
-        bar = original_new(rank_class)
+        if cls.__module__ not in FRONTENDS:
+            ranked.rebase(cls)  # a library's (or the user's) subclass of a front end
+            return original_new(cls, *args, **kwargs)
+        bar = original_new(ranked.instead_of(cls))
         if not isinstance(bar, cls):  # Python calls __init__ only for instances of cls
             bar.__init__(*args, **kwargs)
         return bar
 
     std.tqdm._nbtrain_original_new = original_new
     std.tqdm.__new__ = staticmethod(__new__)
+
+
+class _RankClasses:
+    """The rank's bar classes: ``plain``, and (made when first needed) one that keeps
+    ``tqdm.asyncio``'s ``async for``, for front ends that have it (``tqdm.auto.tqdm`` does)."""
+
+    def __init__(self, plain: type) -> None:
+        self.plain = plain
+        self._asynchronous: type | None = None
+
+    def instead_of(self, front_end: type) -> type:
+        asyncio = sys.modules.get("tqdm.asyncio")
+        if asyncio is None or not issubclass(front_end, asyncio.tqdm_asyncio):
+            return self.plain
+        if self._asynchronous is None:
+            self._asynchronous = type("RankTqdm", (self.plain, asyncio.tqdm_asyncio), {})
+            self._asynchronous.__module__ = __name__
+        return self._asynchronous
+
+    def rebase(self, cls: type) -> None:
+        """Each class in ``cls``'s ancestry made outside tqdm whose base is a front end takes
+        the rank's bar as its base instead (not possible: left as it is, as tqdm draws it)."""
+        for klass in cls.__mro__:
+            if klass.__module__.partition(".")[0] == "tqdm" or klass is object:
+                continue
+            bases = [self.instead_of(base) if base.__module__ in FRONTENDS else base
+                     for base in klass.__bases__]
+            if bases == list(klass.__bases__):
+                continue
+            # (a base another one derives from goes: the order would be inconsistent)
+            kept = [base for base in dict.fromkeys(bases)
+                    if not any(other is not base and issubclass(other, base) for other in bases)]
+            with contextlib.suppress(TypeError):  # a layout Python cannot swap
+                klass.__bases__ = tuple(kept)
 
 
 def _rank_class(base: type) -> type:

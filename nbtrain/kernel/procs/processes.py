@@ -24,9 +24,11 @@ import torch.multiprocessing as torch_mp
 
 from nbtrain.kernel.host import environment
 from nbtrain.kernel.procs import fork_gc, forkserver, shm, signal_hold, warmup
+from nbtrain.shared.frontend import Frontend, frontend
 from nbtrain.shared.options import StartMethod
 
 _SIGKILL = getattr(signal, "SIGKILL", signal.SIGTERM)
+
 
 @dataclass
 class RankPipes:
@@ -169,7 +171,18 @@ def starting_phase(method: StartMethod, count: int) -> str:
     if method is StartMethod.FORKSERVER:
         return "" if forkserver.warm() else "starting Python, importing torch (forkserver)"
     cold = any(name not in sys.modules for name in fork_imports(count))
-    return "importing torch in the kernel (first launch only)" if cold else ""
+    return f"importing torch {_forking_process()}" if cold else ""
+
+
+def _forking_process() -> str:
+    """Where a fork launch imports torch, in the words of where the user is: a script that
+    calls notebook_launcher has no kernel, and its one launch is no "first" one."""
+    kind = frontend()
+    if kind is Frontend.JUPYTER:
+        return "in the kernel (first launch only)"
+    if kind is Frontend.IPYTHON:
+        return "in IPython (first launch only)"
+    return "before forking the ranks"
 
 
 def fork_imports(count: int) -> list[str]:

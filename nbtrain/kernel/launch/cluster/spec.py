@@ -14,7 +14,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from nbtrain.kernel import environment
+from nbtrain.kernel.host import environment
 from nbtrain.shared.frontend import Frontend, frontend
 
 PLACEMENTS = {"pack": "PACK", "spread": "SPREAD"}
