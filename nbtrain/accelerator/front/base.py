@@ -37,11 +37,17 @@ class AcceleratorBase:
 
     # Set by Accelerator.__init__ (core.py); declared here for the methods of every part.
     gradient_state: GradientState
+    """Where gradient accumulation stands (``sync_gradients``, ``num_steps``, ...)."""
     dataloader_config: Any
+    """The ``DataLoaderConfiguration`` prepared loaders follow."""
     project_configuration: Any
+    """The ``ProjectConfiguration``: project and logging folders, automatic checkpoint naming."""
     device_placement: bool
+    """Whether ``prepare`` moves objects to ``device`` unless told otherwise."""
     step_scheduler_with_optimizer: bool
+    """Whether prepared schedulers step with their optimizer (Accelerate's default: True)."""
     fsdp_plugin: Any
+    """The ``FullyShardedDataParallelPlugin`` when models are sharded with FSDP2, else None."""
     _split_arg: bool
     _even_arg: bool
     _placement: rankenv.Placement
