@@ -10,6 +10,7 @@ elastic agent (elastic/) or a Ray cluster (cluster/). The kind runs it; each fee
 from __future__ import annotations
 
 import datetime
+import inspect
 import os
 from collections.abc import Callable
 from typing import Any
@@ -20,7 +21,6 @@ from nbtrain.kernel.launch.cluster.spec import RayCluster
 from nbtrain.kernel.options.config import OutputMode, ProgressMode, check_function
 from nbtrain.kernel.options.interface import UserCall
 from nbtrain.kernel.options.requested import Requested
-from nbtrain.kernel.options.stopping import StopOptions
 
 
 def notebook_launcher(
@@ -139,40 +139,9 @@ def notebook_launcher(
     # rank's own traceback, not the launcher's internals.
     __tracebackhide__ = True
     args, kwargs = check_function(function, args, kwargs)
-    stop = StopOptions(
-        on_interrupt=on_interrupt,
-        checkpoint_every=checkpoint_every,
-        resume=resume,
-        resume_from=resume_from,
-        project_dir=project_dir,
-        total_limit=total_limit,
-    )
-    requested = Requested(
-        num_processes=num_processes,
-        start_method=start_method,
-        mixed_precision=mixed_precision,
-        gpu_ids=gpu_ids,
-        num_nodes=num_nodes,
-        node_rank=node_rank,
-        rdzv_endpoint=rdzv_endpoint,
-        max_restarts=max_restarts,
-        timeout=timeout,
-        hang_after=hang_after,
-        output=output,
-        progress=progress,
-        return_all=return_all,
-        rdzv_timeout=rdzv_timeout,
-        stop=stop,
-        cluster=cluster,
-        debug=debug,
-        use_port=use_port,
-        master_addr=master_addr,
-        rdzv_backend=rdzv_backend,
-        rdzv_conf=rdzv_conf,
-        rdzv_id=rdzv_id,
-        monitor_interval=monitor_interval,
-        log_line_prefix_template=log_line_prefix_template,
-    )
+    # Every parameter but the call itself is an option, by its name (Requested.of).
+    given = {name: value for name, value in locals().items() if name in _OPTION_NAMES}
+    requested = Requested.of(given)
     options = check_options(requested, getattr(function, "__name__", "run"))
     return options.launch.run(options, UserCall(function, args, kwargs))
 
@@ -196,6 +165,9 @@ def debug_launcher(function: Callable[..., Any], args: tuple = (), num_processes
     with environment.gpus_hidden():  # the ranks see no GPU (they inherit the environment)
         return options.launch.run(options, UserCall(function, args, kwargs))
 
+
+# notebook_launcher's options: its parameters after the call (function, args, kwargs).
+_OPTION_NAMES = frozenset(list(inspect.signature(notebook_launcher).parameters)[3:])
 
 # From here on, the line of the notebook that first initialises CUDA is noted (cuda_origin).
 cuda_origin.watch()

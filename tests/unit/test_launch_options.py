@@ -39,6 +39,46 @@ def test_requested_has_every_launcher_parameter_with_the_launchers_default():
     assert ours == defaults
 
 
+
+class _Captured(Exception):
+    pass
+
+
+@pytest.mark.parametrize("entry", ["notebook_launcher", "start_ranks"])
+def test_every_parameter_of_an_entry_point_reaches_requested_by_its_name(monkeypatch, entry):
+    """The entry points hand their parameters to Requested.of by name: a value given for any
+    option arrives in Requested (or its stop options) as given, none is dropped or swapped."""
+    from nbtrain.kernel import entry as entry_module
+    from nbtrain.kernel.warm import session
+
+    seen: list[Requested] = []
+    original = Requested.of.__func__  # type: ignore[attr-defined]
+
+    def capture(cls, given):
+        seen.append(original(cls, given))
+        raise _Captured
+
+    monkeypatch.setattr(Requested, "of", classmethod(capture))
+    function = notebook_launcher if entry == "notebook_launcher" else session.start_ranks
+    call = ("function", "args", "kwargs", "replace")  # the call, and what to do with a session
+    names = [n for n in inspect.signature(function).parameters if n not in call]
+    marked = {name: object() for name in names}  # a distinct value for each option
+    with pytest.raises(_Captured):
+        if entry == "notebook_launcher":
+            entry_module.notebook_launcher(print, (), None, **marked)
+        else:
+            session.start_ranks(**marked)
+    requested = seen[0]
+    got = {f.name: getattr(requested, f.name) for f in dataclasses.fields(Requested)}
+    got |= {f.name: getattr(requested.stop, f.name) for f in dataclasses.fields(StopOptions)}
+    assert {name: got[name] for name in names} == marked
+
+
+def test_requested_of_refuses_a_name_it_does_not_know():
+    with pytest.raises(TypeError, match="block"):
+        Requested.of({"num_processes": 2, "block": False})
+    assert Requested.of({"resume": True}).stop.resume is True
+
 def config(**given: object) -> LaunchConfig:
     values: dict[str, object] = {
         "num_processes": 2, "start_method": "fork", "mixed_precision": None, "gpu_ids": None,

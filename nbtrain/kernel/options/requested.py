@@ -16,7 +16,8 @@ use its configuration, stop options and ``cluster=`` (warm/), not a launch kind.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 
 from nbtrain.kernel.options import accelerate
 from nbtrain.kernel.options.config import LaunchConfig, build_config
@@ -53,6 +54,19 @@ class Requested:
     rdzv_id: object = "none"
     monitor_interval: object = 0.1
     log_line_prefix_template: object = None
+
+    @classmethod
+    def of(cls, given: Mapping[str, object]) -> Requested:
+        """The options from the entry points' parameters by name (the public signatures of
+        notebook_launcher, start_ranks and ``nbtrain launch`` list them; this is the one place
+        they become a ``Requested``): stop and resume options go into ``stop``."""
+        stop_names = {f.name for f in fields(StopOptions)}
+        own = {f.name for f in fields(cls)} - {"stop"}
+        unknown = set(given) - stop_names - own
+        if unknown:  # a parameter added to an entry point but not here: a bug, said at once
+            raise TypeError(f"Requested has no option {sorted(unknown)}")
+        stop = StopOptions(**{k: v for k, v in given.items() if k in stop_names})
+        return cls(**{k: v for k, v in given.items() if k in own}, stop=stop)
 
     def config(self, *, allow_xla: bool = True) -> LaunchConfig:
         """The processes' configuration (without stop policy and debug), checked."""

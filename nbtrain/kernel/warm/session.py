@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import datetime
+import inspect
 import keyword
 import os
 import pickle
@@ -323,16 +324,9 @@ def start_ranks(
     global _current
     # A start that takes seconds says what it waits for (Worlds._say), then how long it took.
     began = time.monotonic()
-    stop = StopOptions(
-        on_interrupt=on_interrupt, checkpoint_every=checkpoint_every, resume=resume,
-        resume_from=resume_from, project_dir=project_dir, total_limit=total_limit,
-    )
-    requested = Requested(
-        num_processes=num_processes, start_method=start_method,
-        mixed_precision=mixed_precision, gpu_ids=gpu_ids, timeout=timeout,
-        hang_after=hang_after, output=output, progress=progress, return_all=return_all,
-        stop=stop, cluster=cluster,
-    )
+    # Every parameter but replace is an option, by its name (Requested.of).
+    requested = Requested.of({k: v for k, v in locals().items() if k in _START_OPTIONS})
+    stop = requested.stop
     config, chosen = _checked(requested)
     if not isinstance(replace, bool):
         raise TypeError(f"replace={replace!r} must be True or False.")
@@ -352,6 +346,10 @@ def start_ranks(
               f"{time.monotonic() - began:.1f}s ({ranks.placed})", flush=True)
     _current = ranks
     return ranks
+
+
+# start_ranks' options: its parameters but replace (what to do with a running session).
+_START_OPTIONS = frozenset(inspect.signature(start_ranks).parameters) - {"replace"}
 
 
 def _checked(requested: Requested) -> tuple[LaunchConfig, RayCluster | None]:
