@@ -140,51 +140,43 @@ def test_display_imports_nothing_of_the_kernel():
     assert not wrong, "\n".join(wrong)
 
 
-def accelerator_layer(module: str) -> str | None:
-    """The sub-package of nbtrain.accelerator that ``module`` is in ("" directly in it)."""
+def layer(module: str, package: str) -> str | None:
+    """The sub-package of nbtrain.<package> that ``module`` is in ("" directly in it; None
+    outside it, or the package itself)."""
     parts = module.split(".")
-    if parts[:2] != ["nbtrain", "accelerator"] or len(parts) < 3:
+    if parts[:2] != ["nbtrain", package] or len(parts) < 3:
         return None
-    return parts[2] if (PACKAGE / "accelerator" / parts[2]).is_dir() else ""
+    return parts[2] if (PACKAGE / package / parts[2]).is_dir() else ""
+
+
+def layer_violations(package: str, layers: list[str], *, top_imports_them: bool) -> list[str]:
+    """Imports (type-only ones included) from a sub-package of nbtrain.<package> into one
+    listed after it, or into a module directly in the package; ``top_imports_them``: those
+    modules sit on top of the layers (the kernel's entry points), else beneath them."""
+    assert sorted(layers) == sorted(
+        p.name for p in (PACKAGE / package).iterdir() if (p / "__init__.py").exists()
+    )
+    wrong = []
+    for module, targets in graph(type_only=True).items():
+        own = layer(module, package)
+        if own is None or (own == "" and top_imports_them):
+            continue
+        allowed = layers[: layers.index(own) + 1] if own else []
+        wrong += [
+            f"{module} imports {target}"
+            for target in targets
+            if layer(target, package) not in (None, *allowed)
+        ]
+    return wrong
 
 
 def test_the_accelerator_sub_packages_form_layers():
-    assert sorted(ACCELERATOR_LAYERS) == sorted(
-        p.name for p in (PACKAGE / "accelerator").iterdir() if (p / "__init__.py").exists()
-    )
-    wrong = []
-    for module, targets in graph(type_only=True).items():
-        layer = accelerator_layer(module)
-        if layer is None:
-            continue
-        allowed = ACCELERATOR_LAYERS[: ACCELERATOR_LAYERS.index(layer) + 1] if layer else []
-        for target in targets:
-            if accelerator_layer(target) not in (None, *allowed):
-                wrong.append(f"{module} imports {target}")
+    wrong = layer_violations("accelerator", ACCELERATOR_LAYERS, top_imports_them=False)
     assert not wrong, "\n".join(wrong)
 
 
-def kernel_layer(module: str) -> str | None:
-    """The sub-package of nbtrain.kernel that ``module`` is in ("" directly in it)."""
-    parts = module.split(".")
-    if parts[:2] != ["nbtrain", "kernel"] or len(parts) < 3:
-        return None if parts[:2] != ["nbtrain", "kernel"] else ""
-    return parts[2] if (PACKAGE / "kernel" / parts[2]).is_dir() else ""
-
-
-def test_the_kernel_sub_packages_form_layers_type_only_imports_included():
-    assert sorted(KERNEL_LAYERS) == sorted(
-        p.name for p in (PACKAGE / "kernel").iterdir() if (p / "__init__.py").exists()
-    )
-    wrong = []
-    for module, targets in graph(type_only=True).items():
-        layer = kernel_layer(module)
-        if not layer:  # outside the kernel, or its top (the entry points)
-            continue
-        allowed = KERNEL_LAYERS[: KERNEL_LAYERS.index(layer) + 1]
-        for target in targets:
-            if kernel_layer(target) not in (None, *allowed):
-                wrong.append(f"{module} imports {target}")
+def test_the_kernel_sub_packages_form_layers():
+    wrong = layer_violations("kernel", KERNEL_LAYERS, top_imports_them=True)
     assert not wrong, "\n".join(wrong)
 
 
