@@ -21,10 +21,16 @@ import numbers
 import os
 from typing import Any, ClassVar, Literal
 
-from nbtrain.accelerator.tracking.base import GeneralTracker
-from nbtrain.rank import rankenv
+from nbtrain.accelerator.tracking.base import GeneralTracker, on_main_process
 
 Ending = Literal["finished", "killed", "failed"]  # returned / stopped by the user / raised
+
+
+# The methods Accelerate decorates with on_main_process in its trackers.
+MAIN_ONLY = (
+    "start", "store_init_configuration", "log", "log_images", "log_table", "log_figure",
+    "log_artifact", "log_artifacts", "finish",
+)
 
 
 class LibraryTracker(GeneralTracker):
@@ -35,6 +41,15 @@ class LibraryTracker(GeneralTracker):
     module: ClassVar[str]  # what must import
     pip: ClassVar[str]  # what installs it
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # An instance the user builds on every rank (log_with=MLflowTracker(...)) calls its
+        # library on the main process only, whoever calls it, as Accelerate's trackers do.
+        super().__init_subclass__(**kwargs)
+        for method in MAIN_ONLY:
+            function = cls.__dict__.get(method)
+            if function is not None and not getattr(function, "main_only", False):
+                setattr(cls, method, on_main_process(function))
+
     def __init__(self, run_name: str, logging_dir: str | None = None, **kwargs: Any) -> None:
         super().__init__()
         self.run_name = run_name
@@ -42,6 +57,13 @@ class LibraryTracker(GeneralTracker):
         self.init_kwargs = kwargs
         self.previous: dict[str, Any] | None = None  # the run a resumed launch continues
         self.resumed_steps = 0
+
+    @classmethod
+    def by_name(
+        cls, project_name: str, logging_dir: str | None, kwargs: dict[str, Any]
+    ) -> LibraryTracker:
+        """The tracker ``log_with=<name>`` makes: ``init_kwargs[name]`` are its keywords."""
+        return cls(project_name, logging_dir, **kwargs)
 
     def continue_run(self, identity: dict[str, Any], steps: int) -> None:
         self.previous, self.resumed_steps = dict(identity), steps
@@ -118,63 +140,8 @@ class TensorBoardTracker(LibraryTracker):
         return f"TensorBoard {self.log_dir}"
 
 
-# MLflow's RunStatus names; W&B's exit codes (255: what wandb records for Ctrl-C itself)
-_MLFLOW_STATUS = {"finished": "FINISHED", "killed": "KILLED", "failed": "FAILED"}
+# W&B's exit codes (255: what wandb records for Ctrl-C itself)
 _WANDB_EXIT_CODE = {"finished": 0, "killed": 255, "failed": 1}
-
-
-class MLflowTracker(LibraryTracker):
-    """An MLflow run in the experiment named after the project (``MLFLOW_EXPERIMENT_NAME``
-    overrides it), on MLflow's tracking URI (``MLFLOW_TRACKING_URI``; MLflow's default is
-    ``sqlite:///mlflow.db`` in the working directory)."""
-
-    name = "mlflow"
-    module = "mlflow"
-    pip = "mlflow"
-
-    def start(self) -> None:
-        import mlflow
-
-        kwargs = dict(self.init_kwargs)
-        experiment_name = rankenv.variable("MLFLOW_EXPERIMENT_NAME") or self.run_name
-        found = mlflow.get_experiment_by_name(experiment_name)
-        if found is not None:
-            experiment_id = found.experiment_id
-        else:
-            experiment_id = mlflow.create_experiment(
-                experiment_name,
-                artifact_location=kwargs.pop("artifact_location", None),
-                tags=kwargs.pop("experiment_tags", None),
-            )
-        if self.previous is not None:
-            kwargs["run_id"] = self.previous["run_id"]
-        self.run = mlflow.start_run(experiment_id=experiment_id, **kwargs)
-        self.tracking_uri = mlflow.get_tracking_uri()
-
-    @property
-    def tracker(self) -> Any:
-        return self.run
-
-    def store_init_configuration(self, values: dict[str, Any]) -> None:
-        import mlflow
-
-        mlflow.log_params({key: str(value) for key, value in values.items()})
-
-    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        import mlflow
-
-        mlflow.log_metrics(scalars(values), step=step, **kwargs)
-
-    def finish(self, ending: Ending = "finished") -> None:
-        import mlflow
-
-        mlflow.end_run(status=_MLFLOW_STATUS[ending])
-
-    def identity(self) -> dict[str, Any]:
-        return {"run_id": self.run.info.run_id, "tracking_uri": self.tracking_uri}
-
-    def where(self) -> str:
-        return f"MLflow run {self.run.info.run_id} ({self.tracking_uri})"
 
 
 class WandBTracker(LibraryTracker):
@@ -185,6 +152,7 @@ class WandBTracker(LibraryTracker):
     name = "wandb"
     module = "wandb"
     pip = "wandb"
+    counts_own_steps = True  # W&B's _step: a row per log() call, as in Accelerate
 
     def start(self) -> None:
         import wandb
@@ -230,6 +198,7 @@ class TrackioTracker(LibraryTracker):
     name = "trackio"
     module = "trackio"
     pip = "trackio"
+    counts_own_steps = True  # as W&B
 
     def start(self) -> None:
         import trackio
@@ -278,9 +247,11 @@ class AimTracker(LibraryTracker):
 
         kwargs = dict(self.init_kwargs)
         kwargs.setdefault("experiment", self.run_name)
+        kwargs.setdefault("repo", self.logging_dir)  # Accelerate's AimTracker(name, repo=...)
         if self.previous is not None:
             kwargs["run_hash"] = self.previous["run_hash"]
-        self.writer = Run(repo=self.logging_dir, **kwargs)
+        self.repo = kwargs["repo"]
+        self.writer = Run(**kwargs)
 
     @property
     def tracker(self) -> Any:
@@ -300,7 +271,7 @@ class AimTracker(LibraryTracker):
         return {"run_hash": self.writer.hash}
 
     def where(self) -> str:
-        return f"Aim run {self.writer.hash} ({self.logging_dir})"
+        return f"Aim run {self.writer.hash} ({self.repo})"
 
 
 class CometMLTracker(LibraryTracker):
@@ -342,16 +313,3 @@ class CometMLTracker(LibraryTracker):
 
     def where(self) -> str:
         return f"Comet experiment {self.writer.get_key()}"
-
-
-TRACKERS: dict[str, type[LibraryTracker]] = {
-    cls.name: cls
-    for cls in (
-        TensorBoardTracker,
-        WandBTracker,
-        TrackioTracker,
-        CometMLTracker,
-        AimTracker,
-        MLflowTracker,
-    )
-}
