@@ -147,7 +147,9 @@ _WANDB_EXIT_CODE = {"finished": 0, "killed": 255, "failed": 1}
 class WandBTracker(LibraryTracker):
     """``wandb.init(project=project_name)`` (offline with ``WANDB_MODE=offline`` or
     ``init_kwargs={"wandb": {"mode": "offline"}}``); its files go to ``logging_dir`` when one is
-    set. A resumed launch reopens the same run id (``resume="allow"``)."""
+    set. A resumed launch reopens the same run id (``resume="allow"``) and goes on from the
+    checkpoint's W&B step: offline, W&B itself would count from 0 again, and ``wandb sync`` would
+    then drop those rows as older than the run's last."""
 
     name = "wandb"
     module = "wandb"
@@ -165,6 +167,10 @@ class WandBTracker(LibraryTracker):
             kwargs["id"] = self.previous["id"]
             kwargs.setdefault("resume", "allow")
         self.run = wandb.init(project=self.run_name, **kwargs)
+        self.next_step: int | None = None  # set while nbtrain counts for W&B (see log)
+        saved = (self.previous or {}).get("step", 0)
+        if saved > self.run.step:  # offline: W&B does not know where the run got to
+            self.next_step = saved
 
     @property
     def tracker(self) -> Any:
@@ -174,6 +180,9 @@ class WandBTracker(LibraryTracker):
         self.run.config.update(values, allow_val_change=True)
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        if self.next_step is not None:  # counting on from the checkpoint, as W&B would
+            step = self.next_step if step is None else step
+            self.next_step = step + 1
         self.run.log(values, step=step, **kwargs)
 
     def finish(self, ending: Ending = "finished") -> None:
@@ -184,7 +193,8 @@ class WandBTracker(LibraryTracker):
             wandb.teardown()  # outlive the launch in the kernel (num_processes=1) or a warm rank
 
     def identity(self) -> dict[str, Any]:
-        return {"id": self.run.id}
+        step = self.run.step if self.next_step is None else self.next_step  # the next row's
+        return {"id": self.run.id, "step": step}
 
     def where(self) -> str:
         url = getattr(self.run, "url", None)  # None offline: the run's own directory
