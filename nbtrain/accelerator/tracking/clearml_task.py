@@ -44,6 +44,7 @@ class ClearMLTracker(LibraryTracker):
         if current is not None:
             self.task, self.external = current, True
             return
+        _report_from_threads()
         kwargs = dict(self.init_kwargs)
         kwargs.setdefault("project_name", os.environ.get("CLEARML_PROJECT", self.project_name))
         kwargs.setdefault("task_name", os.environ.get("CLEARML_TASK", self.project_name))
@@ -102,6 +103,20 @@ class ClearMLTracker(LibraryTracker):
 
     def where(self) -> str:
         return f"ClearML task {self.task.id}"
+
+
+def _report_from_threads() -> None:
+    """On Linux ClearML's Task.init forks its reporter (os.fork, no exec) while a thread of its
+    own runs git to detect the repository: the forked reporter can inherit that git call's pipe,
+    which then never closes, and Task.close() waits for the detection forever (seen in 2-rank
+    launches, a rank being a process with threads). Unless the user's ClearML configuration says
+    otherwise (sdk.development.report_use_subprocess), report from threads, as ClearML does on
+    the other systems."""
+    from clearml.backend_interface.task.task import Task as TaskBase
+    from clearml.config import ConfigSDKWrapper
+
+    if ConfigSDKWrapper.get("development.report_use_subprocess", None) is None:
+        TaskBase._report_subprocess_enabled = False  # type: ignore[assignment]
 
 
 def title_and_series(name: str) -> tuple[str, str]:
