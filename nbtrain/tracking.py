@@ -4,7 +4,9 @@ Accelerate's ``accelerate.tracking`` that nbtrain supports, re-exported from
 
 - ``GeneralTracker`` and ``on_main_process``, to write a tracker of your own and pass an instance
   in ``Accelerator(log_with=...)``;
-- the trackers of the libraries nbtrain records to, under Accelerate's class names.
+- the trackers of the libraries nbtrain records to, under Accelerate's class names, built with
+  Accelerate's arguments;
+- ``register_tracker_class``, to name your own class in ``log_with``.
 
 ``log_with``'s names as an enum: ``nbtrain.utils.LoggerType`` (Accelerate's
 ``accelerate.utils.LoggerType``).

@@ -86,6 +86,11 @@ def text_progress(iterable: Iterable[T], total: int | None, desc: str | None) ->
         bar.close(complete=complete)
 
 
+def bar_running() -> bool:
+    """A text bar is drawn in this thread (outside a launch: ``progress()``)."""
+    return getattr(_active, "bar", None) is not None
+
+
 def print_metrics(values: dict[str, float], step: int | None) -> None:
     bar: TextBar | None = getattr(_active, "bar", None)
     if bar is not None:

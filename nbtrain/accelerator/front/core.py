@@ -226,6 +226,8 @@ class Accelerator(PrepareMethods, StateMethods, ProcessMethods, TrainingStep):
         self._tracking.log(values, step, log_kwargs, main=main)
         if self._tracking.chosen:  # text and nested values are for the trackers only
             values = {k: v for k, v in values.items() if not isinstance(v, (str, dict))}
+            if not self._tracking.shown_outside_a_launch():
+                return  # the trackers record them: no "step N: ..." line the user did not ask for
         log(values, step=step)
 
     # Experiment trackers (accelerator/tracking/): the run belongs to the process, so a warm
@@ -238,7 +240,10 @@ class Accelerator(PrepareMethods, StateMethods, ProcessMethods, TrainingStep):
         return self._tracking.trackers(self.is_main_process)
 
     def init_trackers(
-        self, project_name: str, config: dict[str, Any] | None = None, init_kwargs: Any = None
+        self,
+        project_name: str | None,
+        config: dict[str, Any] | None = None,
+        init_kwargs: Any = None,
     ) -> None:
         """Start the run of every tracker of ``log_with`` on the main process (``config``: the
         run's hyperparameters; ``init_kwargs``: per tracker name, arguments for its library).

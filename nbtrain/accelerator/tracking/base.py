@@ -26,6 +26,10 @@ class GeneralTracker:
     ``log`` and ``finish``."""
 
     main_process_only = True
+    # log(values) without step=: False gives this tracker the run's optimizer step (nbtrain's
+    # default, right where the library needs a step: TensorBoard, MLflow); True gives it None,
+    # as Accelerate does, so a library that counts its own steps (W&B, DVCLive) counts them.
+    counts_own_steps = False
 
     def __init__(self, _blank: bool = False) -> None:
         if _blank:
@@ -71,6 +75,7 @@ def on_main_process(function: Method) -> Method:
             return None
         return function(self, *args, **kwargs)
 
+    setattr(on_main_only, "main_only", True)  # noqa: B010 (marks it: never wrapped twice)
     return on_main_only  # type: ignore[return-value]
 
 

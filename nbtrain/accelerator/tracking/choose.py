@@ -11,7 +11,8 @@ from enum import Enum
 from typing import Any
 
 from nbtrain.accelerator.tracking.base import is_user_tracker
-from nbtrain.accelerator.tracking.library import TRACKERS, LibraryTracker
+from nbtrain.accelerator.tracking.registry import BUILT_IN, known
+from nbtrain.rank import runtime
 
 Choice = Any  # a tracker's name (str) or the user's tracker instance
 
@@ -27,6 +28,9 @@ class LoggerType(str, Enum):
     TRACKIO = "trackio"
     COMETML = "comet_ml"
     MLFLOW = "mlflow"
+    CLEARML = "clearml"
+    DVCLIVE = "dvclive"
+    SWANLAB = "swanlab"
 
     def __str__(self) -> str:  # as Accelerate's: the tracker's name
         return self.value
@@ -44,9 +48,9 @@ def choose(log_with: Any, logging_dir: str | None) -> list[Choice]:
             continue
         name = _name_of(item, log_with)
         if name == "all":
-            chosen += [n for n, cls in TRACKERS.items() if _usable(cls, logging_dir)]
+            chosen += _all_installed(logging_dir)
             continue
-        _check(TRACKERS[name], item, logging_dir)
+        _check(known()[name], item, logging_dir)
         chosen.append(name)
     if not chosen:
         warnings.warn(
@@ -64,28 +68,49 @@ def choose(log_with: Any, logging_dir: str | None) -> list[Choice]:
 
 
 def _name_of(item: Any, log_with: Any) -> str:
-    name = str(getattr(item, "value", item)).lower()  # Accelerate's LoggerType is a str enum
-    if name in ("all", *TRACKERS):
+    name = str(getattr(item, "value", item))  # Accelerate's LoggerType is a str enum
+    if name.lower() in ("all", *BUILT_IN):
+        return name.lower()
+    if name in known():  # a class of the user's, registered (register_tracker_class)
         return name
     raise ValueError(
         f"Accelerator(log_with={log_with!r}): nbtrain has no tracker {item!r}. Use one of "
-        f"{', '.join(repr(n) for n in TRACKERS)}, 'all' (every installed one), or an instance of "
-        "your own GeneralTracker subclass (from nbtrain.tracking import GeneralTracker)."
+        f"{', '.join(repr(n) for n in known())}, 'all' (every installed one), an instance of "
+        "your own GeneralTracker subclass (from nbtrain.tracking import GeneralTracker), or its "
+        "class's name after register_tracker_class(YourClass) in this process (a spawned rank "
+        "does not see a registration made in the kernel: register in the launched function)."
     )
 
 
-def installed(cls: type[LibraryTracker]) -> bool:
-    """Found without importing it (a None in sys.modules means: no such module)."""
-    if cls.module in sys.modules:
-        return sys.modules[cls.module] is not None
-    return importlib.util.find_spec(cls.module) is not None
+def _all_installed(logging_dir: str | None) -> list[str]:
+    """nbtrain's trackers whose library is installed; those that need a directory only with
+    one, saying in one line which were left out for lack of it."""
+    found = [name for name, cls in BUILT_IN.items() if installed(cls)]
+    if logging_dir is None:
+        left = [name for name in found if BUILT_IN[name].requires_logging_directory]
+        current = runtime.current()
+        if left and (current is None or current.info.rank == 0):  # one line, not one a rank
+            print(
+                f"nbtrain: log_with='all' leaves out {' and '.join(left)}, which write into a "
+                "directory: pass project_dir=... to the Accelerator to record there too.",
+                file=sys.stderr,
+            )
+        found = [name for name in found if name not in left]
+    return found
 
 
-def _usable(cls: type[LibraryTracker], logging_dir: str | None) -> bool:
-    return installed(cls) and (logging_dir is not None or not cls.requires_logging_directory)
+def installed(cls: type) -> bool:
+    """Found without importing it (a None in sys.modules means: no such module); a class
+    with no library of its own (the user's, registered) is always there."""
+    module = getattr(cls, "module", None)
+    if module is None:
+        return True
+    if module in sys.modules:
+        return sys.modules[module] is not None
+    return importlib.util.find_spec(module) is not None
 
 
-def _check(cls: type[LibraryTracker], item: Any, logging_dir: str | None) -> None:
+def _check(cls: Any, item: Any, logging_dir: str | None) -> None:
     if not installed(cls):
         raise ImportError(
             f"Accelerator(log_with={item!r}) needs the {cls.module} package, which is not "

@@ -21,10 +21,16 @@ import numbers
 import os
 from typing import Any, ClassVar, Literal
 
-from nbtrain.accelerator.tracking.base import GeneralTracker
-from nbtrain.rank import rankenv
+from nbtrain.accelerator.tracking.base import GeneralTracker, on_main_process
 
 Ending = Literal["finished", "killed", "failed"]  # returned / stopped by the user / raised
+
+
+# The methods Accelerate decorates with on_main_process in its trackers.
+MAIN_ONLY = (
+    "start", "store_init_configuration", "log", "log_images", "log_table", "log_figure",
+    "log_artifact", "log_artifacts", "finish",
+)
 
 
 class LibraryTracker(GeneralTracker):
@@ -35,6 +41,15 @@ class LibraryTracker(GeneralTracker):
     module: ClassVar[str]  # what must import
     pip: ClassVar[str]  # what installs it
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # An instance the user builds on every rank (log_with=MLflowTracker(...)) calls its
+        # library on the main process only, whoever calls it, as Accelerate's trackers do.
+        super().__init_subclass__(**kwargs)
+        for method in MAIN_ONLY:
+            function = cls.__dict__.get(method)
+            if function is not None and not getattr(function, "main_only", False):
+                setattr(cls, method, on_main_process(function))
+
     def __init__(self, run_name: str, logging_dir: str | None = None, **kwargs: Any) -> None:
         super().__init__()
         self.run_name = run_name
@@ -42,6 +57,13 @@ class LibraryTracker(GeneralTracker):
         self.init_kwargs = kwargs
         self.previous: dict[str, Any] | None = None  # the run a resumed launch continues
         self.resumed_steps = 0
+
+    @classmethod
+    def by_name(
+        cls, project_name: str, logging_dir: str | None, kwargs: dict[str, Any]
+    ) -> LibraryTracker:
+        """The tracker ``log_with=<name>`` makes: ``init_kwargs[name]`` are its keywords."""
+        return cls(project_name, logging_dir, **kwargs)
 
     def continue_run(self, identity: dict[str, Any], steps: int) -> None:
         self.previous, self.resumed_steps = dict(identity), steps
@@ -122,73 +144,16 @@ class TensorBoardTracker(LibraryTracker):
         return f"TensorBoard {self.log_dir}"
 
 
-# MLflow's RunStatus names; W&B's exit codes (255: what wandb records for Ctrl-C itself)
-_MLFLOW_STATUS = {"finished": "FINISHED", "killed": "KILLED", "failed": "FAILED"}
+# W&B's exit codes (255: what wandb records for Ctrl-C itself)
 _WANDB_EXIT_CODE = {"finished": 0, "killed": 255, "failed": 1}
-
-
-class MLflowTracker(LibraryTracker):
-    """An MLflow run in the experiment named after the project (``MLFLOW_EXPERIMENT_NAME``
-    overrides it), on MLflow's tracking URI (``MLFLOW_TRACKING_URI``; MLflow's default is
-    ``sqlite:///mlflow.db`` in the working directory).
-
-    :param run_name: the experiment's name.
-    :param logging_dir: accepted as in Accelerate; MLflow's tracking URI decides where runs go.
-    """
-
-    name = "mlflow"
-    module = "mlflow"
-    pip = "mlflow"
-
-    def start(self) -> None:
-        import mlflow
-
-        kwargs = dict(self.init_kwargs)
-        experiment_name = rankenv.variable("MLFLOW_EXPERIMENT_NAME") or self.run_name
-        found = mlflow.get_experiment_by_name(experiment_name)
-        if found is not None:
-            experiment_id = found.experiment_id
-        else:
-            experiment_id = mlflow.create_experiment(
-                experiment_name,
-                artifact_location=kwargs.pop("artifact_location", None),
-                tags=kwargs.pop("experiment_tags", None),
-            )
-        if self.previous is not None:
-            kwargs["run_id"] = self.previous["run_id"]
-        self.run = mlflow.start_run(experiment_id=experiment_id, **kwargs)
-        self.tracking_uri = mlflow.get_tracking_uri()
-
-    @property
-    def tracker(self) -> Any:
-        return self.run
-
-    def store_init_configuration(self, values: dict[str, Any]) -> None:
-        import mlflow
-
-        mlflow.log_params({key: str(value) for key, value in values.items()})
-
-    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        import mlflow
-
-        mlflow.log_metrics(scalars(values), step=step, **kwargs)
-
-    def finish(self, ending: Ending = "finished") -> None:
-        import mlflow
-
-        mlflow.end_run(status=_MLFLOW_STATUS[ending])
-
-    def identity(self) -> dict[str, Any]:
-        return {"run_id": self.run.info.run_id, "tracking_uri": self.tracking_uri}
-
-    def where(self) -> str:
-        return f"MLflow run {self.run.info.run_id} ({self.tracking_uri})"
 
 
 class WandBTracker(LibraryTracker):
     """``wandb.init(project=project_name)`` (offline with ``WANDB_MODE=offline`` or
     ``init_kwargs={"wandb": {"mode": "offline"}}``); its files go to ``logging_dir`` when one is
-    set. A resumed launch reopens the same run id (``resume="allow"``).
+    set. A resumed launch reopens the same run id (``resume="allow"``) and goes on from the
+    checkpoint's W&B step: offline, W&B itself would count from 0 again, and ``wandb sync`` would
+    then drop those rows as older than the run's last.
 
     :param run_name: the W&B project.
     """
@@ -196,6 +161,7 @@ class WandBTracker(LibraryTracker):
     name = "wandb"
     module = "wandb"
     pip = "wandb"
+    counts_own_steps = True  # W&B's _step: a row per log() call, as in Accelerate
 
     def start(self) -> None:
         import wandb
@@ -208,6 +174,10 @@ class WandBTracker(LibraryTracker):
             kwargs["id"] = self.previous["id"]
             kwargs.setdefault("resume", "allow")
         self.run = wandb.init(project=self.run_name, **kwargs)
+        self.next_step: int | None = None  # set while nbtrain counts for W&B (see log)
+        saved = (self.previous or {}).get("step", 0)
+        if saved > self.run.step:  # offline: W&B does not know where the run got to
+            self.next_step = saved
 
     @property
     def tracker(self) -> Any:
@@ -217,6 +187,9 @@ class WandBTracker(LibraryTracker):
         self.run.config.update(values, allow_val_change=True)
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        if self.next_step is not None:  # counting on from the checkpoint, as W&B would
+            step = self.next_step if step is None else step
+            self.next_step = step + 1
         self.run.log(values, step=step, **kwargs)
 
     def finish(self, ending: Ending = "finished") -> None:
@@ -227,7 +200,8 @@ class WandBTracker(LibraryTracker):
             wandb.teardown()  # outlive the launch in the kernel (num_processes=1) or a warm rank
 
     def identity(self) -> dict[str, Any]:
-        return {"id": self.run.id}
+        step = self.run.step if self.next_step is None else self.next_step  # the next row's
+        return {"id": self.run.id, "step": step}
 
     def where(self) -> str:
         url = getattr(self.run, "url", None)  # None offline: the run's own directory
@@ -245,6 +219,7 @@ class TrackioTracker(LibraryTracker):
     name = "trackio"
     module = "trackio"
     pip = "trackio"
+    counts_own_steps = True  # as W&B
 
     def start(self) -> None:
         import trackio
@@ -297,9 +272,11 @@ class AimTracker(LibraryTracker):
 
         kwargs = dict(self.init_kwargs)
         kwargs.setdefault("experiment", self.run_name)
+        kwargs.setdefault("repo", self.logging_dir)  # Accelerate's AimTracker(name, repo=...)
         if self.previous is not None:
             kwargs["run_hash"] = self.previous["run_hash"]
-        self.writer = Run(repo=self.logging_dir, **kwargs)
+        self.repo = kwargs["repo"]
+        self.writer = Run(**kwargs)
 
     @property
     def tracker(self) -> Any:
@@ -319,7 +296,7 @@ class AimTracker(LibraryTracker):
         return {"run_hash": self.writer.hash}
 
     def where(self) -> str:
-        return f"Aim run {self.writer.hash} ({self.logging_dir})"
+        return f"Aim run {self.writer.hash} ({self.repo})"
 
 
 class CometMLTracker(LibraryTracker):
@@ -365,16 +342,3 @@ class CometMLTracker(LibraryTracker):
 
     def where(self) -> str:
         return f"Comet experiment {self.writer.get_key()}"
-
-
-TRACKERS: dict[str, type[LibraryTracker]] = {
-    cls.name: cls
-    for cls in (
-        TensorBoardTracker,
-        WandBTracker,
-        TrackioTracker,
-        CometMLTracker,
-        AimTracker,
-        MLflowTracker,
-    )
-}

@@ -20,7 +20,8 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from nbtrain.accelerator.tracking.base import BlankTracker, is_user_tracker
 from nbtrain.accelerator.tracking.choose import Choice
-from nbtrain.accelerator.tracking.library import TRACKERS, Ending, LibraryTracker
+from nbtrain.accelerator.tracking.library import Ending, LibraryTracker
+from nbtrain.accelerator.tracking.registry import build
 from nbtrain.rank import runtime
 from nbtrain.rank.failures import exit_code_of
 from nbtrain.shared.events import Tracked
@@ -29,7 +30,7 @@ from nbtrain.shared.events import Tracked
 class TrackerRun:
     """The trackers of one run, and what they were started with."""
 
-    def __init__(self, project_name: str, trackers: list[Any], base_steps: int) -> None:
+    def __init__(self, project_name: str | None, trackers: list[Any], base_steps: int) -> None:
         self.project_name = project_name
         self.trackers = trackers
         self.base_steps = base_steps  # a resumed launch's checkpoint had taken these steps
@@ -67,7 +68,7 @@ def active() -> TrackerRun | None:
 
 
 def start(
-    project_name: str,
+    project_name: str | None,
     chosen: list[Choice],
     logging_dir: str | None,
     config: dict[str, Any] | None,
@@ -89,8 +90,8 @@ def start(
         if is_user_tracker(choice):
             trackers.append(choice)
             continue
-        tracker = TRACKERS[choice](project_name, logging_dir, **kwargs.get(choice, {}))
-        if choice in previous:
+        tracker = build(choice, project_name, logging_dir, kwargs.get(choice, {}))
+        if choice in previous and isinstance(tracker, LibraryTracker):
             tracker.continue_run(previous[choice], steps)
         trackers.append(tracker)
     for tracker in trackers:
@@ -107,16 +108,19 @@ def start(
 
 
 def log(values: dict[str, Any], step: int | None, log_kwargs: dict[str, Any] | None) -> None:
-    """To every tracker of the run; ``step`` defaults to the run's optimizer step: the steps
-    its resumed checkpoint had taken plus those taken since (as checkpoints count them)."""
+    """To every tracker of the run; ``step`` defaults to the run's optimizer step (the steps
+    its resumed checkpoint had taken plus those taken since, as checkpoints count them), except
+    for a tracker that counts its own steps (``counts_own_steps``), which gets None."""
     if _active is None:
         return
     _active.announce()
-    if step is None:
-        step = _active.base_steps + _counter.taken()
+    optimizer_step = _active.base_steps + _counter.taken()
     kwargs = log_kwargs or {}
     for tracker in _active.trackers:
-        tracker.log(values, step=step, **kwargs.get(tracker.name, {}))
+        at = step
+        if at is None and not getattr(tracker, "counts_own_steps", False):
+            at = optimizer_step
+        tracker.log(values, step=at, **kwargs.get(tracker.name, {}))
 
 
 def get(name: str, unwrap: bool, main: bool) -> Any:
@@ -134,20 +138,22 @@ def identities() -> dict[str, Any]:
     """What a checkpoint saves to continue the run: {tracker name: identity}."""
     if _active is None:
         return {}
-    return {
+    found = {
         tracker.name: tracker.identity()
         for tracker in _active.trackers
         if isinstance(tracker, LibraryTracker)
     }
+    return {name: identity for name, identity in found.items() if identity}  # {}: not continued
 
 
-def end(ending: Ending = "finished") -> None:
+def end(ending: Ending = "finished") -> TrackerRun | None:
     """Finish the run (``end_training()``); a later ``init_trackers`` starts a new one."""
     global _active
     run, _active = _active, None
     _counter.forget()
     if run is not None:
         run.finish(ending)
+    return run
 
 
 def end_launch(error: BaseException | None = None) -> None:
