@@ -191,3 +191,24 @@ def test_warm_ranks_keep_the_world_between_calls(tmp_path: Path) -> None:
             ]
         results = ranks.run(accelerate_in_rank, str(tmp_path))
     check(results, tmp_path)
+
+
+def test_fork_ranks_after_this_process_formed_its_own_state() -> None:
+    """Accelerate loaded here and its state formed ("0 of 1"): forked ranks start with it
+    loaded (the switch is taken at once, not on import) and forget this process's state."""
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    try:
+        assert PartialState().num_processes == 1
+        results = notebook_launcher(
+            _state, num_processes=2, start_method="fork", return_all=True, **QUIET
+        )
+        assert [(r["index"], r["processes"], r["main"]) for r in results] == [
+            (0, 2, True),
+            (1, 2, False),
+        ]
+        assert PartialState().num_processes == 1  # this process's own state is left as it was
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
