@@ -55,6 +55,7 @@ STATUS_COLORS = {
     RankStatus.FAILED: "#c62828",
     RankStatus.STOPPED: "#ef6c00",
 }
+HOLDING_UP_COLOR = "#ef6c00"
 _ONE_LINE = "white-space:nowrap;overflow:hidden;text-overflow:ellipsis;display:block;min-width:0"
 
 # ipywidgets wraps an HTML widget's markup in a flex item (.widget-html-content) whose
@@ -115,14 +116,20 @@ def row_cells(view: RankView) -> RowCells:
         label=label_html(view),
         value=value,
         maximum=maximum,
-        bar_style=BAR_STYLES[view.status],
+        bar_style="warning" if _holds_up(view) else BAR_STYLES[view.status],
         steps=steps,
         metrics=metrics,
         status=status,
         status_tail=tail,
-        status_color=STATUS_COLORS.get(view.status),
+        status_color=HOLDING_UP_COLOR if _holds_up(view) else STATUS_COLORS.get(view.status),
         span=status_span(steps, metrics, failed=view.status is RankStatus.FAILED),
     )
+
+
+def _holds_up(view: RankView) -> bool:
+    """The others wait for this running rank (a where-picture said so): orange, like a stop,
+    so it stands out among the blue rows that wait for it."""
+    return view.holding_up and not view.finished
 
 
 def status_span(steps: str, metrics: str, *, failed: bool) -> int:

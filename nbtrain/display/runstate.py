@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -76,6 +76,9 @@ class RankView:
     pid: int | None = None
     note: str = ""  # a free-text phase from a Status event; cleared when the rank moves on
     note_at: float | None = None  # when that phase began (the view shows how long it lasts)
+    # The others wait for this rank in a collective (a where-picture said so): its row is
+    # marked until it moves on (a step, a metric, a new phase).
+    holding_up: bool = False
     step: int = 0  # of the innermost running loop
     total: int | None = None
     desc: str | None = None
@@ -164,6 +167,7 @@ class RunState:
             )
             view.started_at, view.note, view.strategy = event.time, "", ""
         elif isinstance(event, Status):
+            view.holding_up = False
             if event.text != view.note:
                 view.note_at = event.time if event.text else None
             view.note = event.text
@@ -176,10 +180,10 @@ class RunState:
                 self.tracked.append(event.where)
         elif isinstance(event, Progress):
             # A note tells what a rank waits for; a step (or a metric) means it moved on.
-            view.note = ""
+            view.note, view.holding_up = "", False
             _apply_progress(view, event)
         elif isinstance(event, Log):
-            view.note = ""
+            view.note, view.holding_up = "", False
             _apply_log(view, event)
             self.metrics_version += 1
         elif isinstance(event, Finished):
@@ -193,6 +197,19 @@ class RunState:
             view.collateral = event.collateral
         elif isinstance(event, Exited):
             _apply_exit(view, event)
+
+    def mark_waits(self, notes: Mapping[int, tuple[str, bool]]) -> None:
+        """What a where-picture found, on the rows of the running ranks it names: ``notes``
+        maps a rank to (its phase, whether the others wait for it). Cleared as a Status
+        event's phase is, when the rank moves on."""
+        now = time.time()
+        for rank, (text, holding_up) in notes.items():
+            view = self.ranks.get(rank)
+            if view is None or view.finished:
+                continue
+            view.note, view.note_at, view.holding_up = text, now, holding_up
+            view.version += 1
+            self.version += 1
 
     def restart(self, ranks: Iterable[int] | None = None) -> None:
         """A new attempt of ``ranks`` (default: every rank) begins: they are starting again."""
@@ -286,7 +303,7 @@ def _busy_time(view: RankView, state: RunState) -> float:
 def _reset_attempt(view: RankView) -> None:
     """Forget what belonged to the rank's last attempt; keep its metrics and their history."""
     view.status, view.note, view.failure, view.collateral = RankStatus.STARTING, "", "", False
-    view.stopped_as, view.step_unsure = "", False
+    view.stopped_as, view.step_unsure, view.holding_up = "", False, False
     view.step, view.total, view.desc, view.loop, view.outer = 0, None, None, (None, None), ()
     view.rate, view._last_progress, view.iterations = None, None, 0
     view.started_at = view.ended_at = None

@@ -178,9 +178,15 @@ class Run:
 
     def _show_where(self, picture: dict[int, stacks.RankStack]) -> None:
         self.output.note(where.report(picture, "where each rank is:"))
+        self._mark_rows(picture)
 
     def _show_hang(self, picture: dict[int, stacks.RankStack]) -> None:
         self.output.note(where.hang_report(picture, self.hang.after or 0.0))
+        self._mark_rows(picture)
+
+    def _mark_rows(self, picture: dict[int, stacks.RankStack]) -> None:
+        """The rank the others wait for, marked in its row (and the waiters in theirs)."""
+        self.state.mark_waits(where.row_notes(picture))  # drawn at the loop's next tick
 
     def starting(self, phase: str) -> None:
         """Every rank is in this start-up ``phase`` ('starting Python'), said by the kernel

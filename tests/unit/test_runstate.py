@@ -371,3 +371,20 @@ def test_a_rank_killed_without_a_word_shows_its_step_as_a_lower_bound() -> None:
     assert format_status(state.ranks[0]) == "failed: killed by SIGKILL"
     state.apply(Failed(1, "ValueError", "bad", "tb", None, 1, False))
     assert format_steps(state.ranks[1]) == "train 18/100"  # it said where it was
+
+
+def test_the_rank_the_others_wait_for_is_marked_until_it_moves_on():
+    from nbtrain.display.rows import HOLDING_UP_COLOR, row_cells
+
+    state = RunState([0, 1])
+    for rank in (0, 1):
+        state.apply(started(rank, 1.0))
+    state.mark_waits({1: ("the others wait for it (Cell In[5], line 7)", True),
+                      0: ("waiting in wait_for_everyone() for rank 1", False)})
+    held = row_cells(state.ranks[1])
+    assert held.status == "the others wait for it (Cell In[5], line 7)"
+    assert (held.status_color, held.bar_style) == (HOLDING_UP_COLOR, "warning")
+    assert row_cells(state.ranks[0]).bar_style == ""
+    state.apply(Progress(1, 1, 10))
+    moved = row_cells(state.ranks[1])
+    assert (moved.status, moved.bar_style, moved.status_color) == ("running", "", None)
