@@ -165,14 +165,23 @@ def test_the_forkservers_preload_is_deaf_to_ctrl_c_and_gives_it_back(tmp_path):
     assert out.stdout.split() == ["True", "True"], out.stderr
 
 
-def test_a_fork_launch_leaves_torch_dynamo_to_its_ranks_only_while_the_warm_up_has_it_to_come(
+def test_a_fork_launch_imports_torch_dynamo_in_the_kernel_even_before_the_warm_up(
     fresh, monkeypatch
 ):
-    from nbtrain.kernel import environment, processes
+    # "Run All": leaving it to the ranks made every launch's ranks import it again
+    # (benchmarks/runall.py: 18.2 s against 11.1 s for two launches); the row says so.
+    from nbtrain.kernel import processes
+    from nbtrain.shared.options import StartMethod
 
-    monkeypatch.setattr(environment, "cpu_count", lambda: 2)
-    assert "torch._dynamo" in processes.fork_imports(2)  # no warm-up: the kernel imports it
     warmup._steps.extend(["nbtrain.kernel.launcher", "torch._dynamo"])
-    assert "torch._dynamo" not in processes.fork_imports(2)  # "Run All": the ranks may
-    assert "torch._dynamo" in processes.fork_imports(3)  # more ranks than cores: once, here
+    assert "torch._dynamo" in processes.fork_imports(2)
     assert "nbtrain.rank.worker" in processes.fork_imports(2)  # (the fork's target)
+    monkeypatch.setattr(processes, "fork_imports", lambda count: ["torch", "nbtrain_no_such"])
+    assert processes.starting_phase(StartMethod.FORK, 2) == (
+        "importing torch in the kernel (first launch only)"
+    )
+    monkeypatch.setattr(processes, "fork_imports", lambda count: ["torch", "torch._dynamo"])
+    monkeypatch.delitem(sys.modules, "torch._dynamo", raising=False)
+    assert processes.starting_phase(StartMethod.FORK, 2) == (
+        "importing torch._dynamo in the kernel (first launch only)"
+    )
