@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from nbtrain.kernel import cuda_origin, environment
+from nbtrain.kernel import cuda_origin, environment, tracebacks
 from nbtrain.kernel.cluster.spec import RayCluster
 from nbtrain.kernel.config import OutputMode, ProgressMode, check_function
 from nbtrain.kernel.launch import UserCall
@@ -91,6 +91,7 @@ def notebook_launcher(
     # IPython (and pytest) hide frames that set this: a failure shows the cell and the
     # rank's own traceback, not the launcher's internals.
     __tracebackhide__ = True
+    tracebacks.install()  # a wrong argument's message under the cell, not nbtrain's frames
     args, kwargs = check_function(function, args, kwargs)
     stop = StopOptions(
         on_interrupt=on_interrupt,

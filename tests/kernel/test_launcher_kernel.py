@@ -397,3 +397,22 @@ print(notebook_launcher(late_barrier, num_processes=2, progress="widgets", hang_
     assert held and "#ef6c00" in held[0], values
     assert any("waiting in wait_for_everyone() for rank 1" in v for v in values), values
     assert any(state.get("bar_style") == "warning" for state in updates), updates
+
+
+def test_an_argument_mistake_shows_its_message_under_the_cell_without_nbtrains_frames(kernel):
+    # args that do not fit, resume=True with no checkpoint: nbtrain's checks say what is wrong;
+    # the frames of config.py / stopping.py above that say nothing to the user, and are left
+    # out as a rank failure's are. A TypeError of the user's own keeps its whole traceback.
+    for code, message in [
+        ("def two(a, b): pass\nnotebook_launcher(two, args=(1,), num_processes=2)",
+         "do not fit two(a, b)"),
+        ("import tempfile\nnotebook_launcher(lambda: 1, num_processes=2, resume=True, "
+         "project_dir=tempfile.mkdtemp())", "resume=True: there is no complete checkpoint"),
+    ]:
+        out = kernel.run(code)
+        assert out.error is not None and message in out.error["evalue"], out
+        text = re.sub(r"\x1b\[[0-9;]*m", "", out.traceback_text)
+        assert "Cell In[" in text and message in text, text
+        assert "nbtrain" not in text.replace("from nbtrain", ""), text
+    own = kernel.run("def mine():\n    raise TypeError('mine')\nmine()")
+    assert "in mine" in re.sub(r"\x1b\[[0-9;]*m", "", own.traceback_text)

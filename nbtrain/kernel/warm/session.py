@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from nbtrain.kernel import environment
+from nbtrain.kernel import environment, tracebacks
 from nbtrain.kernel.cluster import resolve
 from nbtrain.kernel.cluster.spec import RayCluster
 from nbtrain.kernel.config import LaunchConfig, StartChoice, check_function
@@ -290,6 +290,7 @@ def start_ranks(
     global _current
     # A start that takes seconds says what it waits for (Worlds._say), then how long it took.
     began = time.monotonic()
+    tracebacks.install()  # a wrong argument's message under the cell, not nbtrain's frames
     stop = StopOptions(
         on_interrupt=on_interrupt, checkpoint_every=checkpoint_every, resume=resume,
         resume_from=resume_from, project_dir=project_dir, total_limit=total_limit,
