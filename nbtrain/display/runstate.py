@@ -243,6 +243,7 @@ class RunState:
                     view.status, view.stopped_as = RankStatus.STOPPED, "interrupted"
                     view.failure = ""
                     view.version += 1
+            _one_word_for_one_press(self.ranks.values())
         self.version += 1
 
     @property
@@ -298,6 +299,18 @@ def _busy_time(view: RankView, state: RunState) -> float:
     start = view.started_at if view.started_at is not None else state.started_at
     end = next((t for t in (view.ended_at, state.ended_at) if t is not None), time.time())
     return end - start
+
+
+def _one_word_for_one_press(views: Iterable[RankView]) -> None:
+    """One interrupt stopped them all: a rank that raised KeyboardInterrupt says "interrupted";
+    one the launcher stopped first says the same, not "stopped" beside it."""
+    views = list(views)
+    if not any(view.stopped_as == "interrupted" for view in views):
+        return
+    for view in views:
+        if view.status is RankStatus.STOPPED and not view.stopped_as:
+            view.stopped_as = "interrupted"
+            view.version += 1
 
 
 def _reset_attempt(view: RankView) -> None:

@@ -280,10 +280,10 @@ class Run:
         __tracebackhide__ = True
         if self.outcome.has_failure() and self._interrupted_early(ending):
             self.end(f"Interrupted after {self.state.elapsed:.1f}s", Verdict.STOPPED)
+            # Short: why (a raw DDP loop, a Trainer, code still setting up) is in the guide.
             raise KeyboardInterrupt(
-                "every rank was stopped at once: its loop had no nbtrain-prepared DataLoader to "
-                "stop at (yet), the only place a checkpoint can be taken (a raw DDP loop, a "
-                f"Trainer, or code still setting up){self._kept()}"
+                "stopped at once: no prepared DataLoader to stop at yet (stop-and-resume guide, "
+                f"'What it covers'){self._kept()}"
             )
         if self.outcome.has_failure():
             self.fail(self.outcome.error(node=self.config.node_rank), raised=raised)

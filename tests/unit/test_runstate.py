@@ -388,3 +388,15 @@ def test_the_rank_the_others_wait_for_is_marked_until_it_moves_on():
     state.apply(Progress(1, 1, 10))
     moved = row_cells(state.ranks[1])
     assert (moved.status, moved.bar_style, moved.status_color) == ("running", "", None)
+
+
+def test_one_press_of_stop_says_one_word_on_every_row() -> None:
+    # Rank 1 raised KeyboardInterrupt; rank 0 was stopped by the launcher before it could:
+    # both rows say "interrupted", not "stopped" beside "interrupted".
+    state = RunState([0, 1])
+    for rank in (0, 1):
+        state.apply(started(rank))
+    state.apply(Failed(1, "KeyboardInterrupt", "", "tb", None, 1, False))
+    state.apply(Exited(0, -15, "SIGTERM", stopped_by_launcher=True))
+    state.finish("Interrupted after 1.0s", Verdict.STOPPED)
+    assert [format_status(view) for view in state.ranks.values()] == ["interrupted"] * 2
