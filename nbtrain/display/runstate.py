@@ -339,8 +339,9 @@ def _one_line(text: str) -> str:
 def _apply_progress(view: RankView, event: Progress) -> None:
     key = (event.desc if event.loop is None else event.loop, event.total)
     if key != view.loop:
-        # Another loop (eval after train): its speed is not the last loop's.
-        view.iterations += event.step
+        # Another loop (eval after train): its speed is not the last loop's. A resumed pass's
+        # steps before its start were the first run's.
+        view.iterations += max(0, event.step - event.start)
         view.rate, view._last_progress = None, (event.time, view.iterations)
     else:
         # The same loop: the next step, or its next pass (next epoch: the step went back, or

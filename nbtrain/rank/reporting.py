@@ -132,13 +132,13 @@ def open_bar(total: int | None = None, desc: str | None = None) -> ProgressHandl
 class Bar:
     """One open progress loop of a rank. ``progress()`` drives it; integrations may too."""
 
-    __slots__ = ("desc", "in_body", "leaf", "n", "reporter", "total")
+    __slots__ = ("desc", "in_body", "leaf", "n", "reporter", "start", "total")
 
     def __init__(self, reporter: Reporter, total: int | None, desc: str | None) -> None:
         self.reporter = reporter
         self.total = total
         self.desc = desc
-        self.n = 0
+        self.n = self.start = 0  # start: steps of the pass done before it began (a resume)
         self.leaf = True  # no loop was ever opened inside this one: its steps are real steps
         # progress() runs the loop's body while n still counts the steps before it; a bar
         # driven by update_to() is told a step once it is done.
@@ -185,10 +185,11 @@ class Reporter:
         self._left: tuple[Bar, int, Progress] | None = None
         self._gpu = GpuSampler(self.rank)
 
-    def open(self, total: int | None, desc: str | None) -> Bar:
+    def open(self, total: int | None, desc: str | None, start: int = 0) -> Bar:
         if self.bars:
             self.bars[-1].leaf = False
         bar = Bar(self, total, desc)
+        bar.n = bar.start = start
         self.bars.append(bar)
         self._left = None
         self.used_progress = True
@@ -285,7 +286,9 @@ class Reporter:
             self._left = None
         outer = tuple((above.n, above.total) for above in self.bars[:-1])
         desc = _compose_desc(self.bars)
-        return Progress(self.rank, bar.n, bar.total, desc, loop=bar.desc, outer=outer)
+        return Progress(
+            self.rank, bar.n, bar.total, desc, loop=bar.desc, outer=outer, start=bar.start
+        )
 
     def _offer(self, event: Event, final: bool) -> bool:
         if final:
@@ -318,7 +321,8 @@ def offer(sink: EventSink, event: Event) -> bool:
 def _rank_progress(
     reporter: Reporter, iterable: Iterable[T], total: int | None, desc: str | None
 ) -> Iterator[T]:
-    bar = reporter.open(total, desc)
+    # A resumed loader's pass goes on where the checkpoint was: its bar counts from there.
+    bar = reporter.open(total, desc, start=_starts_at(iterable))
     bar.in_body = True
     complete = False
     monotonic = time.monotonic
@@ -336,6 +340,13 @@ def _rank_progress(
         # OSError: the kernel's end of the pipe is gone; this rank is being stopped anyway.
         with contextlib.suppress(OSError):
             bar.close(complete=complete)
+
+
+def _starts_at(iterable: object) -> int:
+    """Steps of this pass done before it began: a prepared DataLoader that resumes mid-epoch
+    says how many batches it skips (``nbtrain_starts_at``); anything else starts at 0."""
+    start = getattr(iterable, "nbtrain_starts_at", 0)
+    return start if isinstance(start, int) and not isinstance(start, bool) else 0
 
 
 class _ThreadReporter(threading.local):

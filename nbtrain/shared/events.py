@@ -119,6 +119,7 @@ class Progress:
     # The enclosing loops, outermost first: (iterations completed before the current one,
     # total or None). With every total known the view can tell the whole run's ETA.
     outer: tuple[tuple[int, int | None], ...] = ()
+    start: int = 0  # steps of this pass done before it began (a resumed run): not this run's
 
 
 @dataclass(frozen=True, slots=True)
