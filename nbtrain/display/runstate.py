@@ -32,6 +32,7 @@ from nbtrain.shared.events import (
     Log,
     Output,
     Progress,
+    ResumedFrom,
     Started,
     Status,
     Stopped,
@@ -134,6 +135,7 @@ class RunState:
         self.output_count = 0
         self.summary = ""
         self.tracked: list[str] = []  # where the trackers record the run (events.Tracked)
+        self.resumed = ""  # 'resumed from checkpoint_0 (step 52)' (events.ResumedFrom)
         self.verdict: Verdict | None = None  # set by finish()
         self.version = 0  # bumped on every change, so views redraw only when needed
         self.metrics_version = 0  # bumped when a metric was logged (charts redraw on it)
@@ -175,6 +177,8 @@ class RunState:
             view.strategy = event.name
         elif isinstance(event, GpuUsage):
             view.gpu = f"{event.name} · {event.reserved / 2**30:.1f} GiB"
+        elif isinstance(event, ResumedFrom):
+            self.resumed = f"resumed from {event.source} (step {event.step})"
         elif isinstance(event, Tracked):
             if event.where not in self.tracked:
                 self.tracked.append(event.where)
@@ -226,7 +230,8 @@ class RunState:
         (FAILED)."""
         self.ended_at = time.time()
         recorded = "; recorded in " + ", ".join(self.tracked) if self.tracked else ""
-        self.summary = summary + recorded
+        resumed = f"; {self.resumed}" if self.resumed else ""
+        self.summary = summary + resumed + recorded
         self.verdict = verdict if verdict is not None else self._verdict_of_ranks()
         if self.verdict is not Verdict.SUCCEEDED:
             # A rank still starting or running when a run ended badly was stopped with it

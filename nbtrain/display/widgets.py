@@ -285,6 +285,7 @@ class WidgetView:
     def _title_html(self, state: RunState) -> str:
         name = state.title or f"{len(self.rows)} ranks"
         note = self._current_note(state)
+        note = " · ".join(part for part in (state.resumed, note) if part)
         note_html = f' · <span class="nbtrain-note">{escape(note)}</span>' if note else ""
         elapsed = format_duration(state.elapsed)
         # A narrow notebook cuts the note ("... (interrupt again to stop at once)"): whole on

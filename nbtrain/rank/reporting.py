@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import numbers
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -30,7 +31,7 @@ from typing import Any, Protocol, TypeVar
 from nbtrain.rank import runtime
 from nbtrain.rank.gpu_usage import GpuSampler
 from nbtrain.rank.runtime import Runtime
-from nbtrain.shared.events import Event, EventSink, Log, Progress, Status, Strategy
+from nbtrain.shared.events import Event, EventSink, Log, Progress, ResumedFrom, Status, Strategy
 
 T = TypeVar("T")
 
@@ -86,6 +87,17 @@ def resumed_at(step: int) -> None:
     if current is not None:
         reporter = reporter_for(current)
         reporter.global_step = reporter.log_calls = step
+
+
+def resumed_from(source: str, step: int) -> None:
+    """Say in the dashboard's header that the run resumed from checkpoint ``source`` after
+    ``step`` optimizer steps; outside a launch, on stderr."""
+    current = runtime.current()
+    if current is None:
+        print(f"[nbtrain] resumed from {source} (step {step})", file=sys.stderr, flush=True)
+        return
+    with contextlib.suppress(OSError):  # the kernel's end is gone: being stopped anyway
+        current.sink.send(ResumedFrom(current.info.rank, source, step))
 
 
 def log(values: Mapping[str, Any], step: int | None = None) -> None:

@@ -208,9 +208,21 @@ class Exited:
     stop_requested: bool = False  # the launcher had asked it to stop (it may have ended first)
 
 
+@dataclass(frozen=True, slots=True)
+class ResumedFrom:
+    """The run resumed from a checkpoint (``source``: its folder's name) after ``step``
+    optimizer steps: the dashboard's header and summary say so."""
+
+    rank: int
+    source: str
+    step: int
+    time: float = field(default_factory=now)
+
+
 Event = (
     Started
     | Status
+    | ResumedFrom
     | Paused
     | Resumed
     | Strategy
