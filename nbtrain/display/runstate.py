@@ -288,9 +288,15 @@ class RunState:
         return f"Failed after {self.elapsed:.1f}s: {error}".splitlines()[0]
 
     def done_summary(self) -> str:
-        """The summary of a successful run: 'Done in 3.2s, 95.0 steps/s'."""
+        """The summary of a successful run: 'Done in 3.2s, 95.0 it/s (train)'. The rate is of
+        the progress() loops' items, named by the loop (an epoch loop's are epochs): not
+        "steps/s", which would read as optimizer steps."""
         rate = self.steps_per_second
-        return f"Done in {self.elapsed:.1f}s" + (f", {rate:.1f} steps/s" if rate else "")
+        if not rate:
+            return f"Done in {self.elapsed:.1f}s"
+        loops = {view.loop[0] for view in self.ranks.values() if view.iterations}
+        named = f" ({loops.pop()})" if len(loops) == 1 and None not in loops else ""
+        return f"Done in {self.elapsed:.1f}s, {rate:.1f} it/s{named}"
 
     def lines_since(self, index: int) -> list[OutputLine]:
         """Output lines with an index >= ``index`` that are still kept (oldest first)."""

@@ -191,7 +191,13 @@ class Run:
     def starting(self, phase: str) -> None:
         """Every rank is in this start-up ``phase`` ('starting Python'), said by the kernel
         before the ranks can say anything themselves; drawn at once, as the kernel may block
-        while it lasts (rank/__init__.py says the next phase from inside the rank)."""
+        while it lasts (rank/__init__.py says the next phase from inside the rank). What the
+        kernel itself does first ('importing torch in the kernel', before a fork: the phases that
+        start with 'importing') is no rank's: said in the header."""
+        if phase.startswith("importing "):
+            self.say(phase)
+            self.redraw()
+            return
         for rank in self.ranks:
             self.emit(Status(rank, phase))
         self.redraw()

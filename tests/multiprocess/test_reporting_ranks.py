@@ -262,3 +262,25 @@ def test_a_resumed_pass_counts_from_where_it_resumed(received, monkeypatch) -> N
     state = captured[0]
     assert all((view.step, view.total) == (20, 20) for view in state.ranks.values())
     assert all(view.iterations == 15 for view in state.ranks.values())
+
+
+def test_the_kernels_own_phase_is_said_once_not_on_a_ranks_row(tmp_path) -> None:
+    # A first fork launch in a fresh process imports torch there before it forks: that is the
+    # launching process's phase, said once as a note, not as one rank's.
+    import subprocess
+    import sys
+
+    script = tmp_path / "launch.py"
+    script.write_text(
+        "import time\nfrom nbtrain import notebook_launcher\n"
+        "def work():\n    import torch\n    time.sleep(0.5)\n    return 1\n"
+        "if __name__ == '__main__':\n"
+        "    print(notebook_launcher(work, num_processes=2, start_method='fork', "
+        "progress='text'))\n"
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=180)
+    assert out.returncode == 0, out.stderr
+    lines = (out.stdout + out.stderr).splitlines()
+    assert any(line.startswith("[nbtrain] importing torch") for line in lines), lines
+    assert not any(line.startswith("[rank") and "importing" in line for line in lines), lines

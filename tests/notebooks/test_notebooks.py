@@ -54,7 +54,7 @@ DIFF_REPLACE = (
     # Speeds and durations in the live view's text summary. A rank's it/s is shown once known,
     # which on a short run can depend on timing: the token goes entirely.
     ("/cells/*/outputs", r" \d+(\.\d+)? it/s", ""),
-    ("/cells/*/outputs", r"\d+(\.\d+)? steps/s", "N steps/s"),
+    ("/cells/*/outputs", r"\d+(\.\d+)? (steps|it)/s", "N it/s"),
     ("/cells/*/outputs", r"\b(in|after) \d+(\.\d+)?s\b", r"\1 Ns"),
     ("/cells/*/outputs", r"ETA \d+:\d\d", "ETA N"),
     ("/cells/*/outputs", r"0x[0-9a-f]{6,}", "0xADDRESS"),

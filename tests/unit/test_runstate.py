@@ -223,7 +223,14 @@ def test_the_done_summary_gives_wall_time_and_the_run_step_rate() -> None:
         state.apply(Progress(rank, 40, 40, None, time=3.9))
         state.apply(Finished(rank, None, time=4.0))
     state.started_at, state.ended_at = 0.0, 4.5
-    assert state.done_summary() == "Done in 4.5s, 10.0 steps/s"
+    assert state.done_summary() == "Done in 4.5s, 10.0 it/s"
+    epochs = RunState([0])
+    epochs.apply(started(0, t=0.0))
+    epochs.apply(Progress(0, 0, 3, "epoch", time=0.0))
+    epochs.apply(Progress(0, 3, 3, "epoch", time=1.0))
+    epochs.started_at, epochs.ended_at = 0.0, 1.5
+    # An epoch loop's items are epochs: said, not called optimizer steps
+    assert epochs.done_summary() == "Done in 1.5s, 2.0 it/s (epoch)"
     quiet = RunState([0])
     quiet.started_at, quiet.ended_at = 0.0, 2.0
     assert quiet.done_summary() == "Done in 2.0s"  # no progress reported: no rate
