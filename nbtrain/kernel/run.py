@@ -354,11 +354,13 @@ class Run:
             else f"; every rank was stopped ({where})"
         )
         stacks_text = stacks.describe(stuck, cellnames.place)
+        logs = self.output.folder
+        full = f"in {logs}/rank-N.log" if logs is not None else "in each rank's log"
         return (
             f"{given('timeout', f'{self.config.timeout:g}')} expired{what}. "
             f"Raise {to_raise('timeout')} if the run needs longer."
             + (
-                f"\nWhere the ranks were (each rank's full stack is in its output):\n{stacks_text}"
+                f"\nWhere the ranks were (each rank's full stack is {full}):\n{stacks_text}"
                 if stacks_text
                 else ""
             )
