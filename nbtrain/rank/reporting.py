@@ -105,9 +105,10 @@ def log(values: Mapping[str, Any], step: int | None = None) -> None:
 
     Values may be Python numbers, NumPy scalars or one-element tensors. ``step`` defaults to the
     number of progress() iterations this rank completed, counting the one running (the first
-    step's loss is at step 1, the N-th's at N, as "Stopped at step N" counts), or of earlier
-    log() calls when it uses no progress(). Inside a progress() loop logs go out with the
-    loop's updates (coalesced messages; every value logged reaches the kernel).
+    step's loss is at step 1, the N-th's at N, as "Stopped at step N" counts), or of log()
+    calls, this one included, when it uses no progress() (the N-th call at step N). Inside a
+    progress() loop logs go out with the loop's updates (coalesced messages; every value logged
+    reaches the kernel).
     """
     numbers_only = _check_values(values)
     if step is not None and (isinstance(step, bool) or not isinstance(step, numbers.Integral)):
@@ -225,7 +226,9 @@ class Reporter:
 
     def log(self, values: dict[str, float], step: int | None) -> None:
         if step is None:
-            step = self.global_step if self.used_progress else self.log_calls
+            # Without progress(): the N-th log() is at step N, 1-based as a progress() step's
+            # and as TensorBoard's optimizer step after the first step() (issue 42).
+            step = self.global_step if self.used_progress else self.log_calls + 1
             if self.bars and self.bars[-1].leaf and self.bars[-1].in_body:
                 step += 1  # the step running now: its loss is the N-th step's, as summaries say
         self.log_calls += 1
