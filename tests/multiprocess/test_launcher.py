@@ -958,3 +958,29 @@ def test_one_rank_with_gpu_ids_runs_apart_from_the_kernel(monkeypatch):
     assert pid != os.getpid() and visible == "1"
     monkeypatch.setattr(environment, "cuda_device_count", lambda: 0)
     assert notebook_launcher(where_am_i, num_processes=1, **QUIET)[0] == os.getpid()
+
+
+def last_one_late(ranks):
+    dist.init_process_group("gloo")
+    if dist.get_rank() == ranks - 1:
+        time.sleep(600)  # never joins
+    dist.all_reduce(torch.ones(1))
+
+
+def test_at_width_ranks_at_the_same_place_share_one_line(capsys):
+    # Eight real ranks, seven in all_reduce and the last one asleep: the picture is three
+    # lines (issue 44's "Control at width"), not eight, and names the late rank.
+    ranks = 8
+    with pytest.raises(TimeoutError) as info:
+        notebook_launcher(last_one_late, (ranks,), num_processes=ranks, start_method="fork",
+                          timeout=25, progress="off", hang_after=8)
+    lines = str(info.value).splitlines()
+    picture = lines[lines.index(next(line for line in lines if line.startswith("Where"))) + 1:]
+    assert len(picture) == 3, picture
+    assert picture[0].startswith("ranks 0-6 were in ") and "in last_one_late" in picture[0]
+    assert picture[1].startswith("rank 7 was in ") and "in last_one_late" in picture[1]
+    assert picture[2] == (
+        "ranks 0-6 wait in all_reduce; rank 7 has not entered it: the others wait for rank 7."
+    )
+    hang = capsys.readouterr().err
+    assert "ranks 0-6 are in " in hang and "the others wait for rank 7." in hang, hang
