@@ -16,6 +16,7 @@ Every public name loads on first use, so a rank that imports ``nbtrain`` for ``A
 loads the kernel side, and ``import nbtrain`` in the kernel stays light.
 """
 
+import sys
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
@@ -79,6 +80,28 @@ def _warm_up_on_import() -> None:
         import_module("nbtrain.kernel.procs.warmup").start()
 
 
+def _register_magics() -> None:
+    """In IPython, ``%%ranks`` and ``%ranks_debug`` are known from ``import nbtrain`` on: used
+    before ``start_ranks``, they say to call it first (not IPython's bare "Cell magic not
+    found"). The magics' module is imported on their first use."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is None or getattr(shell, "_nbtrain_magics", False):
+        return
+
+    def ranks(line: str, cell: str) -> Any:
+        __tracebackhide__ = True
+        return import_module("nbtrain.kernel.warm.magics").ranks_magic(line, cell)
+
+    def ranks_debug(line: str) -> Any:
+        __tracebackhide__ = True
+        return import_module("nbtrain.kernel.warm.magics").ranks_debug_magic(line)
+
+    shell.register_magic_function(ranks, magic_kind="cell", magic_name="ranks")
+    shell.register_magic_function(ranks_debug, magic_kind="line", magic_name="ranks_debug")
+    shell._nbtrain_magics = True
+
+
 def load_ipython_extension(shell: Any) -> None:
     """``%load_ext nbtrain``: registers the ``%%ranks`` cell magic (warm ranks)."""
     import_module("nbtrain.kernel.warm.magics").load_ipython_extension(shell)
@@ -108,3 +131,4 @@ __all__ = [
 ]
 
 _warm_up_on_import()
+_register_magics()

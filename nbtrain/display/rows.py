@@ -17,11 +17,18 @@ that a span's width is exactly the sum of the columns it covers.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from html import escape
 
-from nbtrain.display.formatting import format_metrics, format_steps, has_progress, status_parts
+from nbtrain.display.formatting import (
+    MAX_METRICS,
+    format_metrics,
+    format_steps,
+    has_progress,
+    status_parts,
+)
 from nbtrain.display.runstate import RankStatus, RankView
 
 # flex of each column of a row: the bar takes what the others leave (at least BAR_MIN). The
@@ -55,6 +62,7 @@ STATUS_COLORS = {
     RankStatus.FAILED: "#c62828",
     RankStatus.STOPPED: "#ef6c00",
 }
+HOLDING_UP_COLOR = "#ef6c00"
 _ONE_LINE = "white-space:nowrap;overflow:hidden;text-overflow:ellipsis;display:block;min-width:0"
 
 # ipywidgets wraps an HTML widget's markup in a flex item (.widget-html-content) whose
@@ -98,6 +106,8 @@ class RowCells:
     status_color: str | None
     span: int  # columns the status takes: 1, 2 (and metrics') or 3 (and steps')
 
+    metrics_title: str = ""  # every metric, whole: the metrics cell's tooltip
+
     @property
     def status_title(self) -> str:
         """The status whole, and the metrics its span hides."""
@@ -109,26 +119,55 @@ class RowCells:
 def row_cells(view: RankView) -> RowCells:
     value, maximum = bar_position(view)
     steps = format_steps(view) if has_progress(view) else ""
-    metrics = format_metrics(view.metrics) if view.metrics else ""
+    metrics = compact_metrics(view.metrics) if view.metrics else ""
     status, tail = status_parts(view)
     return RowCells(
         label=label_html(view),
         value=value,
         maximum=maximum,
-        bar_style=BAR_STYLES[view.status],
+        bar_style="warning" if _holds_up(view) else BAR_STYLES[view.status],
         steps=steps,
         metrics=metrics,
         status=status,
         status_tail=tail,
-        status_color=STATUS_COLORS.get(view.status),
-        span=status_span(steps, metrics, failed=view.status is RankStatus.FAILED),
+        status_color=HOLDING_UP_COLOR if _holds_up(view) else STATUS_COLORS.get(view.status),
+        span=status_span(
+            steps, metrics, failed=view.status is RankStatus.FAILED,
+            phase=bool(view.note) and not view.finished,
+        ),
+        metrics_title=format_metrics(view.metrics) if view.metrics else "",
     )
 
 
-def status_span(steps: str, metrics: str, *, failed: bool) -> int:
+def _holds_up(view: RankView) -> bool:
+    """The others wait for this running rank (a where-picture said so): orange, like a stop,
+    so it stands out among the blue rows that wait for it."""
+    return view.holding_up and not view.finished
+
+
+METRIC_NAME_CHARS = 10  # a metric's name in a row: 'train/learning_rate' -> 'learning_…'
+
+
+def compact_metrics(values: dict[str, float]) -> str:
+    """The row's metrics, short enough that two or three fit its column at 1,400 px (the
+    first alone filled it): a name's last '/' part, cut to METRIC_NAME_CHARS, and 3
+    significant digits ('loss 0.452 · accuracy 0.881 · learning_… 0.0009'). The chart and
+    the tooltip keep the rest."""
+    parts = []
+    for name, value in list(values.items())[:MAX_METRICS]:
+        short = name.rsplit("/", 1)[-1] or name
+        if len(short) > METRIC_NAME_CHARS:
+            short = short[: METRIC_NAME_CHARS - 1] + "…"
+        parts.append(f"{short} {value:.3g}" if math.isfinite(value) else f"{short} {value}")
+    return " · ".join(parts)
+
+
+def status_span(steps: str, metrics: str, *, failed: bool, phase: bool = False) -> int:
     """Columns the status takes (see the module doc): the empty ones before it, and a failed
-    rank's metrics column."""
-    if metrics and not failed:
+    rank's metrics column, or a waiting rank's (a phase: 'saving checkpoint… (4s)' whole at
+    900 px, where the status column alone showed 'sa… (4s)'; its loop is not moving, so the
+    metrics wait in the tooltip)."""
+    if metrics and not failed and not phase:
         return 1
     return 2 if steps else 3
 
@@ -169,6 +208,10 @@ def one_line_html(text: str, style: str = "", *, tail: str = "", title: str = ""
     return f'<span title="{whole}" style="{_ONE_LINE}{style}">{shown}</span>'
 
 
+def metrics_html(cells: RowCells) -> str:
+    return one_line_html(cells.metrics, title=cells.metrics_title)
+
+
 def status_html(cells: RowCells) -> str:
     color = cells.status_color
     return one_line_html(
@@ -201,7 +244,7 @@ def static_row(view: RankView) -> str:
         'height:14px;margin:0 4px;background:#eee">'
         f'<div style="width:{percent:.1f}%;height:100%;background:{color}"></div></div>',
         column("steps", COLUMNS["steps"], one_line_html(cells.steps)),
-        column("metrics", COLUMNS["metrics"], one_line_html(cells.metrics)),
+        column("metrics", COLUMNS["metrics"], metrics_html(cells)),
         column("status", STATUS_SPANS[cells.span], status_html(cells)),
     ]
     return (

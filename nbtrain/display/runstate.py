@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -33,6 +33,7 @@ from nbtrain.shared.events import (
     Log,
     Output,
     Progress,
+    ResumedFrom,
     Started,
     Status,
     Stopped,
@@ -77,6 +78,9 @@ class RankView:
     pid: int | None = None
     note: str = ""  # a free-text phase from a Status event; cleared when the rank moves on
     note_at: float | None = None  # when that phase began (the view shows how long it lasts)
+    # The others wait for this rank in a collective (a where-picture said so): its row is
+    # marked until it moves on (a step, a metric, a new phase).
+    holding_up: bool = False
     step: int = 0  # of the innermost running loop
     total: int | None = None
     desc: str | None = None
@@ -132,6 +136,7 @@ class RunState:
         self.output_count = 0
         self.summary = ""
         self.tracked: list[str] = []  # where the trackers record the run (events.Tracked)
+        self.resumed = ""  # 'resumed from checkpoint_0 (step 52)' (events.ResumedFrom)
         self.verdict: Verdict | None = None  # set by finish()
         self.version = 0  # bumped on every change, so views redraw only when needed
         self.metrics_version = 0  # bumped when a metric was logged (charts redraw on it)
@@ -165,6 +170,7 @@ class RunState:
             )
             view.started_at, view.note, view.strategy = event.time, "", ""
         elif isinstance(event, Status):
+            view.holding_up = False
             if event.text != view.note:
                 view.note_at = event.time if event.text else None
             view.note = event.text
@@ -172,15 +178,17 @@ class RunState:
             view.strategy = event.name
         elif isinstance(event, GpuUsage):
             view.gpu = f"{event.name} · {event.reserved / 2**30:.1f} GiB"
+        elif isinstance(event, ResumedFrom):
+            self.resumed = f"resumed from {event.source} (step {event.step})"
         elif isinstance(event, Tracked):
             if event.where not in self.tracked:
                 self.tracked.append(event.where)
         elif isinstance(event, Progress):
             # A note tells what a rank waits for; a step (or a metric) means it moved on.
-            view.note = ""
+            view.note, view.holding_up = "", False
             _apply_progress(view, event)
         elif isinstance(event, Log):
-            view.note = ""
+            view.note, view.holding_up = "", False
             _apply_log(view, event)
             self.metrics_version += 1
         elif isinstance(event, Finished):
@@ -194,6 +202,19 @@ class RunState:
             view.collateral = event.collateral
         elif isinstance(event, Exited):
             _apply_exit(view, event)
+
+    def mark_waits(self, notes: Mapping[int, tuple[str, bool]]) -> None:
+        """What a where-picture found, on the rows of the running ranks it names: ``notes``
+        maps a rank to (its phase, whether the others wait for it). Cleared as a Status
+        event's phase is, when the rank moves on."""
+        now = time.time()
+        for rank, (text, holding_up) in notes.items():
+            view = self.ranks.get(rank)
+            if view is None or view.finished:
+                continue
+            view.note, view.note_at, view.holding_up = text, now, holding_up
+            view.version += 1
+            self.version += 1
 
     def restart(self, ranks: Iterable[int] | None = None) -> None:
         """A new attempt of ``ranks`` (default: every rank) begins: they are starting again."""
@@ -210,7 +231,8 @@ class RunState:
         (FAILED)."""
         self.ended_at = time.time()
         recorded = "; recorded in " + ", ".join(self.tracked) if self.tracked else ""
-        self.summary = summary + recorded
+        resumed = f"; {self.resumed}" if self.resumed else ""
+        self.summary = summary + resumed + recorded
         self.verdict = verdict if verdict is not None else self._verdict_of_ranks()
         if self.verdict is not Verdict.SUCCEEDED:
             # A rank still starting or running when a run ended badly was stopped with it
@@ -227,6 +249,7 @@ class RunState:
                     view.status, view.stopped_as = RankStatus.STOPPED, "interrupted"
                     view.failure = ""
                     view.version += 1
+            _one_word_for_one_press(self.ranks.values())
         self.version += 1
 
     @property
@@ -266,9 +289,15 @@ class RunState:
         return f"Failed after {self.elapsed:.1f}s: {error}".splitlines()[0]
 
     def done_summary(self) -> str:
-        """The summary of a successful run: 'Done in 3.2s, 95.0 steps/s'."""
+        """The summary of a successful run: 'Done in 3.2s, 95.0 it/s (train)'. The rate is of
+        the progress() loops' items, named by the loop (an epoch loop's are epochs): not
+        "steps/s", which would read as optimizer steps."""
         rate = self.steps_per_second
-        return f"Done in {self.elapsed:.1f}s" + (f", {rate:.1f} steps/s" if rate else "")
+        if not rate:
+            return f"Done in {self.elapsed:.1f}s"
+        loops = {view.loop[0] for view in self.ranks.values() if view.iterations}
+        named = f" ({loops.pop()})" if len(loops) == 1 and None not in loops else ""
+        return f"Done in {self.elapsed:.1f}s, {rate:.1f} it/s{named}"
 
     def lines_since(self, index: int) -> list[OutputLine]:
         """Output lines with an index >= ``index`` that are still kept (oldest first)."""
@@ -284,10 +313,22 @@ def _busy_time(view: RankView, state: RunState) -> float:
     return end - start
 
 
+def _one_word_for_one_press(views: Iterable[RankView]) -> None:
+    """One interrupt stopped them all: a rank that raised KeyboardInterrupt says "interrupted";
+    one the launcher stopped first says the same, not "stopped" beside it."""
+    views = list(views)
+    if not any(view.stopped_as == "interrupted" for view in views):
+        return
+    for view in views:
+        if view.status is RankStatus.STOPPED and not view.stopped_as:
+            view.stopped_as = "interrupted"
+            view.version += 1
+
+
 def _reset_attempt(view: RankView) -> None:
     """Forget what belonged to the rank's last attempt; keep its metrics and their history."""
     view.status, view.note, view.failure, view.collateral = RankStatus.STARTING, "", "", False
-    view.stopped_as, view.step_unsure = "", False
+    view.stopped_as, view.step_unsure, view.holding_up = "", False, False
     view.step, view.total, view.desc, view.loop, view.outer = 0, None, None, (None, None), ()
     view.rate, view._last_progress, view.iterations = None, None, 0
     view.started_at = view.ended_at = None
@@ -310,8 +351,9 @@ def _one_line(text: str) -> str:
 def _apply_progress(view: RankView, event: Progress) -> None:
     key = (event.desc if event.loop is None else event.loop, event.total)
     if key != view.loop:
-        # Another loop (eval after train): its speed is not the last loop's.
-        view.iterations += event.step
+        # Another loop (eval after train): its speed is not the last loop's. A resumed pass's
+        # steps before its start were the first run's.
+        view.iterations += max(0, event.step - event.start)
         view.rate, view._last_progress = None, (event.time, view.iterations)
     else:
         # The same loop: the next step, or its next pass (next epoch: the step went back, or

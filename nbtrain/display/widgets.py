@@ -35,6 +35,7 @@ from nbtrain.display.rows import (
     COLUMNS,
     LIVE_CSS,
     STATUS_COLORS,
+    metrics_html,
     one_line_html,
     row_cells,
     static_dashboard,
@@ -118,7 +119,7 @@ class RankRow:
             self.bar.value = cells.value
             self.bar.bar_style = cells.bar_style
         self.steps.value = one_line_html(cells.steps)
-        self.metrics.value = one_line_html(cells.metrics)
+        self.metrics.value = metrics_html(cells)
         self.status.value = status_html(cells)
         # The status spans the columns its row leaves empty: a class of the row (rows.LIVE_CSS)
         if cells.span != self.span:
@@ -285,6 +286,7 @@ class WidgetView:
     def _title_html(self, state: RunState) -> str:
         name = state.title or f"{len(self.rows)} ranks"
         note = self._current_note(state)
+        note = " · ".join(part for part in (state.resumed, note) if part)
         note_html = f' · <span class="nbtrain-note">{escape(note)}</span>' if note else ""
         elapsed = format_duration(state.elapsed)
         # A narrow notebook cuts the note ("... (interrupt again to stop at once)"): whole on

@@ -21,6 +21,7 @@ from nbtrain.kernel.launch.cluster.spec import RayCluster
 from nbtrain.kernel.options.config import OutputMode, ProgressMode, check_function
 from nbtrain.kernel.options.interface import UserCall
 from nbtrain.kernel.options.requested import Requested
+from nbtrain.kernel.run import tracebacks
 
 
 def notebook_launcher(
@@ -138,6 +139,7 @@ def notebook_launcher(
     # IPython (and pytest) hide frames that set this: a failure shows the cell and the
     # rank's own traceback, not the launcher's internals.
     __tracebackhide__ = True
+    tracebacks.install()  # a wrong argument's message under the cell, not nbtrain's frames
     args, kwargs = check_function(function, args, kwargs)
     # Every parameter but the call itself is an option, by its name (Requested.of).
     given = {name: value for name, value in locals().items() if name in _OPTION_NAMES}

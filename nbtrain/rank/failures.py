@@ -80,7 +80,30 @@ def users_traceback(tb: TracebackType | None) -> TracebackType | None:
     first = tb
     while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_RANK_DIR):
         tb = tb.tb_next
-    return tb if tb is not None else first
+    return _without_signal_handler(tb) if tb is not None else first
+
+
+# The rank's handlers that raise KeyboardInterrupt (session.py, interrupts.py): an interrupt's
+# traceback ends in one of them, but the user's frame it interrupted is where pdb must open.
+_SIGNAL_HANDLERS = ("_on_sigint", "_on_signal")
+
+
+def _without_signal_handler(tb: TracebackType) -> TracebackType:
+    frames: list[TracebackType] = []
+    entry: TracebackType | None = tb
+    while entry is not None:
+        frames.append(entry)
+        entry = entry.tb_next
+    last = frames[-1].tb_frame.f_code
+    if len(frames) < 2 or not (
+        last.co_filename.startswith(_RANK_DIR) and last.co_name in _SIGNAL_HANDLERS
+    ):
+        return tb
+    chain: TracebackType | None = None
+    for kept in reversed(frames[:-1]):
+        chain = TracebackType(chain, kept.tb_frame, kept.tb_lasti, kept.tb_lineno)
+    assert chain is not None
+    return chain
 
 
 def exit_code_of(exc: SystemExit) -> int:

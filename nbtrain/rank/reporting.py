@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import numbers
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -30,7 +31,7 @@ from typing import Any, Protocol, TypeVar
 from nbtrain.rank import runtime
 from nbtrain.rank.gpu_usage import GpuSampler
 from nbtrain.rank.runtime import Runtime
-from nbtrain.shared.events import Event, EventSink, Log, Progress, Status, Strategy
+from nbtrain.shared.events import Event, EventSink, Log, Progress, ResumedFrom, Status, Strategy
 
 T = TypeVar("T")
 
@@ -88,14 +89,26 @@ def resumed_at(step: int) -> None:
         reporter.global_step = reporter.log_calls = step
 
 
+def resumed_from(source: str, step: int) -> None:
+    """Say in the dashboard's header that the run resumed from checkpoint ``source`` after
+    ``step`` optimizer steps; outside a launch, on stderr."""
+    current = runtime.current()
+    if current is None:
+        print(f"[nbtrain] resumed from {source} (step {step})", file=sys.stderr, flush=True)
+        return
+    with contextlib.suppress(OSError):  # the kernel's end is gone: being stopped anyway
+        current.sink.send(ResumedFrom(current.info.rank, source, step))
+
+
 def log(values: Mapping[str, Any], step: int | None = None) -> None:
     """Report metrics of this rank, e.g. ``log({"loss": loss.item()})``.
 
     Values may be Python numbers, NumPy scalars or one-element tensors. ``step`` defaults to the
     number of progress() iterations this rank completed, counting the one running (the first
-    step's loss is at step 1, the N-th's at N, as "Stopped at step N" counts), or of earlier
-    log() calls when it uses no progress(). Inside a progress() loop logs go out with the
-    loop's updates (coalesced messages; every value logged reaches the kernel).
+    step's loss is at step 1, the N-th's at N, as "Stopped at step N" counts), or of log()
+    calls, this one included, when it uses no progress() (the N-th call at step N). Inside a
+    progress() loop logs go out with the loop's updates (coalesced messages; every value logged
+    reaches the kernel).
 
     :param values: metric names and numbers.
     :param step: the step the values belong to.
@@ -136,13 +149,13 @@ def open_bar(total: int | None = None, desc: str | None = None) -> ProgressHandl
 class Bar:
     """One open progress loop of a rank. ``progress()`` drives it; integrations may too."""
 
-    __slots__ = ("desc", "in_body", "leaf", "n", "reporter", "total")
+    __slots__ = ("desc", "in_body", "leaf", "n", "reporter", "start", "total")
 
     def __init__(self, reporter: Reporter, total: int | None, desc: str | None) -> None:
         self.reporter = reporter
         self.total = total
         self.desc = desc
-        self.n = 0
+        self.n = self.start = 0  # start: steps of the pass done before it began (a resume)
         self.leaf = True  # no loop was ever opened inside this one: its steps are real steps
         # progress() runs the loop's body while n still counts the steps before it; a bar
         # driven by update_to() is told a step once it is done.
@@ -189,10 +202,11 @@ class Reporter:
         self._left: tuple[Bar, int, Progress] | None = None
         self._gpu = GpuSampler(self.rank)
 
-    def open(self, total: int | None, desc: str | None) -> Bar:
+    def open(self, total: int | None, desc: str | None, start: int = 0) -> Bar:
         if self.bars:
             self.bars[-1].leaf = False
         bar = Bar(self, total, desc)
+        bar.n = bar.start = start
         self.bars.append(bar)
         self._left = None
         self.used_progress = True
@@ -216,7 +230,9 @@ class Reporter:
 
     def log(self, values: dict[str, float], step: int | None) -> None:
         if step is None:
-            step = self.global_step if self.used_progress else self.log_calls
+            # Without progress(): the N-th log() is at step N, 1-based as a progress() step's
+            # and as TensorBoard's optimizer step after the first step() (issue 42).
+            step = self.global_step if self.used_progress else self.log_calls + 1
             if self.bars and self.bars[-1].leaf and self.bars[-1].in_body:
                 step += 1  # the step running now: its loss is the N-th step's, as summaries say
         self.log_calls += 1
@@ -289,7 +305,9 @@ class Reporter:
             self._left = None
         outer = tuple((above.n, above.total) for above in self.bars[:-1])
         desc = _compose_desc(self.bars)
-        return Progress(self.rank, bar.n, bar.total, desc, loop=bar.desc, outer=outer)
+        return Progress(
+            self.rank, bar.n, bar.total, desc, loop=bar.desc, outer=outer, start=bar.start
+        )
 
     def _offer(self, event: Event, final: bool) -> bool:
         if final:
@@ -322,7 +340,8 @@ def offer(sink: EventSink, event: Event) -> bool:
 def _rank_progress(
     reporter: Reporter, iterable: Iterable[T], total: int | None, desc: str | None
 ) -> Iterator[T]:
-    bar = reporter.open(total, desc)
+    # A resumed loader's pass goes on where the checkpoint was: its bar counts from there.
+    bar = reporter.open(total, desc, start=_starts_at(iterable))
     bar.in_body = True
     complete = False
     monotonic = time.monotonic
@@ -340,6 +359,13 @@ def _rank_progress(
         # OSError: the kernel's end of the pipe is gone; this rank is being stopped anyway.
         with contextlib.suppress(OSError):
             bar.close(complete=complete)
+
+
+def _starts_at(iterable: object) -> int:
+    """Steps of this pass done before it began: a prepared DataLoader that resumes mid-epoch
+    says how many batches it skips (``nbtrain_starts_at``); anything else starts at 0."""
+    start = getattr(iterable, "nbtrain_starts_at", 0)
+    return start if isinstance(start, int) and not isinstance(start, bool) else 0
 
 
 class _ThreadReporter(threading.local):

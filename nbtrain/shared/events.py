@@ -119,6 +119,7 @@ class Progress:
     # The enclosing loops, outermost first: (iterations completed before the current one,
     # total or None). With every total known the view can tell the whole run's ETA.
     outer: tuple[tuple[int, int | None], ...] = ()
+    start: int = 0  # steps of this pass done before it began (a resumed run): not this run's
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,9 +208,21 @@ class Exited:
     stop_requested: bool = False  # the launcher had asked it to stop (it may have ended first)
 
 
+@dataclass(frozen=True, slots=True)
+class ResumedFrom:
+    """The run resumed from a checkpoint (``source``: its folder's name) after ``step``
+    optimizer steps: the dashboard's header and summary say so."""
+
+    rank: int
+    source: str
+    step: int
+    time: float = field(default_factory=now)
+
+
 Event = (
     Started
     | Status
+    | ResumedFrom
     | Paused
     | Resumed
     | Strategy

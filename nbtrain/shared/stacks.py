@@ -35,6 +35,10 @@ _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<name
 _ENTRY = ("nbtrain/rank/worker.py", "nbtrain/rank/xla_host.py", "nbtrain/rank/session.py")
 # torch's collectives (all_reduce, barrier, broadcast, ...): each is a function of this module.
 _COLLECTIVES = ("torch/distributed/distributed_c10d.py",)
+# The Accelerator's own collectives (wait_for_everyone, gather, reduce, broadcast, save_state's
+# barrier, ...): they wait by polling an async all_gather, so no torch collective is on the
+# stack while they wait; the call the user made names the collective.
+_ACCELERATOR_COLLECTIVES = ("nbtrain/accelerator/comm/",)
 
 
 def enable_dumps() -> None:
@@ -81,8 +85,21 @@ def rank_stack(lines: list[str]) -> RankStack:
             kept = _calls_into_nbtrain_collapsed(
                 [Frame(m["file"], int(m["line"]), m["name"]) for m in frames[:entry]]
             )
-            return RankStack(tuple(kept), _collective(called))
+            in_accelerator = any(_in_accelerator_comm(m["file"]) for m in frames[:entry])
+            made = _nbtrain_call(kept) if in_accelerator else None
+            return RankStack(tuple(kept), made or _collective(called))
     return RankStack()
+
+
+def _in_accelerator_comm(path: str) -> bool:
+    path = path.replace("\\", "/")
+    return _inside_nbtrain(path) and any(part in path for part in _ACCELERATOR_COLLECTIVES)
+
+
+def _nbtrain_call(kept: list[Frame]) -> str | None:
+    """The innermost call into nbtrain the user made (wait_for_everyone, gather_for_metrics,
+    save_state): the collective a rank waiting in the Accelerator's transport is in."""
+    return next((frame.name for frame in kept if frame.inside_nbtrain), None)
 
 
 def users_outermost(places: Sequence[tuple[str, str]]) -> int | None:
@@ -175,28 +192,51 @@ def describe(
     live: bool = False,
 ) -> str:
     """The one account of where the ranks are (``live``) or were when they were stopped: a
-    line per rank ("rank 1 was waiting in wait_for_everyone(), called from Cell In[5], line 5
-    in train"), then, when some ranks wait in a collective, which ranks have not entered it:
-    the rank(s) the others wait for. ``place`` names a file and line (the kernel names its
-    cells as IPython does); by default the short path."""
+    line per place, with the ranks there ("rank 1 was waiting in wait_for_everyone(), called
+    from Cell In[5], line 5 in train"; "ranks 0-62 were in ..."), then, when some ranks wait
+    in a collective, which ranks have not entered it: the rank(s) the others wait for.
+    ``place`` names a file and line (the kernel names its cells as IPython does); by default
+    the short path."""
     where = place or short_place
-    verb = "is" if live else "was"
-    parts = []
+    # Ranks that stand at the same place share one line ("ranks 0-62 are waiting in
+    # all_reduce(), ..."): at 64 ranks the picture stays a few lines, the odd one out shows.
+    groups: dict[tuple[str, str], list[int]] = {}
     for rank, stack in sorted(picture.items()):
-        frames = list(stack.frames)
-        if frames and frames[0].inside_nbtrain:  # waiting in the nbtrain call the user made
-            line = f"rank {rank} {verb} waiting in {frames[0].name}()"
-            if len(frames) > 1:
-                line += ", called from " + _chain(frames[1:], where)
-            parts.append(line)
-        elif frames:
-            parts.append(f"rank {rank} {verb} in " + _chain(frames, where))
-        elif stack.note and live:
-            parts.append(f"rank {rank}: {stack.note}")
+        said = _place_of(stack, where, live)
+        if said is not None:
+            groups.setdefault(said, []).append(rank)
+    parts = [_said(ranks, said, live) for said, ranks in groups.items()]
     waiting = waited_for(picture)
     if waiting is not None:
         parts.append(waiting[1])
     return "\n".join(parts)
+
+
+def _place_of(
+    stack: RankStack, where: Callable[[str, int], str], live: bool
+) -> tuple[str, str] | None:
+    """(kind, text) of one rank's line: ("waiting", "wait_for_everyone(), called from ..."),
+    ("in", "Cell In[3], line 12 in train"), ("note", "exited"); None: nothing to say."""
+    frames = list(stack.frames)
+    if frames and frames[0].inside_nbtrain:  # waiting in the nbtrain call the user made
+        text = f"{frames[0].name}()"
+        if len(frames) > 1:
+            text += ", called from " + _chain(frames[1:], where)
+        return "waiting", text
+    if frames:
+        return "in", _chain(frames, where)
+    if stack.note and live:
+        return "note", stack.note
+    return None
+
+
+def _said(ranks: list[int], said: tuple[str, str], live: bool) -> str:
+    kind, text = said
+    if kind == "note":
+        return f"{_ranks(ranks)}: {text}"
+    one = len(ranks) == 1
+    verb = ("is" if one else "are") if live else ("was" if one else "were")
+    return f"{_ranks(ranks)} {verb} {'waiting in ' if kind == 'waiting' else 'in '}{text}"
 
 
 def waited_for(picture: Mapping[int, RankStack]) -> tuple[list[int], str] | None:
@@ -226,10 +266,33 @@ def waited_for(picture: Mapping[int, RankStack]) -> tuple[list[int], str] | None
     return missing, sentence
 
 
+def innermost_own(stack: RankStack) -> Frame | None:
+    """The innermost frame of the rank's own code (not a library's, not nbtrain's): where it
+    stands ("Cell In[3], line 12"); None without frames."""
+    frames = list(stack.frames)
+    own = [frame for frame in frames if not frame.inside_nbtrain and not _library(frame.file)]
+    found = own or frames
+    return found[0] if found else None
+
+
+def name_ranks(ranks: list[int]) -> str:
+    return _ranks(ranks)
+
+
 def _ranks(ranks: list[int]) -> str:
+    """'rank 3', 'ranks 0, 2', 'ranks 0-62, 64': runs of three or more as a range."""
     if len(ranks) == 1:
         return f"rank {ranks[0]}"
-    return "ranks " + ", ".join(map(str, ranks))
+    runs: list[list[int]] = []
+    for rank in sorted(ranks):
+        if runs and rank == runs[-1][-1] + 1:
+            runs[-1].append(rank)
+        else:
+            runs.append([rank])
+    named = [
+        f"{run[0]}-{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)) for run in runs
+    ]
+    return "ranks " + ", ".join(named)
 
 
 def short_place(file: str, line: int) -> str:

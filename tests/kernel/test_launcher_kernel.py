@@ -364,3 +364,66 @@ def test_cluster_ray_without_a_connection_speaks_of_the_kernel_and_imports_no_ra
                               "in a cell before the launch)"), message
     assert "script" not in message
     assert kernel.value("'ray' in sys.modules") is False
+
+
+def test_a_hang_at_the_accelerators_barrier_names_and_marks_the_late_rank(kernel):
+    # Rank 1 sleeps before acc.wait_for_everyone(): the Accelerator's own transport (a polled
+    # handshake, no torch collective on the stack) is recognised as the barrier rank 0 waits
+    # in, the picture names rank 1, and rank 1's live row says the others wait for it.
+    client = kernel.client
+    cell = client.execute("""
+def late_barrier():
+    acc = Accelerator()
+    if acc.process_index == 1:
+        time.sleep(9)
+    acc.wait_for_everyone()
+    return "joined"
+
+print(notebook_launcher(late_barrier, num_processes=2, progress="widgets", hang_after=3))
+""")
+    stdout, stderr, updates = "", "", []
+    deadline = time.monotonic() + 120
+    while True:
+        assert time.monotonic() < deadline, stdout + stderr
+        msg = client.get_iopub_msg(timeout=60)
+        if msg["parent_header"].get("msg_id") != cell:
+            continue
+        kind, content = msg["msg_type"], msg["content"]
+        if kind == "stream":
+            if content["name"] == "stdout":
+                stdout += content["text"]
+            else:
+                stderr += content["text"]
+        elif kind == "comm_msg":
+            updates.append(content["data"].get("state", {}))
+        elif kind == "status" and content["execution_state"] == "idle":
+            break
+    assert "no rank has made progress for 3s (hang_after=3)" in stderr, stderr
+    assert "rank 0 is waiting in wait_for_everyone(), called from Cell In[" in stderr, stderr
+    assert "rank 0 waits in wait_for_everyone; rank 1 has not entered it" in stderr, stderr
+    assert "No rank waits in a collective" not in stderr, stderr
+    assert "joined" in stdout
+    values = [str(state.get("value", "")) for state in updates]
+    held = [v for v in values if "the others wait for it (Cell In[" in v]
+    assert held and "#ef6c00" in held[0], values
+    assert any("waiting in wait_for_everyone() for rank 1" in v for v in values), values
+    assert any(state.get("bar_style") == "warning" for state in updates), updates
+
+
+def test_an_argument_mistake_shows_its_message_under_the_cell_without_nbtrains_frames(kernel):
+    # args that do not fit, resume=True with no checkpoint: nbtrain's checks say what is wrong;
+    # the frames of config.py / stopping.py above that say nothing to the user, and are left
+    # out as a rank failure's are. A TypeError of the user's own keeps its whole traceback.
+    for code, message in [
+        ("def two(a, b): pass\nnotebook_launcher(two, args=(1,), num_processes=2)",
+         "do not fit two(a, b)"),
+        ("import tempfile\nnotebook_launcher(lambda: 1, num_processes=2, resume=True, "
+         "project_dir=tempfile.mkdtemp())", "resume=True: there is no complete checkpoint"),
+    ]:
+        out = kernel.run(code)
+        assert out.error is not None and message in out.error["evalue"], out
+        text = re.sub(r"\x1b\[[0-9;]*m", "", out.traceback_text)
+        assert "Cell In[" in text and message in text, text
+        assert "nbtrain" not in text.replace("from nbtrain", ""), text
+    own = kernel.run("def mine():\n    raise TypeError('mine')\nmine()")
+    assert "in mine" in re.sub(r"\x1b\[[0-9;]*m", "", own.traceback_text)

@@ -3,6 +3,8 @@ notebook_launcher(..., debug=True); the (Pdb) prompt answered as a frontend answ
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from kernelutil import running_kernel
 from test_debugger_kernel import SETUP, assert_users_frames_only, converse  # prompt helpers
@@ -136,3 +138,25 @@ notebook_launcher(train, num_processes=2, progress="text", debug=True)
     assert "101" in talk.seen[1]
     assert talk.error["ename"] == "WorkerError" and "rank 1" in talk.error["evalue"], talk
     assert kernel.live_children() == []
+
+
+def test_post_mortem_after_an_interrupted_warm_cell_opens_in_the_users_frame(kernel):
+    # Ctrl-C in a %%ranks cell raises KeyboardInterrupt from the rank's SIGINT handler:
+    # %ranks_debug opens at the line it interrupted, not in nbtrain's handler.
+    out = kernel.run("ranks = nbtrain.start_ranks(2, progress='text')")
+    assert out.error is None, out.traceback_text
+    try:
+        cell = kernel.start("%%ranks\nimport time\nfor step in range(100000):\n"
+                            "    print('looping', flush=True) if step == 0 else None\n"
+                            "    time.sleep(0.01)\n")
+        kernel.collect(cell, until="looping")
+        time.sleep(0.5)
+        kernel.manager.interrupt_kernel()
+        kernel.collect(cell)
+        talk = converse(kernel, "%ranks_debug", ["p step > 0", "c"])
+        assert talk.prompts[:1] == ["(Pdb) rank 0> "], talk
+        assert "time.sleep(0.01)" in talk.seen[0], talk.seen[0]
+        assert "_on_sigint" not in talk.seen[0] and "session.py" not in talk.seen[0]
+        assert "True" in talk.seen[1][len(talk.seen[0]):]
+    finally:
+        kernel.run("ranks.stop()")

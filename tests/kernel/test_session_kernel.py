@@ -215,3 +215,20 @@ def test_ranks_stuck_after_a_failure_are_restarted_and_the_cell_says_so(kernel):
     assert "rank 1 was in" in text and "in barrier" in text  # where the stuck rank was
     assert kernel.value("ranks.pull('1 + 1')") == [2, 2]
     kernel.run("ranks.stop()")  # the new ranks are this test's (the leak guard counts them)
+
+
+def test_ranks_magic_before_start_ranks_says_to_start_them(tmp_path):
+    # %%ranks is known from `import nbtrain` on: before start_ranks it says what to do, not
+    # IPython's bare "Cell magic `%%ranks` not found".
+    from kernelutil import Kernel
+
+    kernel = Kernel(tmp_path)
+    try:
+        assert kernel.run("import nbtrain").error is None
+        out = kernel.run("%%ranks\nprint('hi')")
+        assert out.error is not None and out.error["ename"] == "SessionError", out
+        assert "start them first with ranks = nbtrain.start_ranks(" in out.error["evalue"]
+        debug = kernel.run("%ranks_debug")
+        assert debug.error is not None and debug.error["ename"] == "SessionError", debug
+    finally:
+        kernel.shutdown()

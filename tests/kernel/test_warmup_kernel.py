@@ -65,11 +65,11 @@ def alive(pid: int) -> bool:
         return False
 
 
-def test_a_launch_right_after_the_import_leaves_torch_dynamo_to_the_warm_up(tmp_path):
+def test_a_launch_right_after_the_import_imports_torch_dynamo_once_for_every_launch(tmp_path):
     # A launch before the warm-up's last step ("Run All"; here in the import cell itself, so
-    # that it surely comes first): its ranks are not made to wait for torch._dynamo in the
-    # kernel (they import it if they need it, here for an optimizer), and the next launch's
-    # ranks inherit the kernel's, as before.
+    # that it surely comes first): the kernel imports torch._dynamo before it forks, so its
+    # ranks inherit it, and so do the next launch's (benchmarks/runall.py: leaving it to the
+    # ranks made each launch pay it again).
     kernel = Kernel(tmp_path)
     try:
         launch = "print(nbtrain.notebook_launcher(train, num_processes=2, progress='off'))"
@@ -80,8 +80,7 @@ def test_a_launch_right_after_the_import_leaves_torch_dynamo_to_the_warm_up(tmp_
             "    torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1).step()\n"
             "    return inherited\n"
         ) + launch)
-        assert first == "False"
-        wait_for_the_warm_up(kernel)
+        assert first == "True"
         assert ask(kernel, launch) == "True"
     finally:
         kernel.shutdown()
@@ -97,5 +96,51 @@ def test_warm_up_off_starts_nothing_until_asked(tmp_path):
         wait_for_the_warm_up(kernel)
         assert ask(kernel, "print('torch._dynamo' in sys.modules)") == "True"
         assert len(forkservers(kernel)) == 1
+    finally:
+        kernel.shutdown()
+
+
+def test_a_launch_sent_while_a_step_runs_says_so_at_once_then_shows_its_view(tmp_path):
+    # A long step of the warm-up (a module that takes 4 s to import, put first) is under way
+    # when a launch cell starts: the kernel's loop is free (the step runs in the warm-up's
+    # thread), so within ~0.5 s the cell says what it waits for; the line goes once the step
+    # is done, and the launch's own view follows. Before: the cell stayed empty for the step.
+    (tmp_path / "slow_warm_step.py").write_text("import time\ntime.sleep(4)\n")
+    kernel = Kernel(tmp_path)
+    try:
+        ask(kernel, (
+            "import os, sys\nos.environ.pop('NBTRAIN_WARM_UP')\n"
+            f"sys.path.insert(0, {str(tmp_path)!r})\n"
+            "import nbtrain\nfrom nbtrain.kernel.procs import warmup\n"
+            "warmup._steps.appendleft('slow_warm_step')\n"
+        ))
+        time.sleep(1.0)  # the slow step is under way
+        client = kernel.client
+        cell = client.execute("print(nbtrain.notebook_launcher(lambda: 'ran', num_processes=2))")
+        began, said_at, said, cleared, later, stdout = None, None, "", False, [], ""
+        deadline = time.monotonic() + 120
+        while True:
+            assert time.monotonic() < deadline
+            msg = client.get_iopub_msg(timeout=60)
+            if msg["parent_header"].get("msg_id") != cell:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "status" and content["execution_state"] == "busy":
+                began = time.monotonic()
+            elif kind == "status":
+                break
+            elif kind in ("display_data", "update_display_data") and said_at is None:
+                said_at, said = time.monotonic(), str(content["data"].get("text/plain"))
+            elif kind == "clear_output":
+                cleared = True
+            elif kind in ("display_data", "comm_open") and cleared:
+                later.append(kind)
+            elif kind == "stream" and content["name"] == "stdout":
+                stdout += content["text"]
+        assert began is not None and said_at is not None
+        assert said_at - began < 1.0, f"the cell stayed empty for {said_at - began:.1f}s"
+        assert "waiting for the warm-up to finish importing slow_warm_step" in said, said
+        assert cleared and later, "the line did not give way to the launch's view"
+        assert stdout.strip() == "ran"
     finally:
         kernel.shutdown()

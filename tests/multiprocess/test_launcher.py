@@ -676,14 +676,45 @@ def test_a_rank_that_returned_but_cannot_exit_is_stopped_and_its_result_kept(
     assert values == [0, 10]
     err = capsys.readouterr().err
     assert (
-        "[rank 0] [nbtrain] rank 0 returned but did not exit within 1s (non-daemon thread "
-        "'forgotten-poller' still running?); stopped it" in err
+        "[rank 0] [nbtrain] rank 0 returned, but did not exit within 1s (non-daemon thread "
+        "'forgotten-poller' still running); stopped it" in err
     ), err
     assert (
-        "[rank 1] [nbtrain] rank 1 returned but did not exit within 1s (non-daemon child "
+        "[rank 1] [nbtrain] rank 1 returned, but did not exit within 1s (non-daemon child "
         "process 'forgotten-child'" in err
     ), err
     # The autouse guard checks that the forgotten child process went with its rank.
+
+
+def slow_to_shut_down():
+    """Nothing of the function's is left running, but the process takes 2.5 s to exit (a
+    busy machine finalizing: here the rank's teardown, made slow, stands for it)."""
+    from nbtrain.rank import teardown
+
+    release = teardown.release
+
+    def slow_release(**kwargs):
+        time.sleep(2.5)
+        release(**kwargs)
+
+    teardown.release = slow_release  # (this rank's copy of the module: it exits after)
+    return int(os.environ["RANK"])
+
+
+def test_a_rank_only_slow_to_shut_down_gets_a_wait_that_follows_the_load(monkeypatch, capsys):
+    from nbtrain.kernel.group import rankgroup, supervisor
+
+    monkeypatch.setattr(rankgroup, "EXIT_WAIT", 1.0)
+    monkeypatch.setattr(supervisor, "_load_factor", lambda: 6.0)  # a busy machine: 6 s
+    run = dict(num_processes=2, start_method="fork", return_all=True, progress="off")
+    assert notebook_launcher(slow_to_shut_down, **run) == [0, 1]
+    assert "returned, but" not in capsys.readouterr().err  # it exited by itself in time
+    monkeypatch.setattr(supervisor, "_load_factor", lambda: 1.0)  # idle: the 1 s holds
+    assert notebook_launcher(slow_to_shut_down, **run) == [0, 1]
+    err = capsys.readouterr().err
+    assert "its process was still shutting down after 1s (nothing of the function's was left " \
+        "running; machine load" in err, err
+    assert "daemon" not in err, err  # no blame for threads the user did not start
 
 
 # --- A rank that floods its output ---------------------------------------------------------
@@ -926,3 +957,29 @@ def test_one_rank_with_gpu_ids_runs_apart_from_the_kernel(monkeypatch):
     assert pid != os.getpid() and visible == "1"
     monkeypatch.setattr(environment, "cuda_device_count", lambda: 0)
     assert notebook_launcher(where_am_i, num_processes=1, **QUIET)[0] == os.getpid()
+
+
+def last_one_late(ranks):
+    dist.init_process_group("gloo")
+    if dist.get_rank() == ranks - 1:
+        time.sleep(600)  # never joins
+    dist.all_reduce(torch.ones(1))
+
+
+def test_at_width_ranks_at_the_same_place_share_one_line(capsys):
+    # Eight real ranks, seven in all_reduce and the last one asleep: the picture is three
+    # lines (issue 44's "Control at width"), not eight, and names the late rank.
+    ranks = 8
+    with pytest.raises(TimeoutError) as info:
+        notebook_launcher(last_one_late, (ranks,), num_processes=ranks, start_method="fork",
+                          timeout=25, progress="off", hang_after=8)
+    lines = str(info.value).splitlines()
+    picture = lines[lines.index(next(line for line in lines if line.startswith("Where"))) + 1:]
+    assert len(picture) == 3, picture
+    assert picture[0].startswith("ranks 0-6 were in ") and "in last_one_late" in picture[0]
+    assert picture[1].startswith("rank 7 was in ") and "in last_one_late" in picture[1]
+    assert picture[2] == (
+        "ranks 0-6 wait in all_reduce; rank 7 has not entered it: the others wait for rank 7."
+    )
+    hang = capsys.readouterr().err
+    assert "ranks 0-6 are in " in hang and "the others wait for rank 7." in hang, hang

@@ -230,3 +230,57 @@ def test_a_starting_rank_says_what_it_is_busy_with(received: list[Event]) -> Non
         ], notes
         assert any(note.startswith("forming the process group") for note in notes), notes
         assert notes[-1] == "", notes  # said, then cleared: the row does not keep a stale note
+
+
+def resumed_loop() -> int:
+    from torch.utils.data import DataLoader
+
+    from nbtrain import Accelerator, progress
+
+    acc = Accelerator()
+    loader = acc.prepare(DataLoader(list(range(80)), batch_size=2))  # 20 batches per rank
+    loader.skip_first_batches(5)  # where a resumed run's loader starts (load_state pins it)
+    return sum(1 for _ in progress(loader, desc="train"))
+
+
+def test_a_resumed_pass_counts_from_where_it_resumed(received, monkeypatch) -> None:
+    # 15 batches left of 20: the bar goes from 5 to 20/20 (full at the end, not 15/20), and
+    # the run's step rate counts the 15 this run took.
+    captured: list[RunState] = []
+    original = RunState.finish
+
+    def finish(self: RunState, summary: str, verdict=None) -> None:
+        captured.append(self)
+        original(self, summary, verdict)
+
+    monkeypatch.setattr(RunState, "finish", finish)
+    assert notebook_launcher(resumed_loop, num_processes=2, progress="off") == 15
+    for rank in (0, 1):
+        steps = [e.step for e in of(received, Progress, rank)]
+        assert steps[0] >= 5 and steps[-1] == 20, steps
+        assert {e.start for e in of(received, Progress, rank)} == {5}
+    state = captured[0]
+    assert all((view.step, view.total) == (20, 20) for view in state.ranks.values())
+    assert all(view.iterations == 15 for view in state.ranks.values())
+
+
+def test_the_kernels_own_phase_is_said_once_not_on_a_ranks_row(tmp_path) -> None:
+    # A first fork launch in a fresh process imports torch there before it forks: that is the
+    # launching process's phase, said once as a note, not as one rank's.
+    import subprocess
+    import sys
+
+    script = tmp_path / "launch.py"
+    script.write_text(
+        "import time\nfrom nbtrain import notebook_launcher\n"
+        "def work():\n    import torch\n    time.sleep(0.5)\n    return 1\n"
+        "if __name__ == '__main__':\n"
+        "    print(notebook_launcher(work, num_processes=2, start_method='fork', "
+        "progress='text'))\n"
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=180)
+    assert out.returncode == 0, out.stderr
+    lines = (out.stdout + out.stderr).splitlines()
+    assert any(line.startswith("[nbtrain] importing torch") for line in lines), lines
+    assert not any(line.startswith("[rank") and "importing" in line for line in lines), lines

@@ -246,11 +246,13 @@ def test_resume_continues_the_numbering_and_the_step_count(
     stopped_run(tmp_path, 0.2)
     project = tmp_path / "project"
     logged: list[Log] = []
+    states: list[RunState] = []
     original = RunState.apply
 
     def apply(self: RunState, event: Any) -> None:
         if isinstance(event, Log) and event.rank == 0:
             logged.append(event)
+        states.append(self)
         original(self, event)
 
     monkeypatch.setattr(RunState, "apply", apply)
@@ -263,6 +265,9 @@ def test_resume_continues_the_numbering_and_the_step_count(
                        .read_text())["steps"]
     start = logged[0].earlier[0][0] if logged[0].earlier else logged[0].step
     assert first > 0 and start == first  # the chart goes on where the first run was
+    # Said in the dashboard's header and summary (was a line in the cell's stderr)
+    resumed = f"resumed from checkpoint_0 (step {first})"
+    assert states[-1].resumed == resumed and resumed in states[-1].summary, states[-1].summary
     metas = {
         p.name: json.loads((p / "nbtrain_checkpoint.json").read_text())
         for p in (project / "checkpoints").iterdir()
@@ -311,8 +316,10 @@ def test_an_interrupt_before_the_training_loop_stops_at_once(tmp_path: Path) -> 
     finally:
         thread.join()
     assert time.monotonic() - started < 30
-    assert "no nbtrain-prepared DataLoader to stop at" in str(info.value)
-    assert "no checkpoint was saved" in str(info.value)
+    assert str(info.value) == (
+        "stopped at once: no prepared DataLoader to stop at yet (stop-and-resume guide, 'What "
+        "it covers'); no checkpoint was saved"
+    )
 
 
 # -- refused before any process starts ---------------------------------------------------------

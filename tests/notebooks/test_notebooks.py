@@ -51,10 +51,14 @@ DIFF_IGNORE = (
     "/metadata/language_info/version",  # the interpreter's patch release
 )
 DIFF_REPLACE = (
+    # The summary's rate ('Done in 1.9s, 9.4 it/s (epoch)'; 'steps/s' before it named its loop).
+    ("/cells/*/outputs", r", \d+(\.\d+)? (steps|it)/s( \(\w+\))?", ", N it/s"),
     # Speeds and durations in the live view's text summary. A rank's it/s is shown once known,
     # which on a short run can depend on timing: the token goes entirely.
     ("/cells/*/outputs", r" \d+(\.\d+)? it/s", ""),
-    ("/cells/*/outputs", r"\d+(\.\d+)? steps/s", "N steps/s"),
+    ("/cells/*/outputs", r"\d+(\.\d+)? (steps|it)/s", "N it/s"),
+    # The launch's log folder a TimeoutError names (a fresh one per launch).
+    ("/cells/*/outputs", r"in \S+/rank-N\.log", "in LOGS/rank-N.log"),
     ("/cells/*/outputs", r"\b(in|after) \d+(\.\d+)?s\b", r"\1 Ns"),
     ("/cells/*/outputs", r"ETA \d+:\d\d", "ETA N"),
     ("/cells/*/outputs", r"0x[0-9a-f]{6,}", "0xADDRESS"),

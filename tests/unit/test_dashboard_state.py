@@ -107,9 +107,14 @@ def test_the_status_spans_the_columns_its_row_leaves_empty_in_both_renderings() 
     metrics the metrics column, a failed rank the metrics column (its metrics go to the
     tooltip); a span's flex is the sum of the columns it covers, so rows stay aligned."""
     now = time.time()
-    state = RunState([0, 1, 2, 3])
-    for rank in range(4):
+    state = RunState([0, 1, 2, 3, 4])
+    for rank in range(5):
         state.apply(Started(rank, 1, "cpu", "h", rank, time=now - 5))
+    # A running rank with metrics that waits in a phase: 'saving checkpoint… (4s)' takes the
+    # metrics column too (at 900 px the status column alone showed 'sa… (4s)').
+    state.apply(Progress(4, 3, 10, "train"))
+    state.apply(Log(4, {"loss": 0.52}, step=3))
+    state.apply(Status(4, "saving checkpoint…", time=now - 4))
     state.apply(Status(0, "forming the process group (gloo): waiting for every rank",
                        time=now - 3))
     state.apply(Progress(1, 3, 10, "train"))
@@ -122,8 +127,9 @@ def test_the_status_spans_the_columns_its_row_leaves_empty_in_both_renderings() 
         1: ({"metrics"}, "0 1 43%"),
         2: (set(), "0 1 18%"),
         3: ({"metrics"}, "0 1 43%"),
+        4: ({"metrics"}, "0 1 43%"),
     }
-    view = WidgetView(output=OutputMode.NONE, world_size=4, display=Recorder())
+    view = WidgetView(output=OutputMode.NONE, world_size=5, display=Recorder())
     view.draw(state)
     for rank, (hidden, flex) in expected.items():
         columns = _columns(static_row(state.ranks[rank]))

@@ -281,7 +281,8 @@ def test_a_forked_child_sends_its_logs_at_once(pipe, monkeypatch) -> None:
 def test_default_step_counts_loop_steps_or_log_calls(sink) -> None:
     log({"a": 1.0})
     log({"a": 2.0})
-    assert [e.step for e in sink.of(Log)] == [0, 1]  # no progress() yet: the call count
+    # No progress() yet: the call count, 1-based as a loop's steps (and TensorBoard's)
+    assert [e.step for e in sink.of(Log)] == [1, 2]
     for _epoch in progress(range(2)):
         for _ in progress(range(5)):
             pass

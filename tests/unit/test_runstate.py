@@ -223,7 +223,14 @@ def test_the_done_summary_gives_wall_time_and_the_run_step_rate() -> None:
         state.apply(Progress(rank, 40, 40, None, time=3.9))
         state.apply(Finished(rank, None, time=4.0))
     state.started_at, state.ended_at = 0.0, 4.5
-    assert state.done_summary() == "Done in 4.5s, 10.0 steps/s"
+    assert state.done_summary() == "Done in 4.5s, 10.0 it/s"
+    epochs = RunState([0])
+    epochs.apply(started(0, t=0.0))
+    epochs.apply(Progress(0, 0, 3, "epoch", time=0.0))
+    epochs.apply(Progress(0, 3, 3, "epoch", time=1.0))
+    epochs.started_at, epochs.ended_at = 0.0, 1.5
+    # An epoch loop's items are epochs: said, not called optimizer steps
+    assert epochs.done_summary() == "Done in 1.5s, 2.0 it/s (epoch)"
     quiet = RunState([0])
     quiet.started_at, quiet.ended_at = 0.0, 2.0
     assert quiet.done_summary() == "Done in 2.0s"  # no progress reported: no rate
@@ -371,3 +378,32 @@ def test_a_rank_killed_without_a_word_shows_its_step_as_a_lower_bound() -> None:
     assert format_status(state.ranks[0]) == "failed: killed by SIGKILL"
     state.apply(Failed(1, "ValueError", "bad", "tb", None, 1, False))
     assert format_steps(state.ranks[1]) == "train 18/100"  # it said where it was
+
+
+def test_the_rank_the_others_wait_for_is_marked_until_it_moves_on():
+    from nbtrain.display.rows import HOLDING_UP_COLOR, row_cells
+
+    state = RunState([0, 1])
+    for rank in (0, 1):
+        state.apply(started(rank, 1.0))
+    state.mark_waits({1: ("the others wait for it (Cell In[5], line 7)", True),
+                      0: ("waiting in wait_for_everyone() for rank 1", False)})
+    held = row_cells(state.ranks[1])
+    assert held.status == "the others wait for it (Cell In[5], line 7)"
+    assert (held.status_color, held.bar_style) == (HOLDING_UP_COLOR, "warning")
+    assert row_cells(state.ranks[0]).bar_style == ""
+    state.apply(Progress(1, 1, 10))
+    moved = row_cells(state.ranks[1])
+    assert (moved.status, moved.bar_style, moved.status_color) == ("running", "", None)
+
+
+def test_one_press_of_stop_says_one_word_on_every_row() -> None:
+    # Rank 1 raised KeyboardInterrupt; rank 0 was stopped by the launcher before it could:
+    # both rows say "interrupted", not "stopped" beside "interrupted".
+    state = RunState([0, 1])
+    for rank in (0, 1):
+        state.apply(started(rank))
+    state.apply(Failed(1, "KeyboardInterrupt", "", "tb", None, 1, False))
+    state.apply(Exited(0, -15, "SIGTERM", stopped_by_launcher=True))
+    state.finish("Interrupted after 1.0s", Verdict.STOPPED)
+    assert [format_status(view) for view in state.ranks.values()] == ["interrupted"] * 2

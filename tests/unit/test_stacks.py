@@ -181,3 +181,50 @@ def test_a_script_run_by_nbtrain_launch_ends_at_the_scripts_own_frame():
     assert frames[-1] == "/work/hang.py:6 in <module>"
     assert frames[-2] == "..."
     assert not any("runpy" in frame or "script.py" in frame for frame in frames)
+
+
+def accelerator_dump(call: str, inner: list[str]) -> list[str]:
+    """A rank waiting in the Accelerator's ``call``: the transport polls an async all_gather,
+    so no torch collective is on the stack (``inner``: what runs below the handshake)."""
+    return [
+        "Current thread 0x00007f0000000002 (most recent call first):",
+        *inner,
+        f'  File "{NBTRAIN}/accelerator/comm/backends.py", line 61 in wait',
+        f'  File "{NBTRAIN}/accelerator/comm/collectives.py", line 150 in _wait',
+        f'  File "{NBTRAIN}/accelerator/comm/collectives.py", line 89 in handshake',
+        f'  File "{NBTRAIN}/accelerator/comm/collectives.py", line 181 in barrier',
+        f'  File "{NBTRAIN}/accelerator/front/processes.py", line 77 in {call}',
+        '  File "/tmp/ipykernel_1/5.py", line 7 in train',
+        f'  File "{NBTRAIN}/rank/worker.py", line 83 in call_and_report',
+    ]
+
+
+def test_the_accelerators_own_collectives_are_recognised():
+    polling = accelerator_dump("wait_for_everyone", [])
+    assert rank_stack(polling).collective == "wait_for_everyone"
+    # Past the handshake, inside torch's all_gather: still the call the user made.
+    c10d = '  File "/v/site-packages/torch/distributed/distributed_c10d.py", line 9 in all_gather'
+    assert rank_stack(accelerator_dump("gather_for_metrics", [c10d])).collective == (
+        "gather_for_metrics"
+    )
+    late = [line for line in DUMP if "distributed_c10d" not in line]
+    picture = {0: rank_stack(polling), 1: rank_stack(late)}
+    assert waited_for(picture) == ([1], "rank 0 waits in wait_for_everyone; rank 1 has not "
+                                   "entered it: the others wait for rank 1.")
+
+
+def test_ranks_at_the_same_place_share_a_line():
+    reduce_at = RankStack((REDUCE, Frame("c.py", 4, "f")), "all_reduce")
+    picture = {rank: reduce_at for rank in range(63)}
+    picture[63] = RankStack((Frame("c.py", 12, "f"),))
+    picture[64] = RankStack(note="exited")
+    picture[65] = reduce_at
+    assert describe(picture, live=True).splitlines() == [
+        "ranks 0-62, 65 are in torch/distributed/distributed_c10d.py:1 in all_reduce <- c.py:4 "
+        "in f",
+        "rank 63 is in c.py:12 in f",
+        "rank 64: exited",
+        "ranks 0-62, 65 wait in all_reduce; ranks 63, 64 have not entered it: the others wait "
+        "for ranks 63, 64.",
+    ]
+    assert describe({0: reduce_at, 1: reduce_at}).startswith("ranks 0, 1 were in ")

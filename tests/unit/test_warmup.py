@@ -1,6 +1,6 @@
-"""The warm-up (nbtrain/kernel/procs/warmup.py): steps in the kernel's main thread, one per turn of
-its event loop, after the cell that started it; it never breaks a launch. (In a real kernel:
-tests/kernel/test_warmup_kernel.py.)"""
+"""The warm-up (nbtrain/kernel/procs/warmup.py): steps in a thread of its own, only between cells,
+after the cell that started it; a cell waits for one step at most; it never breaks a launch.
+(In a real kernel: tests/kernel/test_warmup_kernel.py.)"""
 
 from __future__ import annotations
 
@@ -9,43 +9,105 @@ import collections
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
 from nbtrain.kernel.procs import forkserver, warmup
 
 
+class Shell:
+    """IPython's events, as the warm-up registers on them; ``cell()`` runs one cell."""
+
+    def __init__(self) -> None:
+        self.callbacks: dict[str, list] = {}
+        self.events = self
+
+    def register(self, name: str, callback) -> None:
+        self.callbacks.setdefault(name, []).append(callback)
+
+    def trigger(self, name: str) -> None:
+        for callback in self.callbacks.get(name, []):
+            callback()
+
+    def cell(self, body) -> None:
+        self.trigger("pre_execute")
+        self.trigger("pre_run_cell")
+        body()
+        self.trigger("post_execute")
+
+
 @pytest.fixture
 def fresh(monkeypatch):
     """The module as no warm-up had started in this process; returns the record of steps."""
     monkeypatch.setattr(warmup, "_started", False)
-    monkeypatch.setattr(warmup, "_loop", None)
+    monkeypatch.setattr(warmup, "_cell_runs", False)
+    monkeypatch.setattr(warmup, "_current", None)
     monkeypatch.setattr(warmup, "_steps", collections.deque())
     done: list[str] = []
     monkeypatch.setattr(warmup, "steps", lambda: ["a", "b", "c"])
     return done
 
 
-def test_steps_come_after_the_cell_and_let_a_cell_sent_meanwhile_run_first(fresh, monkeypatch):
+def wait_until(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_steps_run_between_cells_and_a_cell_waits_for_one_step_at_most(fresh, monkeypatch):
+    shell = Shell()
+    monkeypatch.setattr(warmup, "_shell", lambda: shell)
+    in_a = threading.Event()
+    release_a = threading.Event()
+
     def do(step: str) -> None:
         fresh.append(step)
-        if step == "a":  # a cell arrives while step a runs: it must not wait for b and c
-            asyncio.get_running_loop().call_soon(fresh.append, "next cell")
+        if step == "a":  # a long step: a cell arrives meanwhile
+            in_a.set()
+            release_a.wait(10)
 
     monkeypatch.setattr(warmup, "_do", do)
+    shown: list[str] = []
+    monkeypatch.setattr(warmup, "_show", lambda handle, began: shown.append("line") or "h")
+    monkeypatch.setattr(warmup, "_hide", lambda handle: shown.append("gone"))
 
-    async def kernel() -> None:
+    async def import_cell() -> None:
         assert warmup.start() is True
         assert warmup.start() is True  # once per process
-        fresh.append("rest of the cell")
-        while warmup.running():
-            await asyncio.sleep(0.01)
+        time.sleep(0.2)
+        fresh.append("rest of the cell")  # no step inside the cell that started it
 
-    asyncio.run(kernel())
+    shell.trigger("pre_execute")
+    asyncio.run(import_cell())
+    shell.trigger("post_execute")
+    in_a.wait(10)
+    threading.Timer(0.8, release_a.set).start()  # the cell below waits for it, and says so
+    shell.cell(lambda: fresh.append("next cell"))
+    assert fresh == ["rest of the cell", "a", "next cell"]
+    assert shown[0] == "line" and shown[-1] == "gone"
+    wait_until(lambda: not warmup.running())
     assert fresh == ["rest of the cell", "a", "next cell", "b", "c"]
 
 
-def test_no_event_loop_or_another_thread_starts_nothing(fresh, monkeypatch):
+def test_a_quick_step_is_awaited_without_a_word(fresh, monkeypatch):
+    shell = Shell()
+    monkeypatch.setattr(warmup, "_shell", lambda: shell)
+    monkeypatch.setattr(warmup, "_do", lambda step: time.sleep(0.05))
+    monkeypatch.setattr(warmup, "_show", lambda handle, began: pytest.fail("said"))
+
+    async def import_cell() -> None:
+        warmup.start()
+
+    shell.trigger("pre_execute")
+    asyncio.run(import_cell())
+    shell.trigger("post_execute")
+    while warmup.running():
+        shell.cell(lambda: None)
+
+
+def test_no_event_loop_no_shell_or_another_thread_starts_nothing(fresh, monkeypatch):
     monkeypatch.setattr(warmup, "_do", fresh.append)
     assert warmup.start() is False  # a script: no running loop in this thread
     answers: list[bool] = []
@@ -53,29 +115,14 @@ def test_no_event_loop_or_another_thread_starts_nothing(fresh, monkeypatch):
     async def in_a_thread() -> None:
         answers.append(warmup.start())
 
+    async def without_ipython() -> None:
+        answers.append(warmup.start())
+
     thread = threading.Thread(target=asyncio.run, args=(in_a_thread(),))
     thread.start()
     thread.join()
-    assert answers == [False] and not warmup.running() and fresh == []
-
-
-def test_ctrl_c_in_a_step_ends_the_warm_up_without_breaking_the_loop(fresh, monkeypatch):
-    def do(step: str) -> None:
-        fresh.append(step)
-        if step == "b":
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(warmup, "_do", do)
-
-    async def kernel() -> str:
-        warmup.start()
-        while warmup.running():
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.05)
-        return "loop still runs"
-
-    assert asyncio.run(kernel()) == "loop still runs"
-    assert fresh == ["a", "b"]
+    asyncio.run(without_ipython())  # (this test process has no IPython shell)
+    assert answers == [False, False] and not warmup.running() and fresh == []
 
 
 def test_finish_does_the_rest_now(fresh, monkeypatch):
@@ -118,15 +165,23 @@ def test_the_forkservers_preload_is_deaf_to_ctrl_c_and_gives_it_back(tmp_path):
     assert out.stdout.split() == ["True", "True"], out.stderr
 
 
-def test_a_fork_launch_leaves_torch_dynamo_to_its_ranks_only_while_the_warm_up_has_it_to_come(
+def test_a_fork_launch_imports_torch_dynamo_in_the_kernel_even_before_the_warm_up(
     fresh, monkeypatch
 ):
-    from nbtrain.kernel.host import environment
+    # "Run All": leaving it to the ranks made every launch's ranks import it again
+    # (benchmarks/runall.py: 18.2 s against 11.1 s for two launches); the row says so.
     from nbtrain.kernel.procs import processes
+    from nbtrain.shared.options import StartMethod
 
-    monkeypatch.setattr(environment, "cpu_count", lambda: 2)
-    assert "torch._dynamo" in processes.fork_imports(2)  # no warm-up: the kernel imports it
     warmup._steps.extend(["nbtrain.kernel.entry", "torch._dynamo"])
-    assert "torch._dynamo" not in processes.fork_imports(2)  # "Run All": the ranks may
-    assert "torch._dynamo" in processes.fork_imports(3)  # more ranks than cores: once, here
+    assert "torch._dynamo" in processes.fork_imports(2)
     assert "nbtrain.rank.worker" in processes.fork_imports(2)  # (the fork's target)
+    monkeypatch.setattr(processes, "fork_imports", lambda count: ["torch", "nbtrain_no_such"])
+    assert processes.starting_phase(StartMethod.FORK, 2) == (
+        "importing torch in the kernel (first launch only)"
+    )
+    monkeypatch.setattr(processes, "fork_imports", lambda count: ["torch", "torch._dynamo"])
+    monkeypatch.delitem(sys.modules, "torch._dynamo", raising=False)
+    assert processes.starting_phase(StartMethod.FORK, 2) == (
+        "importing torch._dynamo in the kernel (first launch only)"
+    )

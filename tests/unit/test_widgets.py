@@ -145,7 +145,9 @@ def test_each_rank_row_shows_device_bar_steps_rate_metrics_and_status(frontend) 
     bar = frontend.state_of(row.bar)
     assert (bar["value"], bar["max"], bar["bar_style"]) == (40, 100, "")
     assert text(frontend.state_of(row.steps)["value"]) == "train 40/100 ETA 0:05 12.5 it/s"
-    assert text(frontend.state_of(row.metrics)["value"]) == "loss 0.1234 acc 0.5"
+    # Compact in the row (3 significant digits, ' · ' between), whole in the tooltip
+    assert text(frontend.state_of(row.metrics)["value"]) == "loss 0.123 · acc 0.5"
+    assert 'title="loss 0.1234 acc 0.5"' in frontend.state_of(row.metrics)["value"]
     assert text(frontend.state_of(row.status)["value"]) == "running"
     assert frontend.state_of(view.rows[0].bar)["value"] == 0
 
@@ -479,3 +481,10 @@ def test_a_start_up_phase_counts_its_seconds_without_new_events(frontend, monkey
     clock[0] = 1002.0
     view.draw(state)  # no event since
     assert text(frontend.state_of(status)["value"]) == "importing torch (2s)"
+
+
+def test_a_row_shows_several_metrics_short_their_names_whole_on_hover() -> None:
+    from nbtrain.display.rows import compact_metrics
+
+    values = {"train/loss": 0.45231, "train/accuracy": 0.88123, "learning_rate": 0.000912}
+    assert compact_metrics(values) == "loss 0.452 · accuracy 0.881 · learning_… 0.000912"

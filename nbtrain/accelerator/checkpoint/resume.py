@@ -15,7 +15,6 @@ working as before.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,9 +58,8 @@ class Resume:
         # Batches so far: those of the optimizer steps, and any of an unfinished accumulation
         # (its counter runs on through an epoch).
         reporting.resumed_at(steps * per_step + self._loaded.accumulation_step % per_step)
-        if accelerator.is_main_process:
-            print(f"[nbtrain] resumed from {self.source.name} (step {steps})", file=sys.stderr,
-                  flush=True)
+        if accelerator.is_main_process:  # in the dashboard's header (a line outside a launch)
+            reporting.resumed_from(self.source.name, steps)
         return steps
 
     def registered(self, objects: list[Any], first: int) -> None:

@@ -177,6 +177,12 @@ class PreparedDataLoader(DataLoader):
             return  # the next pass already starts in this epoch (maybe at a resume position)
         position.pin(epoch, 0)
 
+    @property
+    def nbtrain_starts_at(self) -> int:
+        """Batches of this epoch the next pass skips (a resume, skip_first_batches): progress()
+        counts from there, so a resumed run's bar ends full ('200/200', not '148/200')."""
+        return self.position.yielded if self.position.pinned else 0
+
     def skip_first_batches(self, num_batches: int) -> PreparedDataLoader:
         """Start the next pass at batch ``num_batches`` (absolute: replaces a resume position)."""
         if isinstance(num_batches, bool) or not isinstance(num_batches, int) or num_batches < 0:

@@ -56,6 +56,7 @@ READ_BUDGET = 4 * READ_SIZE  # bytes read from one pipe per pass of the loop (un
 # waits for non-daemon threads (and multiprocessing for non-daemon children): one left running
 # would keep the launch from ever returning.
 EXIT_WAIT = 10.0  # generous: a loaded machine can take seconds to finalize a spawned rank
+MAX_LOAD_FACTOR = 6.0  # the most a busy machine stretches EXIT_WAIT (a rank naming nothing)
 # Warm ranks (kernel/warm/): seconds the other ranks of a cell get to finish (or fail) after
 # one failed, and to return to idle after an interrupt, before they count as stuck.
 STUCK_GRACE = 1.0
@@ -278,29 +279,29 @@ class Supervisor:
             rank_process.stop_requested_at = time.monotonic()
 
     def _stop_lingering(self) -> None:
-        """Stop a rank that reported but has not exited within ``exit_wait``: its result is in,
-        and only something left running (a non-daemon thread) keeps it alive."""
-        limit = time.monotonic() - self._exit_wait
+        """Stop a rank that reported but has not exited within ``exit_wait``: its result is in.
+        A rank that named what keeps it alive (a non-daemon thread or child) gets that wait; one
+        that named nothing is only slow to shut down (a busy machine): its wait grows with the
+        machine's load, and the note blames nothing of the user's."""
+        now = time.monotonic()
         for rank, done_at in list(self._done_at.items()):
             rank_process = self._processes[rank]
-            if done_at > limit or rank_process.reaped or rank_process.stop_requested_at:
+            names = self._lingering.get(rank, ())
+            wait = self._exit_wait * (1.0 if names else _load_factor())
+            if now - done_at < wait or rank_process.reaped or rank_process.stop_requested_at:
                 continue
             del self._done_at[rank]
-            names = self._lingering.get(rank, ())
-            suspect = (
-                ", ".join(f"{name} still running" for name in names)
-                if names
-                else "a non-daemon thread or child process still running"
-            )
-            self._emit(
-                Output(
-                    rank,
-                    "stderr",
-                    f"[nbtrain] rank {rank} returned but did not exit within "
-                    f"{self._exit_wait:g}s ({suspect}?); stopped it. Make such threads "
-                    "daemon=True or join them before returning.",
+            if names:
+                why = (
+                    f"did not exit within {wait:g}s ({', '.join(names)} still running); "
+                    "stopped it. Make such threads daemon=True or join them before returning."
                 )
-            )
+            else:
+                why = (
+                    f"its process was still shutting down after {wait:.0f}s (nothing of the "
+                    f"function's was left running; machine load {_load():.1f}); stopped it."
+                )
+            self._emit(Output(rank, "stderr", f"[nbtrain] rank {rank} returned, but {why}"))
             request_stop(rank_process)
 
     def _time_out(self) -> None:
@@ -520,3 +521,16 @@ def _after_stop(event: Failed, rank_process: RankProcess) -> bool:
 
 def _read(fd: int) -> bytes:
     return os.read(fd, READ_SIZE)
+
+
+def _load() -> float:
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):  # no load average here (Windows)
+        return 0.0
+
+
+def _load_factor() -> float:
+    """How much slower than idle this machine runs: load per core, 1 at most idle."""
+    cores = os.cpu_count() or 1
+    return min(MAX_LOAD_FACTOR, max(1.0, _load() / cores))

@@ -22,8 +22,7 @@ from typing import Any, Protocol
 
 import torch.multiprocessing as torch_mp
 
-from nbtrain.kernel.host import environment
-from nbtrain.kernel.procs import fork_gc, forkserver, shm, signal_hold, warmup
+from nbtrain.kernel.procs import fork_gc, forkserver, shm, signal_hold
 from nbtrain.shared.frontend import Frontend, frontend
 from nbtrain.shared.options import StartMethod
 
@@ -170,8 +169,12 @@ def starting_phase(method: StartMethod, count: int) -> str:
         return "starting Python"
     if method is StartMethod.FORKSERVER:
         return "" if forkserver.warm() else "starting Python, importing torch (forkserver)"
-    cold = any(name not in sys.modules for name in fork_imports(count))
-    return f"importing torch {_forking_process()}" if cold else ""
+    cold = [name for name in fork_imports(count) if name not in sys.modules]
+    if not cold:
+        return ""
+    # torch._dynamo alone (a launch in Run All, before the warm-up's last step): say which
+    what = "torch._dynamo" if cold == ["torch._dynamo"] else "torch"
+    return f"importing {what} {_forking_process()}"
 
 
 def _forking_process() -> str:
@@ -187,13 +190,11 @@ def _forking_process() -> str:
 
 def fork_imports(count: int) -> list[str]:
     """What a fork launch of ``count`` ranks imports into the kernel first: what every rank
-    imports anyway (torch, the rank side), once, as the forkserver preloads it; later ranks
-    inherit it. Except torch._dynamo while the warm-up has yet to import it and each rank has
-    a core (a launch in the cell right after ``import nbtrain``, as "Run All" sends it): the
-    ranks that need it import it at the same time, in parallel, and the warm-up imports it
-    for the next launch."""
-    if warmup.pending("torch._dynamo") and count <= environment.cpu_count():
-        return [name for name in forkserver.PRELOAD if name != "torch._dynamo"]
+    imports anyway (torch, the rank side, torch._dynamo, which any optimizer imports), once, as
+    the forkserver preloads it; the ranks, and every later launch's, inherit it. Also while the
+    warm-up has torch._dynamo still to come ("Run All"): leaving it to the ranks made each
+    launch's ranks import it again, at the same time; Run All with two launches took 18.2 s that
+    way against 11.1 s (benchmarks/runall.py, issue 42)."""
     return list(forkserver.PRELOAD)
 
 

@@ -6,14 +6,16 @@ finds done: importing torch._dynamo (any optimizer imports it; a fork launch imp
 the kernel so that ranks inherit it) and nbtrain's rank and kernel sides, and, for warm ranks
 and forkserver launches, starting the forkserver: a fresh Python importing torch.
 
-Each step runs in the kernel's main thread, from its event loop, one step per turn of the loop:
-never in a thread. So no fork of the kernel (a launch's, or a DataLoader's in the user's code)
-can happen in the middle of one of its imports, and no cell imports the same modules at the
-same time: a cell sent meanwhile runs between two steps, and waits for one step at most. A
-launch that comes before the last step imports what it still lacks itself, as it always did,
-but for torch._dynamo, which it leaves to its ranks and to the warm-up
-(processes.fork_imports). The forkserver imports in its own process (on another core); it
-ends when the kernel does (its end of the forkserver's pipe closes). Whatever fails here is
+Each step runs in a thread of its own, but only while no cell runs: a cell's start
+(IPython's pre_execute) pauses the warm-up after its current step, and the cell's end resumes
+it. So no fork of the kernel (a launch's, or a DataLoader's in the user's code) can happen in
+the middle of one of its imports, and no cell imports the same modules at the same time; yet
+the kernel's own loop stays free: a cell sent while a long step runs (torch._dynamo: 1.4 s on
+an idle machine, 14 s at load 13) starts at once and says in its output, after
+``_QUIET_WAIT``, what it waits for, instead of sitting empty (issue 42). A launch that comes
+before the last step imports what it still lacks itself, as it always did (processes.py says
+how torch._dynamo is treated). The forkserver imports in its own process (on another core);
+it ends when the kernel does (its end of the forkserver's pipe closes). Whatever fails here is
 dropped: the launch then does the same work itself.
 """
 
@@ -24,6 +26,8 @@ import collections
 import contextlib
 import importlib
 import threading
+import time
+from typing import Any
 
 from nbtrain.kernel.host import environment
 from nbtrain.kernel.procs import forkserver
@@ -40,10 +44,13 @@ KERNEL_IMPORTS = [
     "nbtrain.display.widgets",
 ]
 _FORKSERVER = "(the forkserver)"  # the step that starts it
-_AFTER_THE_CELL = 0.05  # seconds: the first step waits for the cell that started it to end
+_QUIET_WAIT = 0.3  # seconds a cell waits for the current step before it says so
+_SAY_EVERY = 0.5  # seconds between updates of that line
 
-_steps: collections.deque[str] = collections.deque()
-_loop: asyncio.AbstractEventLoop | None = None
+_steps: collections.deque[str] = collections.deque()  # a step leaves once it is done
+_cond = threading.Condition()
+_cell_runs = False  # a cell runs: no step begins
+_current: str | None = None  # the step under way
 _started = False
 
 
@@ -57,21 +64,27 @@ def steps() -> list[str]:
 
 
 def start() -> bool:
-    """Begin the warm-up on this thread's running event loop once the current cell has ended
-    (once per process; later calls do nothing). False where there is no such loop (a script,
-    terminal IPython): there a launch does the work itself."""
-    global _loop, _started
+    """Begin the warm-up once the current cell has ended (once per process; later calls do
+    nothing). False outside an IPython kernel's main thread (a script, terminal IPython):
+    there a launch does the work itself."""
+    global _started, _cell_runs
     if _started:
         return True
     if threading.current_thread() is not threading.main_thread():
         return False
     try:
-        loop = asyncio.get_running_loop()  # ipykernel runs each cell inside its loop
+        asyncio.get_running_loop()  # ipykernel runs each cell inside its loop
     except RuntimeError:
         return False
-    _loop, _started = loop, True
+    shell = _shell()
+    if shell is None:
+        return False
+    _started, _cell_runs = True, True  # called from a cell: its end lets the first step go
     _steps.extend(steps())
-    loop.call_later(_AFTER_THE_CELL, _next)
+    shell.events.register("pre_execute", _cell_begins)
+    shell.events.register("pre_run_cell", _wait_for_the_step)
+    shell.events.register("post_execute", _cell_ended)
+    threading.Thread(target=_run, name="nbtrain-warm-up", daemon=True).start()
     return True
 
 
@@ -87,21 +100,104 @@ def pending(module: str) -> bool:
 
 def finish() -> None:
     """Do the steps still to come now, in this cell (tests that count what follows)."""
+    _wait_for_the_step()
     while _steps:
-        _do(_steps.popleft())
+        with _cond:
+            step = _steps[0] if _steps else None
+        if step is not None:
+            _do(step)
+            _done(step)
 
 
-def _next() -> None:
-    if not _steps:
-        return
+def _run() -> None:
+    """The warm-up's thread: one step at a time, only between cells."""
+    global _current
+    while True:
+        with _cond:
+            while _steps and _cell_runs:
+                _cond.wait()
+            if not _steps:
+                return
+            _current = _steps[0]
+        try:
+            _do(_current)
+        finally:
+            _done(_current)
+
+
+def _done(step: str) -> None:
+    global _current
+    with _cond:
+        if _steps and _steps[0] == step:
+            _steps.popleft()
+        _current = None
+        _cond.notify_all()
+
+
+def _cell_begins(*_: object) -> None:
+    global _cell_runs
+    with _cond:
+        _cell_runs = True
+
+
+def _cell_ended(*_: object) -> None:
+    global _cell_runs
+    with _cond:
+        _cell_runs = False
+        _cond.notify_all()
+
+
+def _wait_for_the_step(*_: object) -> None:
+    """Before a cell's code runs: the step under way ends first (one at most). After
+    _QUIET_WAIT the cell says what it waits for, with the seconds, and the line goes once the
+    step is done: a launch cell is never an empty box."""
+    with _cond:
+        if _current is None or _cond.wait_for(lambda: _current is None, _QUIET_WAIT):
+            return
+    began = time.monotonic() - _QUIET_WAIT
+    handle = _show(None, began)
     try:
-        _do(_steps.popleft())
-    except KeyboardInterrupt:  # pressed while the kernel was idle: nothing of the user's to stop
-        _steps.clear()
+        with _cond:
+            while not _cond.wait_for(lambda: _current is None, _SAY_EVERY):
+                _show(handle, began)
+    finally:
+        _hide(handle)
+
+
+def _show(handle: Any, began: float) -> Any:
+    """The line that says what the cell waits for (a display, updated in place)."""
+    step = _current or "the last step"
+    what = "starting the forkserver" if step == _FORKSERVER else f"importing {step}"
+    text = (
+        f"[nbtrain] waiting for the warm-up to finish {what} in the kernel (once per kernel): "
+        f"{time.monotonic() - began:.0f}s"
+    )
+    with contextlib.suppress(Exception):  # no frontend to show it to: the wait is the same
+        from IPython.display import DisplayHandle, Pretty, display
+
+        if handle is None:
+            return display(Pretty(text), display_id=True)
+        assert isinstance(handle, DisplayHandle)
+        handle.update(Pretty(text))
+    return handle
+
+
+def _hide(handle: Any) -> None:
+    """The line goes: the saved notebook keeps only what the cell itself showed."""
+    if handle is None:
         return
-    if _steps and _loop is not None:
-        # One step per turn of the loop: a cell that arrived meanwhile runs before the next.
-        _loop.call_soon(_next)
+    with contextlib.suppress(Exception):
+        from IPython.display import clear_output
+
+        clear_output()
+
+
+def _shell() -> Any:
+    with contextlib.suppress(Exception):
+        from IPython import get_ipython
+
+        return get_ipython()
+    return None
 
 
 def _do(step: str) -> None:

@@ -18,8 +18,10 @@ text/html form (the rank's HTML, or its image inlined) carries the label; the or
 stay in the bundle for other tools. A rank's display updates (``display_id``) update the same
 output. Outside a Jupyter kernel its text/plain form is printed as a rank line.
 
-Stack dumps a timeout asks for are shown from the user's frames: the frames below the rank's
-entry (nbtrain's, and under fork the kernel's own stack before the fork) are cut.
+Stack dumps (a timeout's, where?'s, hang detection's) go to the log folder only: the cell gets
+the one account of where each rank was (stacks.describe, in the TimeoutError or the note), which
+names the rank's file as the log, not the raw dump with nbtrain's frames and the kernel's temp
+file names above it (issue 42).
 """
 
 from __future__ import annotations
@@ -37,7 +39,6 @@ from typing import IO, Any, TextIO
 
 from nbtrain.display.runstate import OutputLine
 from nbtrain.kernel.host import environment
-from nbtrain.shared import stacks
 from nbtrain.shared.events import Display
 from nbtrain.shared.frontend import Frontend, frontend
 from nbtrain.shared.options import OutputMode
@@ -79,10 +80,6 @@ class CellOutput:
         self._refilled = time.monotonic()
         self._held = _Held()
         self._files: dict[int, IO[str]] = {}
-        self._cut_dump: set[int] = set()  # ranks whose current dump block reached the entry
-        # Dumps arrive interleaved in whatever order the ranks answered: held and written in
-        # rank order at the end, so every rank's stack reads as one block, rank 0 first.
-        self._dumped: dict[int, list[tuple[str, str]]] = {}
         self.folder: Path | None = None  # created with the first line
         self._handles: dict[tuple[int, str | None], Any] = {}  # a rank's display ids
 
@@ -92,21 +89,15 @@ class CellOutput:
         """Called for every line as it arrives (a RunState output listener)."""
         text = line.text
         self._log(line.rank, line.stream, text)
-        if line.aside:
-            return  # a stack where() asked for: the picture in the cell says where it was
-        if line.dump and self._cut(line):
-            return
+        if line.aside or line.dump:
+            return  # a stack dump: logged; the picture in the cell says where the rank was
         if not self._shows(line.rank):
             return
         if not self._admit():
             self._held.total += 1
             self._held.by_rank[line.rank] = self._held.by_rank.get(line.rank, 0) + 1
             return
-        entry = (line.stream, f"[rank {line.rank}] {text}\n")
-        if line.dump:
-            self._dumped.setdefault(line.rank, []).append(entry)
-        else:
-            self._pending.append(entry)
+        self._pending.append((line.stream, f"[rank {line.rank}] {text}\n"))
 
     def _shows(self, rank: int) -> bool:
         if self.mode is OutputMode.NONE:
@@ -122,18 +113,6 @@ class CellOutput:
         self._tokens -= 1.0
         return True
 
-    def _cut(self, line: OutputLine) -> bool:
-        """Inside a stack dump: True for frames below the rank's entry (not the user's)."""
-        if stacks.is_thread_header(line.text):
-            self._cut_dump.discard(line.rank)
-            return False
-        if line.rank in self._cut_dump:
-            return True
-        if stacks.is_entry_frame(line.text):
-            self._cut_dump.add(line.rank)
-            return True
-        return False
-
     # -- lines out -------------------------------------------------------------------------
 
     def flush(self, *, final: bool = False, now: bool = False) -> None:
@@ -142,10 +121,6 @@ class CellOutput:
         if not (final or now) and self._hold():
             return
         notice = self._notice(final)
-        if final:
-            for rank in sorted(self._dumped):
-                self._pending.extend(self._dumped[rank])
-            self._dumped.clear()
         if not self._pending and notice is None:
             return
         self._before_write()

@@ -179,14 +179,26 @@ class Run:
 
     def _show_where(self, picture: dict[int, stacks.RankStack]) -> None:
         self.output.note(where.report(picture, "where each rank is:"))
+        self._mark_rows(picture)
 
     def _show_hang(self, picture: dict[int, stacks.RankStack]) -> None:
         self.output.note(where.hang_report(picture, self.hang.after or 0.0))
+        self._mark_rows(picture)
+
+    def _mark_rows(self, picture: dict[int, stacks.RankStack]) -> None:
+        """The rank the others wait for, marked in its row (and the waiters in theirs)."""
+        self.state.mark_waits(where.row_notes(picture))  # drawn at the loop's next tick
 
     def starting(self, phase: str) -> None:
         """Every rank is in this start-up ``phase`` ('starting Python'), said by the kernel
         before the ranks can say anything themselves; drawn at once, as the kernel may block
-        while it lasts (rank/__init__.py says the next phase from inside the rank)."""
+        while it lasts (rank/__init__.py says the next phase from inside the rank). What the
+        kernel itself does first ('importing torch in the kernel', before a fork: the phases that
+        start with 'importing') is no rank's: said in the header."""
+        if phase.startswith("importing "):
+            self.say(phase)
+            self.redraw()
+            return
         for rank in self.ranks:
             self.emit(Status(rank, phase))
         self.redraw()
@@ -275,10 +287,10 @@ class Run:
         __tracebackhide__ = True
         if self.outcome.has_failure() and self._interrupted_early(ending):
             self.end(f"Interrupted after {self.state.elapsed:.1f}s", Verdict.STOPPED)
+            # Short: why (a raw DDP loop, a Trainer, code still setting up) is in the guide.
             raise KeyboardInterrupt(
-                "every rank was stopped at once: its loop had no nbtrain-prepared DataLoader to "
-                "stop at (yet), the only place a checkpoint can be taken (a raw DDP loop, a "
-                f"Trainer, or code still setting up){self._kept()}"
+                "stopped at once: no prepared DataLoader to stop at yet (stop-and-resume guide, "
+                f"'What it covers'){self._kept()}"
             )
         if self.outcome.has_failure():
             self.fail(self.outcome.error(node=self.config.node_rank), raised=raised)
@@ -343,11 +355,13 @@ class Run:
             else f"; every rank was stopped ({where})"
         )
         stacks_text = stacks.describe(stuck, cellnames.place)
+        logs = self.output.folder
+        full = f"in {logs}/rank-N.log" if logs is not None else "in each rank's log"
         return (
             f"{given('timeout', f'{self.config.timeout:g}')} expired{what}. "
             f"Raise {to_raise('timeout')} if the run needs longer."
             + (
-                f"\nWhere the ranks were (each rank's full stack is in its output):\n{stacks_text}"
+                f"\nWhere the ranks were (each rank's full stack is {full}):\n{stacks_text}"
                 if stacks_text
                 else ""
             )

@@ -15,6 +15,7 @@ none).
 
 from __future__ import annotations
 
+import linecache
 import os
 import re
 import sys
@@ -27,6 +28,11 @@ from nbtrain.shared.errors import RemoteTraceback, ResultError, SessionError, Wo
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _KERNEL_SIDE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 HANDLED = (WorkerError, ResultError, SessionError, TimeoutError, KeyboardInterrupt)
+# What nbtrain's checks of a launch's arguments raise, with a message that names the argument,
+# the value and the fix: shown under the user's cell alone, when one of the checks' modules
+# raised it itself. (Any other such error keeps its whole traceback: a bug stays findable.)
+ARGUMENT_ERRORS = (TypeError, ValueError, OSError)
+_CHECKS = ("config.py", "stopping.py", "options.py", "accelerate_options.py", "option_names.py")
 _TRACEBACK_HEADER = "Traceback (most recent call last):"
 _DIRECT_CAUSE = "\nThe above exception was the direct cause of the following exception:\n"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -49,13 +55,14 @@ def install() -> None:
         return
     if shell.custom_exceptions:
         return  # the user's own handlers win
-    shell.set_custom_exc(HANDLED, _show)
+    shell.set_custom_exc(HANDLED + ARGUMENT_ERRORS, _show)
     shell._nbtrain_tracebacks = True
 
 
 def _show(shell: Any, etype: type[BaseException], value: BaseException,
           tb: TracebackType | None, tb_offset: int | None = None) -> Any:
-    if _passes_through_kernel_side(tb):
+    ours = isinstance(value, HANDLED) or _raised_by_a_check(tb)
+    if ours and _passes_through_kernel_side(tb):
         tb = users_frames(tb)
         value.__context__ = None if value.__suppress_context__ else value.__context__
     if isinstance(value, WorkerError) and isinstance(value.__cause__, RemoteTraceback):
@@ -97,6 +104,19 @@ def _with_rank_traceback(
 def _is_rule(line: str) -> bool:
     plain = _ANSI.sub("", line).strip()
     return len(set(plain)) == 1 and plain[0] in "-─━"
+
+
+def _raised_by_a_check(tb: TracebackType | None) -> bool:
+    """The innermost frame is one of the kernel side's checks of a launch's arguments, at a
+    ``raise`` of its own (not a failure inside it)."""
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    path = tb.tb_frame.f_code.co_filename
+    if not path.startswith(_KERNEL_SIDE) or os.path.basename(path) not in _CHECKS:
+        return False
+    return linecache.getline(path, tb.tb_lineno).lstrip().startswith("raise ")
 
 
 def _passes_through_kernel_side(tb: TracebackType | None) -> bool:

@@ -55,11 +55,31 @@ def report(picture: Mapping[int, stacks.RankStack], why: str) -> str:
     return f"[nbtrain] {why}\n{stacks.describe(picture, cellnames.place, live=True)}"
 
 
+def row_notes(picture: Mapping[int, stacks.RankStack]) -> dict[int, tuple[str, bool]]:
+    """What each running rank's row says after a picture that found ranks the others wait
+    for: rank -> (its phase, whether the others wait for it). Empty when no rank waits."""
+    found = stacks.waited_for(picture)
+    if found is None or not found[0]:
+        return {}
+    missing = found[0]
+    notes: dict[int, tuple[str, bool]] = {}
+    for rank, stack in picture.items():
+        if rank in missing:
+            frame = stacks.innermost_own(stack)
+            at = f" ({cellnames.place(frame.file, frame.line)})" if frame is not None else ""
+            notes[rank] = (f"the others wait for it{at}", True)
+        elif stack.collective is not None:
+            notes[rank] = (
+                f"waiting in {stack.collective}() for {stacks.name_ranks(missing)}", False
+            )
+    return notes
+
+
 def hang_report(picture: Mapping[int, stacks.RankStack], after: float) -> str:
     waiting = stacks.waited_for(picture)
     named = (
         ""
-        if waiting is not None and waiting[0]
+        if waiting is not None
         else "\nNo rank waits in a collective for another: compare the lines above."
     )
     given = setting("hang_after", int(after) if after.is_integer() else after)

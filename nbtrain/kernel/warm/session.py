@@ -21,6 +21,7 @@ from nbtrain.kernel.launch.cluster.spec import RayCluster
 from nbtrain.kernel.options.config import LaunchConfig, StartChoice, check_function
 from nbtrain.kernel.options.requested import Requested
 from nbtrain.kernel.options.stopping import StopOptions, build_policy
+from nbtrain.kernel.run import tracebacks
 from nbtrain.kernel.run.where import Where
 from nbtrain.kernel.specs.payload import prepare_call, share
 from nbtrain.kernel.warm import debugging
@@ -324,6 +325,7 @@ def start_ranks(
     global _current
     # A start that takes seconds says what it waits for (Worlds._say), then how long it took.
     began = time.monotonic()
+    tracebacks.install()  # a wrong argument's message under the cell, not nbtrain's frames
     # Every parameter but replace is an option, by its name (Requested.of).
     requested = Requested.of({k: v for k, v in locals().items() if k in _START_OPTIONS})
     stop = requested.stop
