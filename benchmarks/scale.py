@@ -296,7 +296,14 @@ def simulate(n: int, seconds: float) -> dict:
     from nbtrain.kernel.supervisor import TICK
     from nbtrain.rank import reporting
     from nbtrain.shared.events import (
-        Exited, FrameDecoder, Finished, Log, Output, Progress, Started, encode,
+        Exited,
+        Finished,
+        FrameDecoder,
+        Log,
+        Output,
+        Progress,
+        Started,
+        encode,
     )
 
     interval = _interval(reporting, n)
