@@ -37,6 +37,7 @@ from typing import IO, Any, TextIO
 
 from nbtrain.display.runstate import OutputLine
 from nbtrain.kernel import environment
+from nbtrain.kernel.outgroup import LineGroups
 from nbtrain.shared import stacks
 from nbtrain.shared.events import Display
 from nbtrain.shared.frontend import Frontend, frontend
@@ -67,8 +68,11 @@ class CellOutput:
         hold: Callable[[], bool] = lambda: False,
         stdout: TextIO | None = None,
         stderr: TextIO | None = None,
+        wide: bool = False,
     ) -> None:
         self.mode = mode
+        # A wide run: identical lines of several ranks written once with their ranks (outgroup)
+        self._groups = LineGroups() if wide else None
         self._before_write = before_write  # a terminal view erases its live status line
         # True while the view is still to appear (a warm cell's first 0.5 s, DeferredView):
         # lines wait, so they come below the dashboard, as the later ones do.
@@ -105,6 +109,8 @@ class CellOutput:
         entry = (line.stream, f"[rank {line.rank}] {text}\n")
         if line.dump:
             self._dumped.setdefault(line.rank, []).append(entry)
+        elif self._groups is not None:
+            self._groups.add(line.rank, line.stream, text, time.monotonic())
         else:
             self._pending.append(entry)
 
@@ -142,6 +148,8 @@ class CellOutput:
         if not (final or now) and self._hold():
             return
         notice = self._notice(final)
+        if self._groups is not None:
+            self._pending.extend(self._groups.take(time.monotonic(), final=final or now))
         if final:
             for rank in sorted(self._dumped):
                 self._pending.extend(self._dumped[rank])
