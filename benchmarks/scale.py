@@ -122,6 +122,8 @@ def sleep_forever(path):
 
 SIMULATE = """
 from scale import simulate
+_draws.clear()
+_applied[0] = 0
 _before = _cpu()
 _result = simulate({n}, {seconds})
 _result["cpu"] = _cpu() - _before - _result.pop("encode_cpu")
@@ -185,7 +187,7 @@ def checked(outcome, code: str):
 
 
 def view_row(label: str, wall: float, messages: int, r: dict) -> str:
-    per_s = r["wall"] if "wall" in r else wall
+    per_s = r.get("wall", wall)
     return (
         f"| {label} | {per_s:.2f} s | {100 * r['cpu'] / per_s:.1f}% | {r['applied'] / per_s:.0f} | "
         f"{messages / per_s:.1f} | {r['rss'] / 2**20:.0f} MB (+{r['grew'] / 2**20:.0f}) | "
@@ -224,12 +226,15 @@ def launches(kernel, n: int, rounds: int) -> dict[str, list[float]]:
         ),
     }
     samples: dict[str, list[float]] = {name: [] for name in cases}
-    for name, code in cases.items():  # once each, unmeasured: imports, first fork
+    for code in cases.values():  # once each, unmeasured: imports, first fork
         checked(execute(kernel.client, code), code)
     for round_ in range(rounds):
         names = list(cases)[round_ % 2 :] + list(cases)[: round_ % 2]
         for name in names:
-            timed = f"_t = time.perf_counter()\n{cases[name]}\nprint('RESULT', json.dumps({{'t': time.perf_counter() - _t}}))"
+            timed = (
+                f"_t = time.perf_counter()\n{cases[name]}\n"
+                "print('RESULT', json.dumps({'t': time.perf_counter() - _t}))"
+            )
             _, _, stdout = checked(execute(kernel.client, timed), timed)
             samples[name].append(result_of(stdout)["t"])
     return samples
@@ -262,7 +267,8 @@ class _AllStarted:
 def interrupt_delay(kernel, n: int) -> float:
     with tempfile.TemporaryDirectory() as folder:
         code = f"nbtrain.notebook_launcher(sleep_forever, ({folder!r},), num_processes={n})"
-        wall, _, _, error = execute(kernel.client, code, interrupt_after=_AllStarted(kernel, folder, n))
+        started = _AllStarted(kernel, folder, n)
+        wall, _, _, error = execute(kernel.client, code, interrupt_after=started)
         assert error is not None and error["ename"] == "KeyboardInterrupt", error
         return wall
 
@@ -273,7 +279,8 @@ def warm_cell(kernel, n: int, cells: int = 20) -> list[float]:
     try:
         for _ in range(3):
             checked(execute(kernel.client, "%%ranks\npass"), "%%ranks")
-        return [checked(execute(kernel.client, "%%ranks\npass"), "%%ranks")[0] for _ in range(cells)]
+        cell = "%%ranks\npass"
+        return [checked(execute(kernel.client, cell), cell)[0] for _ in range(cells)]
     finally:
         checked(execute(kernel.client, "_ranks.stop()"), "_ranks.stop()")
 
@@ -378,15 +385,13 @@ def _thinned(reporting, points: list, n: int) -> list:
 
 
 def ray_section(kernel, n: int) -> str:
-    from common import free_port
+    from common import ray_head_args
 
     setup = f"""
 import ray
 from ray.cluster_utils import Cluster
-_ray_dir = __import__('tempfile').mkdtemp(prefix='rs-', dir='/tmp')
 _cluster = Cluster()
-_cluster.add_node(num_cpus={n // 2}, dashboard_port={free_port()}, temp_dir=_ray_dir,
-                  ray_client_server_port={free_port()})
+_cluster.add_node(num_cpus={n // 2}, **{ray_head_args()!r})
 _cluster.add_node(num_cpus={n // 2})
 _cluster.wait_for_nodes()
 ray.init(address=_cluster.address, log_to_driver=False)
@@ -404,7 +409,9 @@ def main() -> None:
     parser.add_argument("--simulated", default="256,1024")
     parser.add_argument("--rounds", type=int, default=3, help="launch rounds per N")
     parser.add_argument("--ray", action="store_true", help="also 16 ranks on a 2-node Ray cluster")
-    parser.add_argument("--skip", default="", help="comma list of: view,launch,failure,interrupt,warm")
+    parser.add_argument(
+        "--skip", default="", help="comma list of: view,launch,failure,interrupt,warm"
+    )
     options = parser.parse_args()
     ranks = [int(x) for x in options.ranks.split(",") if x]
     sims = [int(x) for x in options.simulated.split(",") if x]
@@ -430,19 +437,22 @@ def main() -> None:
             for n in ranks:
                 print(f"\n## {n} ranks ({load()})\n", flush=True)
                 if "launch" not in skip:
-                    samples = launches(kernel, n, options.rounds if n < 64 else max(1, options.rounds))
+                    samples = launches(kernel, n, options.rounds)
                     base = statistics.median(samples["torch.multiprocessing"])
                     for name, values in samples.items():
                         median = statistics.median(values)
                         print(f"- launch round trip, {name}: median {median:.3f} s "
-                              f"(min {min(values):.3f}, {len(values)} rounds) = {median / base:.2f}x")
+                              f"(min {min(values):.3f}, {len(values)} rounds) = "
+                              f"{median / base:.2f}x")
                 if "failure" not in skip:
                     print(f"- failure -> WorkerError: {failure_delay(kernel, n):.2f} s", flush=True)
                 if "interrupt" not in skip:
-                    print(f"- Ctrl-C -> control back: {interrupt_delay(kernel, n):.2f} s", flush=True)
+                    delay = interrupt_delay(kernel, n)
+                    print(f"- Ctrl-C -> control back: {delay:.2f} s", flush=True)
                 if "warm" not in skip:
                     cells = warm_cell(kernel, n)
-                    print(f"- warm empty %%ranks cell: median {1000 * statistics.median(cells):.1f} ms "
+                    median = 1000 * statistics.median(cells)
+                    print(f"- warm empty %%ranks cell: median {median:.1f} ms "
                           f"(min {1000 * min(cells):.1f}, {len(cells)} cells)", flush=True)
         finally:
             kernel.shutdown()

@@ -154,8 +154,9 @@ def band_image(name: str, series: Series, ranks: int) -> str:
     encoded = base64.b64encode(band_svg(name, series, ranks).encode()).decode("ascii")
     return (
         f'<img class="nbtrain-chart nbtrain-band-chart" src="data:image/svg+xml;base64,'
-        f'{encoded}" width="{WIDTH}" height="{HEIGHT}" alt="{escape(band_alt(name, series, ranks))}"'
-        f' title="{escape(name)}" style="max-width:100%;height:auto">'
+        f'{encoded}" width="{WIDTH}" height="{HEIGHT}" '
+        f'alt="{escape(band_alt(name, series, ranks))}" title="{escape(name)}" '
+        'style="max-width:100%;height:auto">'
     )
 
 

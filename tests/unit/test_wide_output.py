@@ -22,6 +22,20 @@ def test_the_same_line_of_64_ranks_is_written_once_with_their_ranks() -> None:
                                 ("stdout", "[rank 5] rank five only\n")]
 
 
+def test_a_group_waits_while_ranks_keep_joining_but_not_forever() -> None:
+    groups = LineGroups(hold=0.5, max_hold=3.0)
+    for rank in range(8):  # one rank every 0.3 s: each joins before the last one's wait ends
+        groups.add(rank, "stdout", "step 50", now=0.3 * rank)
+    assert groups.take(2.2) == []
+    assert groups.take(2.6) == [("stdout", "[ranks 0-7] step 50\n")]
+    written = []
+    for rank in range(20):  # the wait ends MAX_HOLD after the first copy: later ones regroup
+        written += groups.take(10 + 0.3 * rank)
+        groups.add(rank, "stdout", "step 100", now=10 + 0.3 * rank)
+    written += groups.take(30.0)
+    assert [line for _, line in written] == ["[ranks 0-9] step 100\n", "[ranks 10-19] step 100\n"]
+
+
 def test_a_rank_s_own_order_is_kept_when_ranks_print_in_different_orders() -> None:
     groups = LineGroups(hold=1.0)
     groups.add(0, "stdout", "A", 0.0)
