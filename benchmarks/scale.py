@@ -50,6 +50,7 @@ STEPS = 200  # steps per rank: 4 s at 50 steps per second
 STEP_TIME = 0.02
 SIM_SECONDS = 5.0  # simulated run length
 QUIET = ("status", "execute_input")  # iopub messages that are not output
+KINDS: dict[str, int] = {}  # output messages by type, of the cells since the last reset
 
 # Installed in the kernel once: counters around the kernel side's own calls, the rank work.
 SETUP = r"""
@@ -61,9 +62,15 @@ sys.path.insert(0, BENCH_DIR)
 _me = psutil.Process()
 _applied = [0]
 _draws = []
+_started = {"expected": 0, "count": 0, "at": None}  # the CPU and time once every rank started
+from nbtrain.shared.events import Started as _Started
 _apply, _draw = _runstate.RunState.apply, _widgets.WidgetView.draw
 def _counted_apply(self, event):
     _applied[0] += 1
+    if type(event) is _Started:
+        _started["count"] += 1
+        if _started["count"] == _started["expected"]:
+            _started["at"] = (_cpu(), time.perf_counter())
     return _apply(self, event)
 def _timed_draw(self, state, **kw):
     began = time.perf_counter()
@@ -85,15 +92,18 @@ def work(steps=STEPS):
         if i % 50 == 49:
             print(f"all ranks reached step {i + 1}")
 
-def _measured(thunk):
+def _measured(n, thunk):
     _applied[0] = 0
     _draws.clear()
+    _started.update(expected=n, count=0, at=None)
     rss, cpu, began = _me.memory_info().rss, _cpu(), time.perf_counter()
     thunk()
     wall = time.perf_counter() - began
+    steady_cpu, steady_at = _started["at"] or (cpu, began)
+    steady = (_cpu() - steady_cpu) / max(1e-9, time.perf_counter() - steady_at)
     draws = sorted(_draws) or [0.0]
     print("RESULT " + json.dumps({
-        "wall": wall, "cpu": _cpu() - cpu, "applied": _applied[0],
+        "wall": wall, "cpu": _cpu() - cpu, "applied": _applied[0], "steady": steady,
         "rss": _me.memory_info().rss, "grew": _me.memory_info().rss - rss,
         "draw_median": statistics.median(draws), "draw_max": draws[-1], "draws": len(_draws),
     }))
@@ -165,6 +175,7 @@ def execute(client, code: str, timeout: float = 600, interrupt_after=None):
         kind = msg["msg_type"]
         if kind not in QUIET:
             messages += 1
+            KINDS[kind] = KINDS.get(kind, 0) + 1
         if kind == "stream" and msg["content"]["name"] == "stdout":
             stdout += msg["content"]["text"]
         if kind == "error":
@@ -188,25 +199,28 @@ def checked(outcome, code: str):
 
 def view_row(label: str, wall: float, messages: int, r: dict) -> str:
     per_s = r.get("wall", wall)
+    steady = f"{100 * r['steady']:.1f}%" if "steady" in r else "n/a"
     return (
-        f"| {label} | {per_s:.2f} s | {100 * r['cpu'] / per_s:.1f}% | {r['applied'] / per_s:.0f} | "
+        f"| {label} | {per_s:.2f} s | {100 * r['cpu'] / per_s:.1f}% | {steady} | "
+        f"{r['applied'] / per_s:.0f} | "
         f"{messages / per_s:.1f} | {r['rss'] / 2**20:.0f} MB (+{r['grew'] / 2**20:.0f}) | "
         f"{1000 * r['draw_median']:.1f} / {1000 * r['draw_max']:.1f} ms |"
     )
 
 
 VIEW_HEADER = (
-    "| ranks | wall | kernel CPU | events applied/s | frontend msgs/s | kernel RSS (growth) | "
-    "view update median / max |\n|---|---:|---:|---:|---:|---:|---:|"
+    "| ranks | wall | kernel CPU | kernel CPU, all ranks up | events applied/s | frontend msgs/s "
+    "| kernel RSS (growth) | view update median / max |\n|---|---:|---:|---:|---:|---:|---:|---:|"
 )
 
 
 def live_work(kernel, n: int, cluster: str = "") -> str:
+    KINDS.clear()
     code = (
-        f"_measured(lambda: nbtrain.notebook_launcher(work, num_processes={n}{cluster}))"
+        f"_measured({n}, lambda: nbtrain.notebook_launcher(work, num_processes={n}{cluster}))"
     )
     wall, messages, stdout = checked(execute(kernel.client, code), code)
-    return view_row(str(n), wall, messages, result_of(stdout))
+    return view_row(str(n), wall, messages, result_of(stdout)) + f" <!-- {KINDS} -->"
 
 
 def simulated(kernel, n: int) -> str:

@@ -15,6 +15,7 @@ from nbtrain.display.runstate import RunState
 from nbtrain.display.wide import NOT_SELECTED, Throttle, wide_html
 
 MAX_CHARTS = 3
+CHART_EVERY = 1.0  # seconds between the band charts' redraws (a message of a few KB each)
 
 
 class WideBody:
@@ -33,6 +34,8 @@ class WideBody:
         self.selector.add_class("nbtrain-rank-selector")
         self.bands = bandchart.Bands(state)
         self._throttle = Throttle()
+        self._charts = Throttle(CHART_EVERY)
+        self._chart_markup = ""
         self._shown_selection = NOT_SELECTED
 
     @property
@@ -52,8 +55,14 @@ class WideBody:
     def html(self, state: RunState) -> str:
         return wide_html(state, self.selected)
 
-    def charts_html(self, state: RunState) -> str:
-        """Band charts of the first metrics logged, with their legend ('' before any)."""
+    def charts_html(self, state: RunState, *, final: bool = False) -> str:
+        """Band charts of the first metrics logged, with their legend ('' before any); the
+        last markup again until CHART_EVERY passed (``final``: drawn now)."""
+        if self._charts.due(force=final):
+            self._chart_markup = self._draw_charts(state)
+        return self._chart_markup
+
+    def _draw_charts(self, state: RunState) -> str:
         names = self.bands.drawable()[:MAX_CHARTS]
         if not names:
             return ""

@@ -247,8 +247,9 @@ class WidgetView:
         self._final_text = final_text(state)
         parts = (self.charts, self.summary)
         extras = [w.value for w in parts if w.layout.display != "none"]
-        if self.wide is not None:  # the same rows as live (no selector: nothing to choose)
-            extras.insert(0, self.wide.html(state))
+        if self.wide is not None:  # the same rows as live, the charts as they ended
+            extras = [self.wide.html(state), self.wide.charts_html(state, final=True),
+                      self.summary.value]
             self._final_text = "\n".join([*wide_text(state), state.summary])
         ranks = [state.ranks[rank] for rank in self.rows]
         html = static_dashboard(self._title_html(state), ranks, extras)
