@@ -42,8 +42,10 @@ class _Bin:
     total: float = 0.0
     low: float = math.inf
     high: float = -math.inf
+    last: int = 0  # the newest step logged in it: where the chart draws the bin
 
-    def add(self, value: float) -> None:
+    def add(self, step: int, value: float) -> None:
+        self.last = max(self.last, step)
         self.count += 1
         self.total += value
         self.low = min(self.low, value)
@@ -54,6 +56,7 @@ class _Bin:
         self.total += other.total
         self.low = min(self.low, other.low)
         self.high = max(self.high, other.high)
+        self.last = max(self.last, other.last)
 
 
 @dataclass
@@ -66,7 +69,7 @@ class Series:
         if not math.isfinite(value):
             return
         self.points += 1
-        self.bins.setdefault(step // self.width, _Bin()).add(value)
+        self.bins.setdefault(step // self.width, _Bin()).add(step, value)
         if len(self.bins) > MAX_BINS:
             self._widen()
 
@@ -78,11 +81,8 @@ class Series:
         self.bins = merged
 
     def rows(self) -> list[tuple[float, float, float, float]]:
-        """(step, mean, least, most) per bin, in step order (a bin's step: its middle)."""
-        return [
-            (index * self.width + (self.width - 1) / 2, b.total / b.count, b.low, b.high)
-            for index, b in sorted(self.bins.items())
-        ]
+        """(step, mean, least, most) per bin, in step order (a bin's step: its newest)."""
+        return [(b.last, b.total / b.count, b.low, b.high) for _, b in sorted(self.bins.items())]
 
 
 class Bands:

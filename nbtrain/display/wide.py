@@ -68,7 +68,10 @@ def group_row(group: Group) -> str:
     failed = group.statuses.get(RankStatus.FAILED, 0)
     label = one_line_html(f"{group.name} ", title=f"{group.name} ({len(group.ranks)} ranks)")
     steps = " · ".join(part for part in (group.steps, _rate(group.rate)) if part)
-    status = _statuses(group)
+    # The slowest rank leads the metrics column: the status column is too narrow for it.
+    slowest = f"slowest: rank {group.slowest}" if group.slowest is not None else ""
+    metrics = " · ".join(part for part in (slowest, format_metrics(group.metrics)) if part)
+    status = _counts(group)
     color = STATUS_COLORS[RankStatus.FAILED] if failed else None
     status_cell = one_line_html(status, f";color:{color};font-weight:bold" if color else "")
     return _row(
@@ -78,8 +81,8 @@ def group_row(group: Group) -> str:
         _band_bar(group),
         one_line_html(steps, title=f"{steps} (median rank); least {group.low:.0%}, "
                       f"median {group.median:.0%}, most {group.high:.0%} of the loop"),
-        one_line_html(format_metrics(group.metrics), title="median across the group")
-        if group.metrics else "",
+        one_line_html(metrics, title=f"{metrics} (metrics: the group's median)")
+        if metrics else "",
         status_cell,
     )
 
@@ -147,14 +150,18 @@ def _rate(rate: float | None) -> str:
     return f"{rate:.1f} it/s" if rate else ""
 
 
-def _statuses(group: Group) -> str:
-    counts = [
+def _counts(group: Group) -> str:
+    """'1 failed, 7 stopped': how many ranks of the group are in which state."""
+    return ", ".join(
         f"{group.statuses[status]} {status.value}"
         for status in _ORDER
         if group.statuses.get(status)
-    ]
+    )
+
+
+def _statuses(group: Group) -> str:
     slowest = f"slowest: rank {group.slowest}" if group.slowest is not None else ""
-    return " · ".join(part for part in (", ".join(counts), slowest) if part)
+    return " · ".join(part for part in (_counts(group), slowest) if part)
 
 
 def text_lines(state: RunState, now: float | None = None) -> list[str]:

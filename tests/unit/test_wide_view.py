@@ -117,3 +117,22 @@ def test_the_text_view_prints_groups_not_a_line_per_rank() -> None:
     lines = out.getvalue().splitlines()
     assert lines and all(not line.startswith("[rank 5]") for line in lines)
     assert any(line.startswith("[ranks 0-7]") for line in lines)
+
+
+def test_bands_hold_the_mean_least_and_most_in_a_bounded_number_of_bins() -> None:
+    from nbtrain.display import bandchart
+
+    state = RunState(list(range(64)))
+    bands = bandchart.Bands(state)
+    for rank in range(64):
+        points = tuple((step, {"loss": float(rank)}) for step in range(1, 1000))
+        state.apply(Log(rank, {"loss": float(rank)}, 1000, earlier=points))
+    series = bands.series["loss"]
+    assert 2 <= len(series.bins) <= bandchart.MAX_BINS
+    rows = series.rows()
+    assert rows[-1][0] == 1000  # drawn at the newest step
+    assert all((mean, low, high) == (31.5, 0.0, 63.0) for _, mean, low, high in rows)
+    svg = bandchart.band_svg("loss", series, 64)
+    assert svg.count("<polyline") == 1 and 'class="nbtrain-band"' in svg
+    assert bandchart.band_alt("loss", series, 64) == (
+        "loss across 64 ranks: at step 1000 mean 31.5, least 0, most 63")
