@@ -35,6 +35,7 @@ import argparse
 import json
 import os
 import queue
+import shutil
 import statistics
 import sys
 import tempfile
@@ -401,11 +402,12 @@ def _thinned(reporting, points: list, n: int) -> list:
 def ray_section(kernel, n: int) -> str:
     from common import ray_head_args
 
+    head = ray_head_args()
     setup = f"""
 import ray
 from ray.cluster_utils import Cluster
 _cluster = Cluster()
-_cluster.add_node(num_cpus={n // 2}, **{ray_head_args()!r})
+_cluster.add_node(num_cpus={n // 2}, **{head!r})
 _cluster.add_node(num_cpus={n // 2})
 _cluster.wait_for_nodes()
 ray.init(address=_cluster.address, log_to_driver=False)
@@ -415,6 +417,7 @@ ray.init(address=_cluster.address, log_to_driver=False)
         return live_work(kernel, n, ", cluster=nbtrain.RayCluster()")
     finally:
         execute(kernel.client, "ray.shutdown(); _cluster.shutdown()", timeout=120)
+        shutil.rmtree(str(head["temp_dir"]), ignore_errors=True)
 
 
 def main() -> None:
