@@ -199,18 +199,23 @@ def checked(outcome, code: str):
 
 
 def view_row(label: str, wall: float, messages: int, r: dict) -> str:
+    """A row of the table; ``messages``: every output message of the cell, the dashboard's
+    widgets opened and closed once per launch included (KINDS tells them apart)."""
     per_s = r.get("wall", wall)
+    updates = sum(KINDS.get(kind, 0) for kind in ("comm_msg", "stream", "update_display_data"))
     steady = f"{100 * r['steady']:.1f}%" if "steady" in r else "n/a"
     return (
         f"| {label} | {per_s:.2f} s | {100 * r['cpu'] / per_s:.1f}% | {steady} | "
         f"{r['applied'] / per_s:.0f} | "
-        f"{messages / per_s:.1f} | {r['rss'] / 2**20:.0f} MB (+{r['grew'] / 2**20:.0f}) | "
+        f"{messages / per_s:.1f} ({updates / per_s:.1f}) | "
+        f"{r['rss'] / 2**20:.0f} MB (+{r['grew'] / 2**20:.0f}) | "
         f"{1000 * r['draw_median']:.1f} / {1000 * r['draw_max']:.1f} ms |"
     )
 
 
 VIEW_HEADER = (
-    "| ranks | wall | kernel CPU | kernel CPU, all ranks up | events applied/s | frontend msgs/s "
+    "| ranks | wall | kernel CPU | kernel CPU, all ranks up | events applied/s | "
+    "frontend msgs/s (updates/s) "
     "| kernel RSS (growth) | view update median / max |\n|---|---:|---:|---:|---:|---:|---:|---:|"
 )
 
@@ -225,6 +230,7 @@ def live_work(kernel, n: int, cluster: str = "") -> str:
 
 
 def simulated(kernel, n: int) -> str:
+    KINDS.clear()
     code = SIMULATE.format(n=n, seconds=SIM_SECONDS)
     wall, messages, stdout = checked(execute(kernel.client, code), code)
     result = result_of(stdout)
