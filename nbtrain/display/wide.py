@@ -34,7 +34,7 @@ from nbtrain.display.rows import (
     row_cells,
     static_row,
 )
-from nbtrain.display.runstate import RankStatus, RunState
+from nbtrain.display.runstate import RankStatus, RankView, RunState
 from nbtrain.shared.rankset import ranks_label
 
 EVERY = 0.5  # seconds between redraws of the rows (one message each)
