@@ -14,6 +14,19 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def ray_head_args() -> dict[str, object]:
+    """A Ray head's own free ports (dashboard, its agent, Ray Client) and own temp dir (short,
+    under /tmp: Unix socket paths), so a benchmark runs beside another Ray cluster."""
+    import tempfile
+
+    return {
+        "dashboard_port": free_port(),
+        "dashboard_agent_listen_port": free_port(),
+        "ray_client_server_port": free_port(),
+        "temp_dir": tempfile.mkdtemp(prefix="nbray-", dir="/tmp"),
+    }
+
+
 def alternate(
     cases: dict[str, Callable[[], object]], rounds: int
 ) -> dict[str, list[float]]:

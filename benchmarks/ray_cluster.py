@@ -14,6 +14,7 @@ the two nodes (``start_ranks(2, cluster=...)``: one all_reduce through ``run_cel
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import sys
 import tempfile
@@ -22,7 +23,7 @@ import time
 import cloudpickle
 import torch
 import torch.distributed as dist
-from common import alternate, table
+from common import alternate, ray_head_args, table
 
 import nbtrain
 
@@ -68,7 +69,8 @@ def main() -> None:
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the nodes lack benchmarks/
     began = time.perf_counter()
     cluster = Cluster()
-    cluster.add_node(num_cpus=2)
+    head = ray_head_args()
+    cluster.add_node(num_cpus=2, **head)
     cluster.add_node(num_cpus=2)
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, log_to_driver=False)
@@ -114,6 +116,7 @@ def main() -> None:
     finally:
         ray.shutdown()
         cluster.shutdown()
+        shutil.rmtree(str(head["temp_dir"]), ignore_errors=True)
 
 
 if __name__ == "__main__":

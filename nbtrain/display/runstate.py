@@ -141,10 +141,15 @@ class RunState:
         self.version = 0  # bumped on every change, so views redraw only when needed
         self.metrics_version = 0  # bumped when a metric was logged (charts redraw on it)
         self._listeners: list[OutputListener] = []
+        self._metric_listeners: list[Callable[[Log], None]] = []
 
     def add_output_listener(self, listener: OutputListener) -> None:
         """Call ``listener`` with every output line from now on, as it arrives (uncapped)."""
         self._listeners.append(listener)
+
+    def add_metric_listener(self, listener: Callable[[Log], None]) -> None:
+        """Call ``listener`` with every Log applied from now on (a wide view's bands)."""
+        self._metric_listeners.append(listener)
 
     def apply(self, event: Event) -> None:
         view = self.ranks.get(event.rank)
@@ -191,6 +196,8 @@ class RunState:
             view.note, view.holding_up = "", False
             _apply_log(view, event)
             self.metrics_version += 1
+            for metric_listener in self._metric_listeners:
+                metric_listener(event)
         elif isinstance(event, Finished):
             view.status, view.ended_at = RankStatus.DONE, event.time
         elif isinstance(event, Stopped):

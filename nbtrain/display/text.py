@@ -24,8 +24,10 @@ from nbtrain.display.formatting import (
     phase,
     timed_phase,
 )
+from nbtrain.display.groups import is_wide
 from nbtrain.display.runstate import RankStatus, RankView, RunState
 from nbtrain.display.statusline import status_line
+from nbtrain.display.wide import GroupLines
 from nbtrain.shared.options import OutputMode
 
 PROGRESS_EVERY = 2.0  # seconds between progress lines per rank: readable in CI logs
@@ -53,6 +55,7 @@ class TextView:
         self._status = ""  # the live status line now on screen
         self._note = ""
         self._phases: dict[int, str] = {}  # the phase each rank was last said to be in
+        self._groups = GroupLines(every)  # a wide run: lines of groups (wide.py)
 
     @property
     def stdout(self) -> TextIO:
@@ -66,7 +69,9 @@ class TextView:
         self._flush()
         if not self.show_progress:
             return
-        if self.live:
+        if is_wide(len(state.ranks)):
+            self._print_progress(state, final=False)
+        elif self.live:
             self._print_finished(state)
             self._draw_status(state)
         else:
@@ -106,6 +111,10 @@ class TextView:
 
     def _print_progress(self, state: RunState, *, final: bool) -> None:
         """A line per rank when it changed and its interval passed; every change when final."""
+        if is_wide(len(state.ranks)):
+            self.stdout.writelines(line + "\n" for line in self._groups.lines(state, final=final))
+            self.stdout.flush()
+            return
         now = time.monotonic()
         for rank, view in sorted(state.ranks.items()):
             if not (has_progress(view) or view.metrics or view.finished):

@@ -29,6 +29,7 @@ import ipywidgets as widgets
 from nbtrain.display.chart import chart_image, rank_color
 from nbtrain.display.commpump import CommPump
 from nbtrain.display.formatting import format_duration, timed_phase
+from nbtrain.display.groups import is_wide
 from nbtrain.display.rows import (
     BAR_MIN,
     CELL_PADDING,
@@ -43,6 +44,7 @@ from nbtrain.display.rows import (
 )
 from nbtrain.display.runstate import RankStatus, RankView, RunState, Verdict
 from nbtrain.display.text import format_rank
+from nbtrain.display.wide import text_lines as wide_text
 from nbtrain.shared.options import OutputMode
 
 MAX_LINE_CHARS = 400
@@ -186,6 +188,7 @@ class WidgetView:
         self._state: RunState | None = None
         self._final_text = ""
         self._closed = False
+        self.wide: Any = None  # a wide run's rows and selector (widebody.WideBody)
 
     def draw(self, state: RunState, *, final: bool = False) -> None:
         if self._closed:
@@ -203,6 +206,8 @@ class WidgetView:
             for rank, row in self.rows.items():
                 if timed_phase(state.ranks[rank]):
                     row.render(state.ranks[rank])
+        if self.wide is not None:
+            self.wide.draw(state, final=final)
         # The ranks' output is the cell's own output (kernel/run/cellout.py), not the dashboard's.
         now = time.monotonic()
         if state.metrics_version != self._metrics_drawn and (
@@ -216,7 +221,7 @@ class WidgetView:
         comm = getattr(self.where_button, "comm", None)
         if self._closed or self.box is None or comm is None:
             return set()
-        return {comm.comm_id}
+        return {comm.comm_id} | (self.wide.comm_ids() if self.wide is not None else set())
 
     def take_where(self) -> bool:
         """Was "where?" clicked since the last call?"""
@@ -243,6 +248,10 @@ class WidgetView:
         self._final_text = final_text(state)
         parts = (self.charts, self.summary)
         extras = [w.value for w in parts if w.layout.display != "none"]
+        if self.wide is not None:  # the same rows as live, the charts as they ended
+            extras = [self.wide.html(state), self.wide.charts_html(state, final=True),
+                      self.summary.value]
+            self._final_text = "\n".join([*wide_text(state), state.summary])
         ranks = [state.ranks[rank] for rank in self.rows]
         html = static_dashboard(self._title_html(state), ranks, extras)
         self._display.update({"text/html": html, "text/plain": self._final_text})
@@ -253,16 +262,25 @@ class WidgetView:
         for row in self.rows.values():
             for widget in row.widgets():
                 _close(widget)
+        for widget in self.wide.widgets() if self.wide is not None else []:
+            _close(widget)
         self.box = None
 
     # -- building -------------------------------------------------------------------------------
 
     def _build(self, state: RunState) -> None:
-        self.rows = {rank: RankRow(rank) for rank in sorted(state.ranks)}
+        if is_wide(len(state.ranks)):  # groups of ranks, not a row each (widebody.py)
+            from nbtrain.display.widebody import WideBody
+
+            self.wide = WideBody(state)
+            self.header.children = (*self.header.children, self.wide.selector)
+        else:
+            self.rows = {rank: RankRow(rank) for rank in sorted(state.ranks)}
         self.box = widgets.VBox(
             [
                 self.header,
                 *(row.box for row in self.rows.values()),
+                *([self.wide.rows] if self.wide is not None else []),
                 self.charts,
                 self.summary,
             ],
@@ -270,7 +288,7 @@ class WidgetView:
         )
         self.box.add_class("nbtrain-dashboard")
         self.title.add_class("nbtrain-cell")
-        self._display.show(self._bundle(f"nbtrain: {len(self.rows)} rank(s) running"))
+        self._display.show(self._bundle(f"nbtrain: {len(state.ranks)} rank(s) running"))
 
     def _bundle(self, text: str) -> dict[str, Any]:
         assert self.box is not None
@@ -284,7 +302,7 @@ class WidgetView:
         self.title.value = LIVE_CSS + self._title_html(state)
 
     def _title_html(self, state: RunState) -> str:
-        name = state.title or f"{len(self.rows)} ranks"
+        name = state.title or f"{len(state.ranks)} ranks"
         note = self._current_note(state)
         note = " · ".join(part for part in (state.resumed, note) if part)
         note_html = f' · <span class="nbtrain-note">{escape(note)}</span>' if note else ""
@@ -310,6 +328,10 @@ class WidgetView:
         return note.text
 
     def _draw_charts(self, state: RunState) -> None:
+        if self.wide is not None:  # the mean and a min-max band across ranks
+            self.charts.value = self.wide.charts_html(state)
+            self.charts.layout.display = "" if self.charts.value else "none"
+            return
         names = _charted_names(state)[:MAX_CHARTS]
         if not names:
             return

@@ -36,6 +36,17 @@ from nbtrain.shared.events import Event, EventSink, Log, Progress, ResumedFrom, 
 T = TypeVar("T")
 
 INTERVAL = 0.1  # seconds between updates a rank sends while a loop runs (about 10 per second)
+# Wide runs: the kernel applies every rank's updates and one core cannot take 10 a second from
+# hundreds of ranks, so the interval grows with the world size to keep the whole run near
+# RUN_UPDATES updates a second (64 ranks: one every 0.64 s each), up to MAX_INTERVAL.
+RUN_UPDATES = 100.0
+MAX_INTERVAL = 10.0
+# Beyond WIDE ranks the view draws groups of ranks (a mean with a min-max band, not a line per
+# rank), and an update carries at most WIDE_POINTS of the steps logged since the last one
+# (evenly spread, the newest always): the kernel's cost and memory stay flat in N. Trackers
+# record every value in the rank itself; this thinning is the live view's only.
+WIDE = 16
+WIDE_POINTS = 8
 # Logged steps held for the next update (the kernel keeps as many per metric, runstate.HISTORY_CAP):
 # past that, older ones are thinned as the kernel's history is (every other one of the older
 # half, never the first) rather than memory grow while the kernel is behind.
@@ -187,6 +198,8 @@ class Reporter:
         self.bars: list[Bar] = []  # open loops, innermost last
         self.pending: list[tuple[int, dict[str, float]]] = []  # (step, values) not yet sent
         self.next_due = 0.0  # monotonic time of the next coalesced update
+        self.world_size = current.info.world_size
+        self.interval = update_interval(self.world_size)
         self.global_step = 0
         self.used_progress = False
         self.log_calls = 0
@@ -273,7 +286,7 @@ class Reporter:
 
     def flush(self, *, final: bool = False) -> None:
         """Send what changed since the last update; ``final`` sends even to a slow kernel."""
-        self.next_due = time.monotonic() + INTERVAL
+        self.next_due = time.monotonic() + self.interval
         event = self._progress_event()
         if event is not None:
             state = (event.step, event.total, event.desc)
@@ -282,7 +295,7 @@ class Reporter:
                     return  # the kernel is behind: keep everything pending, try next time
                 self._sent = state
         self._send_gpu_usage(final)
-        groups, self.pending = self.pending, []
+        groups, self.pending = thin_points(self.pending, self.world_size), []
         for start in range(0, len(groups), POINTS_PER_LOG):
             *earlier, (step, values) = groups[start : start + POINTS_PER_LOG]
             if not self._offer(Log(self.rank, values, step, earlier=tuple(earlier)), final):
@@ -314,6 +327,33 @@ class Reporter:
             self.sink.send(event)
             return True
         return offer(self.sink, event)
+
+
+def update_interval(world_size: int) -> float:
+    """Seconds between a rank's updates in a run of ``world_size`` ranks (see RUN_UPDATES)."""
+    return min(MAX_INTERVAL, max(INTERVAL, world_size / RUN_UPDATES))
+
+
+def thin_points(
+    points: list[tuple[int, dict[str, float]]], world_size: int
+) -> list[tuple[int, dict[str, float]]]:
+    """The logged steps an update carries: all of them up to WIDE ranks; beyond, WIDE_POINTS
+    evenly spread over them, the first and the newest always (a chart's ends stay exact)."""
+    if world_size <= WIDE or len(points) <= WIDE_POINTS:
+        return points
+    last = len(points) - 1
+    picked = sorted({round(i * last / (WIDE_POINTS - 1)) for i in range(WIDE_POINTS)})
+    # A metric logged only at some steps (eval loss) must not vanish with its step: the values
+    # of the steps left out ride with the next kept one (a newer value of a name wins).
+    kept: list[tuple[int, dict[str, float]]] = []
+    carried: dict[str, float] = {}
+    for index, (step, values) in enumerate(points):
+        if index not in picked:
+            carried.update(values)
+            continue
+        kept.append((step, {**carried, **values}))
+        carried = {}
+    return kept
 
 
 def flush() -> None:

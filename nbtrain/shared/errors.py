@@ -8,6 +8,8 @@ from typing import Any
 # torch elastic's failure types (torch is loaded on both sides already; this adds ~10 ms)
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
+from nbtrain.shared.rankset import ranks_label
+
 
 class RemoteTraceback(Exception):
     """Carries a rank's traceback text so the cell shows it as the direct cause."""
@@ -97,8 +99,7 @@ class WorkerError(RuntimeError, ChildFailedError):
             text += f"\n  rank{'s' if len(same) > 1 else ''} {names} raised the same error"
         others = {r: s for r, s in self.other_failures.items() if r not in same}
         if others:
-            listed = ", ".join(f"rank {r}: {s}" for r, s in sorted(others.items()))
-            text += f"\n  then, as a consequence: {listed}"
+            text += "\n  then, as a consequence: " + _consequences(others)
         return text
 
     def __str__(self) -> str:
@@ -121,6 +122,24 @@ class WorkerError(RuntimeError, ChildFailedError):
 
 
 _SIGNALS = set(_signal.Signals.__members__)
+
+
+LISTED = 3  # consequences listed one by one; more are summarised by error type
+
+
+def _consequences(others: dict[int, str]) -> str:
+    """'rank 0: X, rank 1: Y', or for many ranks (a wide run whose ranks all lost their peer)
+    '62 other ranks failed: ranks 0-61 with RuntimeError (e.g. rank 0: RuntimeError: ...)'."""
+    if len(others) <= LISTED:
+        return ", ".join(f"rank {r}: {s}" for r, s in sorted(others.items()))
+    kinds: dict[str, list[int]] = {}
+    for rank, line in sorted(others.items()):
+        kinds.setdefault(line.split(":", 1)[0], []).append(rank)
+    parts = [
+        f"{ranks_label(ranks)} with {kind} (e.g. rank {ranks[0]}: {others[ranks[0]]})"
+        for kind, ranks in kinds.items()
+    ]
+    return f"{len(others)} other ranks failed: " + "; ".join(parts)
 
 
 def _same(line: str, own: str) -> bool:

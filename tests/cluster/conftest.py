@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,7 +34,10 @@ def cluster() -> Iterator[Cluster]:
     environment = dict(os.environ)  # ray.init sets PYTHONBREAKPOINT (and more) in this process
     import ray
 
-    cluster = _start_cluster()
+    # Its own temp dir (sessions, sockets, logs): another Ray on this machine keeps /tmp/ray.
+    # Short, under /tmp: Ray's Unix socket paths must stay within 107 characters.
+    folder = tempfile.mkdtemp(prefix="nbray-", dir="/tmp")
+    cluster = _start_cluster(folder)
     try:
         ray.init(address=cluster.address, log_to_driver=False)
         yield cluster
@@ -41,6 +46,7 @@ def cluster() -> Iterator[Cluster]:
         cluster.shutdown()
         os.environ.clear()
         os.environ.update(environment)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _free_port() -> int:
@@ -59,7 +65,18 @@ def _end_new_children(before: set[int]) -> None:
                 child.kill()
 
 
-def _start_cluster(tries: int = 3) -> Cluster:
+def head_ports() -> dict[str, int]:
+    """Free ports for every port a Ray head takes by default (GCS 6379 and the workers' are
+    chosen by Ray itself here): the dashboard (8265), its agent (52365), Ray Client (10001).
+    A cluster started with them passes beside another Ray cluster on this machine."""
+    return {
+        "dashboard_port": _free_port(),
+        "dashboard_agent_listen_port": _free_port(),
+        "ray_client_server_port": _free_port(),
+    }
+
+
+def _start_cluster(folder: str, tries: int = 3) -> Cluster:
     """Ray gives a raylet 30 s to register, and the raylet 15 s to see its dashboard agent's
     port files (both fixed; ray-project/ray#65983): on a loaded 2-core machine that can pass,
     so a failed start is tried again."""
@@ -68,11 +85,10 @@ def _start_cluster(tries: int = 3) -> Cluster:
     for attempt in range(tries):
         before = {child.pid for child in psutil.Process().children()}
         cluster = Cluster()
-        cluster.client_port = _free_port()  # the head's Ray Client server (ray://)
+        ports = head_ports()
+        cluster.client_port = ports["ray_client_server_port"]  # the head's Ray Client (ray://)
         try:
-            cluster.add_node(
-                num_cpus=2, resources={"n0": 1}, ray_client_server_port=cluster.client_port
-            )
+            cluster.add_node(num_cpus=2, resources={"n0": 1}, temp_dir=folder, **ports)
             cluster.add_node(num_cpus=2, resources={"n1": 1})
             cluster.wait_for_nodes()
             return cluster

@@ -389,3 +389,51 @@ def test_a_loss_logged_in_step_n_is_charted_at_step_n_like_the_summary_counts(si
     assert losses[0][0] == 1 and losses[-1][0] == 254
     assert [step for step, _ in _points(sink.of(Log), "val")] == [127, 254]
     assert sink.of(Progress)[-1].step == 2  # the outer loop's end; the inner one ended at 127
+
+
+# -- wide runs (issue 44): fewer updates and points as the world grows --------------------------
+
+
+def test_the_update_interval_grows_with_the_world_size_within_its_bounds() -> None:
+    assert reporting.update_interval(2) == reporting.INTERVAL
+    assert reporting.update_interval(10) == reporting.INTERVAL
+    assert reporting.update_interval(64) == pytest.approx(64 / reporting.RUN_UPDATES)
+    assert reporting.update_interval(100_000) == reporting.MAX_INTERVAL
+    # the whole run's update rate stays flat past the narrow runs
+    assert 64 / reporting.update_interval(64) == pytest.approx(256 / reporting.update_interval(256))
+
+
+def test_thinning_keeps_every_point_of_a_narrow_run_and_the_ends_of_a_wide_one() -> None:
+    points = [(step, {"loss": float(step)}) for step in range(1, 41)]
+    assert reporting.thin_points(points, 16) == points
+    kept = reporting.thin_points(points, 64)
+    assert len(kept) == reporting.WIDE_POINTS
+    assert kept[0] == (1, {"loss": 1.0}) and kept[-1] == (40, {"loss": 40.0})
+    assert [step for step, _ in kept] == sorted(step for step, _ in kept)
+
+
+def test_a_metric_logged_only_at_a_thinned_step_rides_with_the_next_kept_one() -> None:
+    points = [(step, {"loss": float(step)}) for step in range(1, 41)]
+    points[4][1]["eval_loss"] = 0.5  # step 5: left out by the thinning
+    kept = reporting.thin_points(points, 64)
+    assert 5 not in [step for step, _ in kept]
+    assert [values["eval_loss"] for _, values in kept if "eval_loss" in values] == [0.5]
+
+
+def test_a_rank_of_a_wide_run_sends_fewer_updates_but_its_first_and_last_step() -> None:
+    recording = PipeSink()
+    with runtime.activate(Runtime(RankInfo(3, 1, 64, 2), recording)):
+        start = time.monotonic()
+        for step in progress(range(300), desc="train"):
+            log({"loss": 1.0 / (step + 1)})
+            time.sleep(0.002)
+        elapsed = time.monotonic() - start
+    interval = reporting.update_interval(64)
+    steps = [e.step for e in recording.of(Progress)]
+    assert steps[0] == 0 and steps[-1] == 300
+    assert len(steps) <= elapsed / interval + 3
+    logged = [(log_.step, log_.values) for log_ in recording.of(Log)]
+    points = [p for log_ in recording.of(Log) for p in (*log_.earlier, (log_.step, log_.values))]
+    assert points[0] == (1, {"loss": 1.0})  # a chart starts at its first point
+    assert points[-1] == (300, {"loss": 1.0 / 300})  # and ends at the last
+    assert len(points) < 300 and logged

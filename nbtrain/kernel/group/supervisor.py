@@ -17,8 +17,8 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from multiprocessing.connection import wait
 
+from nbtrain.kernel.group.fdwait import Poller
 from nbtrain.kernel.group.outorder import OutputOrder
 from nbtrain.kernel.group.pdbprompt import Prompts
 from nbtrain.kernel.group.postmortem import FirstFailure
@@ -88,6 +88,7 @@ class Supervisor:
         self._grace = grace
         self._exit_wait = exit_wait
         self._streams: dict[int, _Stream] = {}
+        self._poller = Poller()  # registered once: wait() would rebuild it every pass
         # A rank's lines and displays come through separate pipes: put back in its order.
         self._order = OutputOrder(lambda event: self._emit(event))
         self._processes = {rank_process.rank: rank_process for rank_process in ranks}
@@ -233,8 +234,7 @@ class Supervisor:
         watched = [s.fd for s in self._streams.values() if s.open] + list(by_sentinel)
         if self.stop_asked:
             self._ask_pending()
-        for ready in wait(watched, timeout=self._wait_time(deadline)):
-            assert isinstance(ready, int)
+        for ready in self._poller.wait(watched, self._wait_time(deadline)):
             if ready in self._streams:
                 self._pump(self._streams[ready], budget=READ_BUDGET)
         self._order.expire()

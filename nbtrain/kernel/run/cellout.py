@@ -39,6 +39,7 @@ from typing import IO, Any, TextIO
 
 from nbtrain.display.runstate import OutputLine
 from nbtrain.kernel.host import environment
+from nbtrain.kernel.run.outgroup import LineGroups
 from nbtrain.shared.events import Display
 from nbtrain.shared.frontend import Frontend, frontend
 from nbtrain.shared.options import OutputMode
@@ -68,8 +69,11 @@ class CellOutput:
         hold: Callable[[], bool] = lambda: False,
         stdout: TextIO | None = None,
         stderr: TextIO | None = None,
+        wide: bool = False,
     ) -> None:
         self.mode = mode
+        # A wide run: identical lines of several ranks written once with their ranks (outgroup)
+        self._groups = LineGroups() if wide else None
         self._before_write = before_write  # a terminal view erases its live status line
         # True while the view is still to appear (a warm cell's first 0.5 s, DeferredView):
         # lines wait, so they come below the dashboard, as the later ones do.
@@ -97,7 +101,11 @@ class CellOutput:
             self._held.total += 1
             self._held.by_rank[line.rank] = self._held.by_rank.get(line.rank, 0) + 1
             return
-        self._pending.append((line.stream, f"[rank {line.rank}] {text}\n"))
+        entry = (line.stream, f"[rank {line.rank}] {text}\n")
+        if self._groups is not None:
+            self._groups.add(line.rank, line.stream, text, time.monotonic())
+        else:
+            self._pending.append(entry)
 
     def _shows(self, rank: int) -> bool:
         if self.mode is OutputMode.NONE:
@@ -121,6 +129,8 @@ class CellOutput:
         if not (final or now) and self._hold():
             return
         notice = self._notice(final)
+        if self._groups is not None:
+            self._pending.extend(self._groups.take(time.monotonic(), final=final or now))
         if not self._pending and notice is None:
             return
         self._before_write()

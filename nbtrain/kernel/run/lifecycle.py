@@ -40,6 +40,7 @@ from typing import Any, NoReturn, Protocol
 from nbtrain.display import View, make_view
 from nbtrain.display.commpump import CommPump
 from nbtrain.display.deferred import DeferredView
+from nbtrain.display.groups import is_wide
 from nbtrain.display.runstate import RunState, Verdict
 from nbtrain.kernel.group import Interrupts, RankGroup
 from nbtrain.kernel.group.outcome import Outcome
@@ -106,6 +107,7 @@ class Run:
             config.output,
             before_write=getattr(self.view, "erase_status", _nothing),
             hold=getattr(self.view, "pending", _never),
+            wide=is_wide(len(ranks)),
         )
         self.state.add_output_listener(self.output.take)
         self.deadline: float | None = None
