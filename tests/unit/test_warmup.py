@@ -171,11 +171,14 @@ def test_a_fork_launch_imports_torch_dynamo_in_the_kernel_even_before_the_warm_u
     # "Run All": leaving it to the ranks made every launch's ranks import it again
     # (benchmarks/runall.py: 18.2 s against 11.1 s for two launches); the row says so.
     from nbtrain.kernel.procs import processes
+    from nbtrain.shared.frontend import Frontend
     from nbtrain.shared.options import StartMethod
 
     warmup._steps.extend(["nbtrain.kernel.entry", "torch._dynamo"])
     assert "torch._dynamo" in processes.fork_imports(2)
     assert "nbtrain.rank.worker" in processes.fork_imports(2)  # (the fork's target)
+    # in a Jupyter kernel (a script's words are tests/cli/test_cli_words.py's)
+    monkeypatch.setattr(processes, "frontend", lambda: Frontend.JUPYTER)
     monkeypatch.setattr(processes, "fork_imports", lambda count: ["torch", "nbtrain_no_such"])
     assert processes.starting_phase(StartMethod.FORK, 2) == (
         "importing torch in the kernel (first launch only)"
