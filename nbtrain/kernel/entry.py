@@ -21,6 +21,8 @@ from nbtrain.kernel.options.config import OutputMode, ProgressMode, check_functi
 from nbtrain.kernel.options.interface import UserCall
 from nbtrain.kernel.options.requested import Requested
 from nbtrain.kernel.options.stopping import StopOptions
+from nbtrain.kernel.run import handle
+from nbtrain.kernel.run.handle import check_background
 
 
 def notebook_launcher(
@@ -57,6 +59,7 @@ def notebook_launcher(
     rdzv_id: str = "none",
     monitor_interval: float = 0.1,
     log_line_prefix_template: str | None = None,
+    block: bool = True,
 ) -> Any:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` ranks and return rank 0's value
     (on a node of a multi-node launch: its first rank's; ``return_all``: its ranks' values).
@@ -85,6 +88,11 @@ def notebook_launcher(
     'c10d'; ``rdzv_conf`` its join timeout and rank; ``rdzv_id`` and ``monitor_interval`` are
     checked and need nothing more (a rendezvous per launch; failures noticed at once);
     ``log_line_prefix_template`` is refused (nbtrain labels each rank's lines itself).
+
+    ``block=False``: return an ``nbtrain.Run`` at once while the ranks train in the
+    background; the cell shows the live view, other cells run meanwhile, and
+    ``run.wait()`` gives the value or raises what a blocking launch raises
+    (notebooks/guides/long-runs.md).
 
     The full contract: notebooks/guides/launching.md. Every argument is checked before anything
     starts.
@@ -128,7 +136,8 @@ def notebook_launcher(
         log_line_prefix_template=log_line_prefix_template,
     )
     options = check_options(requested, getattr(function, "__name__", "run"))
-    return options.launch.run(options, UserCall(function, args, kwargs))
+    check_background(options, block)
+    return handle.launch(options, UserCall(function, args, kwargs), block=block)
 
 
 def debug_launcher(function: Callable[..., Any], args: tuple = (), num_processes: int = 2) -> Any:
