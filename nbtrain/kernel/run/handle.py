@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from nbtrain.display.background import Pane
 from nbtrain.display.runstate import OutputLine, RunState, Verdict
@@ -39,8 +39,9 @@ from nbtrain.shared import stacks
 from nbtrain.shared.events import Event, Log
 
 if TYPE_CHECKING:
+    from nbtrain.kernel.group import RankGroup
     from nbtrain.kernel.options.interface import LaunchOptions, UserCall
-    from nbtrain.kernel.run.lifecycle import Run as Lifecycle
+    from nbtrain.kernel.run.cellout import CellOutput
 
 KEPT_LINES = 100_000  # rank lines a run keeps in memory for output(); every line is in its log
 KEPT_METRICS = 1_000_000  # metric values a run keeps in memory for .metrics
@@ -52,6 +53,16 @@ _runs: list[Run] = []
 _runs_lock = threading.Lock()
 # The GPUs the machine has, read when a background launch checks for overlap (a test mocks it).
 gpu_count: Callable[[], int] = environment.cuda_device_count
+
+
+class Lifecycle(Protocol):
+    """What a handle reads of its launch's lifecycle (lifecycle.Run, which imports this)."""
+
+    state: RunState
+    output: CellOutput
+    group: RankGroup | None
+
+    def say(self, text: str) -> None: ...
 
 
 def current() -> Run | None:
