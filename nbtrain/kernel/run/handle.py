@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from nbtrain.kernel.group import RankGroup
     from nbtrain.kernel.options.interface import LaunchOptions, UserCall
     from nbtrain.kernel.run.cellout import CellOutput
+    from nbtrain.shared.stopping import StopPolicy
 
 KEPT_LINES = 100_000  # rank lines a run keeps in memory for output(); every line is in its log
 KEPT_METRICS = 1_000_000  # metric values a run keeps in memory for .metrics
@@ -103,11 +104,25 @@ class Metrics(list[Metric]):
 class Run:
     """A launch, running or finished (see the module docstring). Made by notebook_launcher."""
 
-    def __init__(self, options: LaunchOptions, call: UserCall, *, background: bool) -> None:
-        self.name = getattr(call.function, "__name__", "run")
+    def __init__(
+        self,
+        name: str,
+        body: Callable[[], Any],
+        *,
+        background: bool,
+        stopping: StopPolicy | None = None,
+        claims: frozenset[str] = frozenset(),
+        holds: object = None,
+    ) -> None:
+        """``body``: the launch itself (its value, or it raises); ``stopping``: its stop
+        policy (stop(checkpoint=True) needs on_interrupt); ``claims``: devices no other run
+        may use meanwhile; ``holds``: the warm ranks it runs on (a command: stop() interrupts
+        it and the ranks stay; no other command may use them meanwhile)."""
+        self.name = name
         self.background = background
-        self.claims = claims(options) if background else frozenset()
-        self._options, self._call = options, call
+        self.claims = claims
+        self.holds = holds
+        self._body_fn, self._stopping = body, stopping
         self.pane = Pane() if background else None
         self._lifecycle: Lifecycle | None = None
         self.state: RunState | None = None
@@ -132,7 +147,7 @@ class Run:
         __tracebackhide__ = True
         with _as_current(self):
             try:
-                return self._options.launch.run(self._options, self._call)
+                return self._body_fn()
             except BaseException as error:
                 self._error = error
                 raise
@@ -149,7 +164,7 @@ class Run:
     def _body(self) -> None:
         with _as_current(self):
             try:
-                self._value = self._options.launch.run(self._options, self._call)
+                self._value = self._body_fn()
             except BaseException as error:  # given to wait(), as the blocking launch raises it
                 self._error = error
             finally:
@@ -200,6 +215,8 @@ class Run:
                 supervisor.ask_to_stop()
                 lifecycle.say("run.stop(checkpoint=True): stopping at the next optimizer step "
                               "to save a checkpoint…")
+        elif asked is not None and self.holds is not None and supervisor is not None:
+            supervisor.interrupt()  # warm ranks: the command is interrupted, the ranks stay
         elif asked is not None:
             raise KeyboardInterrupt("run.stop()")
 
@@ -264,7 +281,7 @@ class Run:
         if self.done():
             return
         if checkpoint:
-            policy = self._options.config.stopping
+            policy = self._stopping
             if policy is None or not policy.on_interrupt:
                 raise ValueError(
                     "run.stop(checkpoint=True) needs a launch with on_interrupt='checkpoint' "
@@ -336,7 +353,19 @@ def runs() -> Runs:
 def launch(options: LaunchOptions, call: UserCall, *, block: bool) -> Any:
     """Run a launch: its value (blocking) or its handle (``block=False``, started)."""
     __tracebackhide__ = True
-    run = Run(options, call, background=not block)
+    run = Run(
+        getattr(call.function, "__name__", "run"),
+        lambda: options.launch.run(options, call),
+        background=not block,
+        stopping=options.config.stopping,
+        claims=claims(options) if not block else frozenset(),
+    )
+    return begin(run, block=block)
+
+
+def begin(run: Run, *, block: bool) -> Any:
+    """Register ``run`` and run it here (its value) or start it (the handle)."""
+    __tracebackhide__ = True
     if not block:
         _check_overlap(run)
     with _runs_lock:
@@ -386,6 +415,16 @@ def claims(options: LaunchOptions) -> frozenset[str]:
     return frozenset(f"GPU {i}" for i in range(min(count, config.num_processes)))
 
 
+def refuse_if_busy(ranks: object) -> None:
+    """A command for warm ``ranks`` while a background run holds them: a clear error."""
+    for other in runs():
+        if other.holds is ranks and not other.done() and other is not current():
+            raise RuntimeError(
+                f"the warm ranks are running {other!r} (nbtrain.runs()[{runs().index(other)}]) "
+                "in the background: wait for it (run.wait()) or stop it (run.stop()) first"
+            )
+
+
 def _check_overlap(new: Run) -> None:
     for other in runs():
         shared = sorted(new.claims & other.claims)
@@ -428,5 +467,14 @@ class _as_current:
 
 
 __all__ = [
-    "KEPT_LINES", "Metric", "Metrics", "Run", "check_background", "current", "launch", "runs"
+    "KEPT_LINES",
+    "Metric",
+    "Metrics",
+    "Run",
+    "begin",
+    "check_background",
+    "current",
+    "launch",
+    "refuse_if_busy",
+    "runs",
 ]
