@@ -24,12 +24,17 @@ import collections
 import html
 import threading
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from nbtrain.shared.frontend import Frontend, frontend
 
 SHOWN = 200  # rank lines the pane shows (the newest); run.output() and the log folder keep more
 WAITING = "nbtrain: starting the ranks in the background…"
+CAPTION = (
+    "running in the background: the kernel's stop button does not stop it; these buttons "
+    "and run.stop() do"
+)
 
 
 class PaneStream:
@@ -63,7 +68,11 @@ class Pane:
     """One background run's displays (see the module docstring). Thread-safe: the run's watch
     thread writes, any cell shows."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, on_stop: Callable[[bool], None] | None = None, can_save: bool = False
+    ) -> None:
+        """``on_stop(checkpoint)``: what the pane's stop buttons do (run.stop); ``can_save``:
+        the run can stop with a checkpoint (on_interrupt='checkpoint')."""
         self.jupyter = frontend() is Frontend.JUPYTER
         self._lock = threading.Lock()
         key = uuid.uuid4().hex
@@ -73,13 +82,30 @@ class Pane:
         self._dirty = False
         self._ended = False
         self._out: Any = None
+        self._box: Any = None
         if self.jupyter:
-            import ipywidgets as widgets
+            self._build(on_stop, can_save)
 
-            self._out = widgets.Output(
-                layout=widgets.Layout(max_height="20em", overflow="auto")
-            )
-            self._out.add_class("nbtrain-run-output")
+    def _build(self, on_stop: Callable[[bool], None] | None, can_save: bool) -> None:
+        import ipywidgets as widgets
+
+        self._out = widgets.Output(layout=widgets.Layout(max_height="20em", overflow="auto"))
+        self._out.add_class("nbtrain-run-output")
+        # The kernel's stop button interrupts the cell that runs, never this run: say so, and
+        # give the run's own stop here (its click arrives while the kernel is idle).
+        caption = widgets.HTML(
+            f'<span style="font-size:smaller;opacity:0.7">{html.escape(CAPTION)}</span>',
+            layout=widgets.Layout(flex="1"),
+        )
+        buttons = []
+        if on_stop is not None:
+            for label, save in (("stop", False), ("stop and save", True))[: 2 if can_save else 1]:
+                button = widgets.Button(description=label, layout=widgets.Layout(width="auto"))
+                button.add_class("nbtrain-run-stop")
+                button.on_click(lambda _b, save=save: on_stop(save))
+                buttons.append(button)
+        self._controls = widgets.HBox([caption, *buttons], layout=widgets.Layout(width="100%"))
+        self._box = widgets.VBox([self._controls, self._out], layout=widgets.Layout(width="100%"))
 
     # -- the run's side (its watch thread) ---------------------------------------------------
 
@@ -117,9 +143,13 @@ class Pane:
             self._ended = True
             bundle = self._static_output()
         self._update(self._ids[1], bundle)
-        if self._out is not None:
-            self._out.close()
-            self._out = None
+        if self._box is not None:
+            for widget in (*self._controls.children, self._controls, self._out, self._box):
+                for part in (getattr(widget, "layout", None), getattr(widget, "style", None)):
+                    if part is not None and hasattr(part, "close"):
+                        part.close()
+                widget.close()
+            self._out = self._box = None
 
     # -- any cell --------------------------------------------------------------------------------
 
@@ -136,9 +166,9 @@ class Pane:
         display(lines, raw=True, display_id=self._ids[1])
 
     def _output_bundle(self) -> dict[str, Any]:
-        if self._ended or self._out is None:
+        if self._ended or self._box is None:
             return self._static_output()
-        bundle = dict(self._out._repr_mimebundle_())
+        bundle = dict(self._box._repr_mimebundle_())
         bundle["text/plain"] = f"{len(self._lines)} output line(s)"
         return bundle
 

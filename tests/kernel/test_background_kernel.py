@@ -243,3 +243,32 @@ def test_a_kernel_shutdown_stops_a_background_run(tmp_path):
     finally:
         if kernel.manager.is_alive():
             kernel.shutdown()
+
+
+def test_the_stop_button_on_an_idle_kernel_leaves_the_run_alone(kernel):
+    ok(kernel, "run = notebook_launcher(chatty, args=(200,), num_processes=2, block=False)")
+    time.sleep(1.0)
+    kernel.manager.interrupt_kernel()  # the kernel is idle: nothing of the run may stop
+    time.sleep(0.5)
+    assert kernel.value("run.status") == "running"
+    assert kernel.value("run.wait()") == 0
+    assert kernel.value("len(run.output(1))") == 200 + 29
+
+
+def test_warm_ranks_run_in_the_background(kernel):
+    ok(kernel, "ranks = nbtrain.start_ranks(2, progress='off')")
+    try:
+        ok(kernel, "run = ranks.run(chatty, 40, block=False)")
+        busy = kernel.run("ranks.run(chatty, 1)")  # the ranks take no other command meanwhile
+        assert busy.error is not None and "in the background" in busy.error["evalue"]
+        assert kernel.value("run.wait()") == 0
+        assert kernel.value("len(run.output(0))") == 40 + 6
+        ok(kernel, "run = ranks.run(chatty, 1000, block=False)")
+        time.sleep(2.0)
+        ok(kernel, "run.stop()")  # the command is interrupted; the ranks stay
+        out = kernel.run("run.wait()")
+        assert out.error is not None and out.error["ename"] == "KeyboardInterrupt"
+        ok(kernel, "again = ranks.run(chatty, 1)")
+        assert kernel.value("again") == 0
+    finally:
+        ok(kernel, "ranks.stop()")

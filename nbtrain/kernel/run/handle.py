@@ -123,7 +123,8 @@ class Run:
         self.claims = claims
         self.holds = holds
         self._body_fn, self._stopping = body, stopping
-        self.pane = Pane() if background else None
+        can_save = stopping is not None and stopping.on_interrupt
+        self.pane = Pane(self._stop_clicked, can_save) if background else None
         self._lifecycle: Lifecycle | None = None
         self.state: RunState | None = None
         self._lines: list[OutputLine] = []
@@ -289,6 +290,10 @@ class Run:
                     "at once"
                 )
         self._stop = "checkpoint" if checkpoint else "now"
+
+    def _stop_clicked(self, checkpoint: bool) -> None:
+        """The pane's stop buttons (their click arrives in the idle kernel's main thread)."""
+        self.stop(checkpoint=checkpoint)
 
     def where(self) -> where.Where:
         """Where each rank is now: its stack and the collective it waits in."""
