@@ -64,6 +64,35 @@ class PaneDisplay:
         self._pane.set_dashboard(bundle)
 
 
+class Recorded:
+    """A blocking launch's WidgetView display that keeps the last bundle (the final, static
+    dashboard), so the run can show it again in another cell (after a browser reload)."""
+
+    def __init__(self, keep: Callable[[dict[str, Any]], None]) -> None:
+        from nbtrain.display.widgets import IPythonDisplay
+
+        self._inner, self._keep = IPythonDisplay(), keep
+
+    def show(self, bundle: dict[str, Any]) -> None:
+        self._inner.show(bundle)
+
+    def update(self, bundle: dict[str, Any]) -> None:
+        self._keep(bundle)
+        self._inner.update(bundle)
+
+
+def static_lines(lines: list[str]) -> dict[str, Any]:
+    """Rank lines as static output (text and a scrolling block)."""
+    text = "\n".join(lines)
+    return {
+        "text/plain": text,
+        "text/html": (
+            '<pre class="nbtrain-run-output" style="max-height:20em;overflow:auto">'
+            f"{html.escape(text)}</pre>"
+        ),
+    }
+
+
 class Pane:
     """One background run's displays (see the module docstring). Thread-safe: the run's watch
     thread writes, any cell shows."""
@@ -173,14 +202,7 @@ class Pane:
         return bundle
 
     def _static_output(self) -> dict[str, Any]:
-        text = "\n".join(line for _, line in self._lines)
-        return {
-            "text/plain": text,
-            "text/html": (
-                '<pre class="nbtrain-run-output" style="max-height:20em;overflow:auto">'
-                f"{html.escape(text)}</pre>"
-            ),
-        }
+        return static_lines([line for _, line in self._lines])
 
     def _outputs(self) -> tuple[dict[str, Any], ...]:
         outputs: list[dict[str, Any]] = []
@@ -199,4 +221,4 @@ class Pane:
         update_display(bundle, raw=True, display_id=display_id)
 
 
-__all__ = ["SHOWN", "Pane", "PaneDisplay", "PaneStream"]
+__all__ = ["SHOWN", "Pane", "PaneDisplay", "PaneStream", "Recorded", "static_lines"]

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from nbtrain.display.background import Pane
+from nbtrain.display.background import SHOWN, Pane, static_lines
 from nbtrain.display.runstate import OutputLine, RunState, Verdict
 from nbtrain.kernel.host import environment
 from nbtrain.kernel.run import where
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
 KEPT_LINES = 100_000  # rank lines a run keeps in memory for output(); every line is in its log
 KEPT_METRICS = 1_000_000  # metric values a run keeps in memory for .metrics
+KEPT_RUNS = 50  # finished runs nbtrain.runs() keeps (the oldest go first; running ones stay)
 STOP_WAIT = 10.0  # seconds the kernel's shutdown waits for each background run to stop
 WHERE_WAIT = 10.0  # seconds run.where() waits for the ranks' stacks
 
@@ -132,6 +133,7 @@ class Run:
         self.metrics = Metrics()
         self._value: Any = None
         self._folder: Path | None = None
+        self._final_view: dict[str, Any] | None = None
         self._error: BaseException | None = None
         self._finished = threading.Event()
         self._thread: threading.Thread | None = None
@@ -325,12 +327,24 @@ class Run:
     def __repr__(self) -> str:
         return f"<nbtrain.Run {self.name}: {self.status}>"
 
+    def keep_view(self, bundle: dict[str, Any]) -> None:
+        """A blocking launch's final dashboard (display/background.py: Recorded)."""
+        self._final_view = bundle
+
     def _ipython_display_(self) -> None:
-        """Displayed in a cell: the run's view (live while it runs, with everything so far)."""
-        if self.pane is None:
-            print(f"{self!r}: a blocking launch; its view is in its own cell")
+        """Displayed in a cell: the run's view (live while it runs, with everything so far);
+        a blocking launch's final dashboard and its newest lines (after a browser reload, its
+        own cell may show neither)."""
+        if self.pane is not None:
+            self.pane.show()
             return
-        self.pane.show()
+        from IPython.display import display
+
+        if self._final_view is not None:
+            display(self._final_view, raw=True)
+        else:
+            print(f"{self!r}")
+        display(static_lines(self.output()[-SHOWN:]), raw=True)
 
     def _stop_for_exit(self) -> None:
         """The kernel shuts down: stop the ranks now and wait (bounded) until they are gone."""
@@ -375,6 +389,9 @@ def begin(run: Run, *, block: bool) -> Any:
         _check_overlap(run)
     with _runs_lock:
         _runs.append(run)
+        finished = [old for old in _runs if old.done()]
+        for old in finished[: max(0, len(finished) - KEPT_RUNS)]:
+            _runs.remove(old)  # the oldest finished runs go first
     if block:
         return run.run_here()
     _stop_at_exit()

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn, Protocol, TextIO, cast
 
 from nbtrain.display import View, make_view
-from nbtrain.display.background import Pane, PaneDisplay, PaneStream
+from nbtrain.display.background import Pane, PaneDisplay, PaneStream, Recorded
 from nbtrain.display.commpump import CommPump
 from nbtrain.display.deferred import DeferredView
 from nbtrain.display.runstate import RunState, Verdict
@@ -74,9 +74,14 @@ class Ending(Protocol):
     def stuck_frames(self) -> dict[int, stacks.RankStack]: ...
 
 
-def open_view(config: LaunchConfig) -> View:
-    """The view a launch with these options shows (widgets in a kernel, else text)."""
-    return make_view(config.progress, config.output, config.world_size)
+def open_view(config: LaunchConfig, run: handle.Run | None = None) -> View:
+    """The view a launch with these options shows (widgets in a kernel, else text); ``run``:
+    the handle that keeps its final dashboard (shown again by ``nbtrain.runs()[-1]``)."""
+    display = None
+    if run is not None and config.progress is not ProgressMode.OFF:
+        with contextlib.suppress(ImportError):  # (no ipywidgets: a text view, nothing kept)
+            display = Recorded(run.keep_view)
+    return make_view(config.progress, config.output, config.world_size, display)
 
 
 def pane_view(config: LaunchConfig, pane: Pane) -> View:
@@ -121,7 +126,7 @@ class Run:
             if pane is not None
             else DeferredView(lambda: open_view(config), view_after)
             if view_after > 0
-            else open_view(config)
+            else open_view(config, self.handle)
         )
         self.output = CellOutput(
             config.output,
