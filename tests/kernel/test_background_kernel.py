@@ -272,3 +272,30 @@ def test_warm_ranks_run_in_the_background(kernel):
         assert kernel.value("again") == 0
     finally:
         ok(kernel, "ranks.stop()")
+
+
+def test_restarts_through_the_elastic_agent_in_the_background(kernel, tmp_path):
+    marker = tmp_path / "failed-once"
+    ok(kernel, f"""
+def flaky():
+    time.sleep(0.5)
+    if int(os.environ["RANK"]) == 1 and not os.path.exists({str(marker)!r}):
+        Path({str(marker)!r}).write_text("x")
+        raise ValueError("the first attempt fails")
+    print("attempt ok", flush=True)
+    return 7
+run = notebook_launcher(flaky, num_processes=2, max_restarts=1, block=False)""")
+    assert kernel.value("run.wait()") == 7
+    assert marker.exists()  # rank 1 failed once, and the run went on after a restart
+    assert kernel.value("run.output(1)") == ["[rank 1] attempt ok"]
+
+
+def test_what_cannot_run_in_the_background_says_so(kernel):
+    out = kernel.run("notebook_launcher(chatty, args=(1,), num_processes=1, block=False)")
+    assert out.error is not None and "num_processes=1" in out.error["evalue"]
+    assert "block=True" in out.error["evalue"]
+    out = kernel.run("notebook_launcher(chatty, args=(1,), num_processes=2, debug=True, "
+                     "block=False)")
+    assert out.error is not None and "debug=True" in out.error["evalue"]
+    out = kernel.run("notebook_launcher(chatty, args=(1,), num_processes=2, block='no')")
+    assert out.error is not None and out.error["ename"] == "TypeError"

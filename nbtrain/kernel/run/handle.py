@@ -44,9 +44,9 @@ if TYPE_CHECKING:
     from nbtrain.kernel.run.cellout import CellOutput
     from nbtrain.shared.stopping import StopPolicy
 
-KEPT_LINES = 100_000  # rank lines a run keeps in memory for output(); every line is in its log
-KEPT_METRICS = 1_000_000  # metric values a run keeps in memory for .metrics
-KEPT_RUNS = 50  # finished runs nbtrain.runs() keeps (the oldest go first; running ones stay)
+KEPT_LINES = 20_000  # rank lines a run keeps in memory for output(); every line is in its log
+KEPT_METRICS = 100_000  # logged values a run keeps for .metrics (~10 MB), the newest
+KEPT_RUNS = 20  # finished runs nbtrain.runs() keeps (the oldest go first; running ones stay)
 STOP_WAIT = 10.0  # seconds the kernel's shutdown waits for each background run to stop
 WHERE_WAIT = 10.0  # seconds run.where() waits for the ranks' stacks
 
@@ -83,7 +83,8 @@ class Metric:
 
 
 class Metrics(list[Metric]):
-    """Every value the ranks logged, in arrival order (``rank``, ``step``, ``name``, ``value``)."""
+    """Every value the ranks logged, in arrival order (``rank``, ``step``, ``name``, ``value``);
+    the newest KEPT_METRICS."""
 
     def records(self) -> list[dict[str, Any]]:
         return [
@@ -180,6 +181,7 @@ class Run:
         if self.pane is not None:
             self.pane.end()
         self._finished.set()
+        _prune()
 
     # -- what the lifecycle reports ----------------------------------------------------------
 
@@ -199,8 +201,10 @@ class Run:
 
     def record(self, event: Event) -> None:
         """Every event the run applied: metrics are kept here, uncapped by the view's thinning."""
-        if not isinstance(event, Log) or len(self.metrics) >= KEPT_METRICS:
+        if not isinstance(event, Log):
             return
+        if len(self.metrics) >= KEPT_METRICS:
+            del self.metrics[: KEPT_METRICS // 10]  # the oldest tenth goes
         current = self.state.ranks[event.rank].step if self.state is not None else 0
         for step, values in (*event.earlier, (event.step, event.values)):
             at = current if step is None else step
@@ -389,9 +393,7 @@ def begin(run: Run, *, block: bool) -> Any:
         _check_overlap(run)
     with _runs_lock:
         _runs.append(run)
-        finished = [old for old in _runs if old.done()]
-        for old in finished[: max(0, len(finished) - KEPT_RUNS)]:
-            _runs.remove(old)  # the oldest finished runs go first
+    _prune()
     if block:
         return run.run_here()
     _stop_at_exit()
@@ -435,6 +437,14 @@ def claims(options: LaunchOptions) -> frozenset[str]:
         return frozenset(f"GPU {i}" for i in config.gpu_ids)
     count = gpu_count()
     return frozenset(f"GPU {i}" for i in range(min(count, config.num_processes)))
+
+
+def _prune() -> None:
+    """Keep the newest KEPT_RUNS finished runs (and every running one)."""
+    with _runs_lock:
+        finished = [old for old in _runs if old.done()]
+        for old in finished[: max(0, len(finished) - KEPT_RUNS)]:
+            _runs.remove(old)  # the oldest finished runs go first
 
 
 def refuse_if_busy(ranks: object) -> None:
