@@ -299,3 +299,30 @@ def test_what_cannot_run_in_the_background_says_so(kernel):
     assert out.error is not None and "debug=True" in out.error["evalue"]
     out = kernel.run("notebook_launcher(chatty, args=(1,), num_processes=2, block='no')")
     assert out.error is not None and out.error["ename"] == "TypeError"
+
+
+def test_ctrl_c_while_waiting_stops_the_waiting_not_the_run(kernel):
+    ok(kernel, "run = notebook_launcher(time.sleep, args=(6,), num_processes=2, block=False)")
+    msg_id = kernel.start("run.wait()")
+    time.sleep(1.5)
+    kernel.manager.interrupt_kernel()
+    out = kernel.collect(msg_id)
+    assert out.error is not None and out.error["ename"] == "KeyboardInterrupt"
+    assert "stopped waiting" in out.error["evalue"] and "run.stop()" in out.error["evalue"]
+    assert kernel.value("run.status") == "running"
+    assert kernel.value("run.wait()") is None and kernel.value("run.status") == "done"
+
+
+def test_a_breakpoint_in_a_background_rank_is_let_go_and_said_in_its_view(kernel):
+    ok(kernel, """
+def stops_in_pdb():
+    x = 41
+    breakpoint()
+    return x + 1
+run = notebook_launcher(stops_in_pdb, num_processes=2, block=False)""")
+    other = ok(kernel, "time.sleep(3); print('other cell')")
+    assert other.stdout == "other cell\n" and not other.stderr
+    assert kernel.value("run.wait()") == 42
+    shown = ok(kernel, "run")
+    html = "".join(str(d["data"].get("text/html", "")) for d in shown.displays)
+    assert "stopped at breakpoint()" in html and "block=False" in html

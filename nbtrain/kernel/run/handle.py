@@ -140,6 +140,7 @@ class Run:
         self._thread: threading.Thread | None = None
         self._stop: str | None = None  # "now" or "checkpoint": asked by stop(), served by turn()
         self._where_asked = False
+        self._unattended: object = None  # the supervisor whose pdb prompts were let go
         self._where: dict[int, stacks.RankStack] | None = None
         self._where_ready = threading.Event()
         self.started_at = time.time()
@@ -213,6 +214,9 @@ class Run:
     def turn(self, lifecycle: Lifecycle) -> None:
         """Each turn of the watch loop (its thread): serve stop() and where()."""
         supervisor = lifecycle.group.supervisor if lifecycle.group is not None else None
+        if self.background and supervisor is not None and supervisor is not self._unattended:
+            self._unattended = supervisor  # (each attempt of a restarted run has its own)
+            supervisor.prompts.unattended(lifecycle.output.note)
         if self._where_asked and supervisor is not None:
             self._where_asked = False
             supervisor.ask_where(self._got_where)
