@@ -84,7 +84,7 @@ def rank_lines(out: Result) -> str:
 
 def test_cells_answer_while_the_run_trains_and_its_value_is_the_blocking_one(kernel, tmp_path):
     marker = tmp_path / "training"
-    launched = ok(kernel, f"run = notebook_launcher(train, args=({str(marker)!r}, 0.05), "
+    launched = ok(kernel, f"run = notebook_launcher(train, args=({str(marker)!r}, 0.2), "
                           "num_processes=2, block=False)")
     assert not rank_lines(launched)
     ids = [d.get("transient", {}).get("display_id", "") for d in launched.displays]
@@ -157,10 +157,11 @@ def test_timeouts(kernel):
 
 def test_stop_at_once_and_with_a_checkpoint_then_resume(kernel, tmp_path):
     marker = tmp_path / "training"
-    ok(kernel, f"run = notebook_launcher(train, args=({str(marker)!r}, 0.05), "
+    ok(kernel, f"run = notebook_launcher(train, args=({str(marker)!r}, 0.3), "
                "num_processes=2, block=False)")
     while not marker.exists():
         time.sleep(0.05)
+    assert kernel.value("sorted(run.where().ranks)") == [0, 1]  # each rank's stack, now
     refused = kernel.run("run.stop(checkpoint=True)")  # launched without on_interrupt=
     assert refused.error is not None and "on_interrupt='checkpoint'" in refused.error["evalue"]
     ok(kernel, "run.stop()")
@@ -171,7 +172,7 @@ def test_stop_at_once_and_with_a_checkpoint_then_resume(kernel, tmp_path):
     marker.unlink()
     project = tmp_path / "project"
     options = f"num_processes=2, on_interrupt='checkpoint', project_dir={str(project)!r}"
-    ok(kernel, f"run = notebook_launcher(train, args=({str(marker)!r}, 0.05), {options}, "
+    ok(kernel, f"run = notebook_launcher(train, args=({str(marker)!r}, 0.3), {options}, "
                "block=False)")
     while not marker.exists():
         time.sleep(0.05)

@@ -311,8 +311,13 @@ class Run:
             raise RuntimeError(f"{self.name} has ended ({self.status}): no rank to ask")
         self._where_ready.clear()
         self._where_asked = True
-        if not self._where_ready.wait(WHERE_WAIT) or self._where is None:
-            raise TimeoutError(f"no rank of {self.name} answered within {WHERE_WAIT:g}s")
+        deadline = time.monotonic() + WHERE_WAIT
+        while not self._where_ready.wait(0.05):
+            if self.done():
+                raise RuntimeError(f"{self.name} ended ({self.status}) before its ranks answered")
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"no rank of {self.name} answered within {WHERE_WAIT:g}s")
+        assert self._where is not None
         return where.Where(self._where)
 
     def output(self, rank: int | None = None) -> list[str]:
