@@ -27,7 +27,6 @@ import atexit
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -35,6 +34,7 @@ from nbtrain.display.background import SHOWN, Pane, static_lines
 from nbtrain.display.runstate import OutputLine, RunState, Verdict
 from nbtrain.kernel.host import environment
 from nbtrain.kernel.run import where
+from nbtrain.kernel.run.metrics import KEPT_METRICS, Metric, Metrics
 from nbtrain.shared import stacks
 from nbtrain.shared.events import Event, Log
 
@@ -45,7 +45,6 @@ if TYPE_CHECKING:
     from nbtrain.shared.stopping import StopPolicy
 
 KEPT_LINES = 20_000  # rank lines a run keeps in memory for output(); every line is in its log
-KEPT_METRICS = 100_000  # logged values a run keeps for .metrics (~10 MB), the newest
 KEPT_RUNS = 20  # finished runs nbtrain.runs() keeps (the oldest go first; running ones stay)
 STOP_WAIT = 10.0  # seconds the kernel's shutdown waits for each background run to stop
 WHERE_WAIT = 10.0  # seconds run.where() waits for the ranks' stacks
@@ -70,37 +69,6 @@ class Lifecycle(Protocol):
 def current() -> Run | None:
     """The handle of the launch running in this thread, if any."""
     return getattr(_local, "run", None)
-
-
-@dataclass(frozen=True)
-class Metric:
-    """One logged value."""
-
-    rank: int
-    step: int
-    name: str
-    value: float
-
-
-class Metrics(list[Metric]):
-    """Every value the ranks logged, in arrival order (``rank``, ``step``, ``name``, ``value``);
-    the newest KEPT_METRICS."""
-
-    def records(self) -> list[dict[str, Any]]:
-        return [
-            {"rank": m.rank, "step": m.step, "name": m.name, "value": m.value} for m in self
-        ]
-
-    def to_pandas(self) -> Any:
-        """A DataFrame with columns rank, step, name, value (pandas must be installed)."""
-        try:
-            import pandas
-        except ImportError:
-            raise ImportError(
-                "run.metrics.to_pandas() needs pandas: pip install pandas "
-                "(run.metrics.records() gives the same rows as dicts)"
-            ) from None
-        return pandas.DataFrame(self.records(), columns=["rank", "step", "name", "value"])
 
 
 class Run:
@@ -509,8 +477,6 @@ class _as_current:
 
 __all__ = [
     "KEPT_LINES",
-    "Metric",
-    "Metrics",
     "Run",
     "begin",
     "check_background",
