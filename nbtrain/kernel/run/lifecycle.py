@@ -74,10 +74,11 @@ class Ending(Protocol):
     def stuck_frames(self) -> dict[int, stacks.RankStack]: ...
 
 
-def open_view(config: LaunchConfig, run: handle.Run | None = None) -> View:
-    """The view a launch with these options shows (widgets in a kernel, else text); ``run``:
-    the handle that keeps its final dashboard (shown again by ``nbtrain.runs()[-1]``)."""
+def open_view(config: LaunchConfig) -> View:
+    """The view a launch with these options shows (widgets in a kernel, else text); the
+    launch's handle keeps its final dashboard (shown again by ``nbtrain.runs()[-1]``)."""
     display = None
+    run = handle.current()
     if run is not None and config.progress is not ProgressMode.OFF:
         with contextlib.suppress(ImportError):  # (no ipywidgets: a text view, nothing kept)
             display = Recorded(run.keep_view)
@@ -126,7 +127,7 @@ class Run:
             if pane is not None
             else DeferredView(lambda: open_view(config), view_after)
             if view_after > 0
-            else open_view(config, self.handle)
+            else open_view(config)
         )
         self.output = CellOutput(
             config.output,
