@@ -26,6 +26,8 @@ _LAZY = {
     "notebook_launcher": "nbtrain.kernel.entry",
     "debug_launcher": "nbtrain.kernel.entry",
     "start_ranks": "nbtrain.kernel.warm.magics",
+    "Run": "nbtrain.kernel.run.handle",
+    "runs": "nbtrain.kernel.run.handle",
     "WorkerError": "nbtrain.shared.errors",
     "RayCluster": "nbtrain.kernel.launch.cluster.spec",
     "ResultError": "nbtrain.shared.errors",
@@ -46,6 +48,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     from nbtrain.integrations.transformers import NbtrainCallback
     from nbtrain.kernel.entry import debug_launcher, notebook_launcher
     from nbtrain.kernel.launch.cluster.spec import RayCluster
+    from nbtrain.kernel.run.handle import Run, runs
     from nbtrain.kernel.warm.magics import start_ranks
     from nbtrain.rank.reporting import log, progress
     from nbtrain.shared.errors import ResultError, SessionError, WorkerError
@@ -118,6 +121,7 @@ __all__ = [
     "NbtrainCallback",
     "RayCluster",
     "ResultError",
+    "Run",
     "SessionError",
     "WorkerError",
     "__version__",
@@ -125,6 +129,7 @@ __all__ = [
     "log",
     "notebook_launcher",
     "progress",
+    "runs",
     "set_seed",
     "start_ranks",
     "warm_up",

@@ -16,7 +16,7 @@ else: this package imports ``shared`` only (nothing of ``kernel``), and never to
 from __future__ import annotations
 
 import warnings
-from typing import Protocol
+from typing import Any, Protocol
 
 from nbtrain.display.runstate import RunState
 from nbtrain.shared.frontend import Frontend, frontend
@@ -31,8 +31,11 @@ class View(Protocol):
     def note(self, text: str) -> None: ...
 
 
-def make_view(progress: ProgressMode, output: OutputMode, world_size: int) -> View:
-    """'auto': widgets inside a Jupyter kernel with ipywidgets, text otherwise."""
+def make_view(
+    progress: ProgressMode, output: OutputMode, world_size: int, display: Any = None
+) -> View:
+    """'auto': widgets inside a Jupyter kernel with ipywidgets, text otherwise. ``display``:
+    where the widget view's bundles go (widgets.Display; default: IPython's display)."""
     from nbtrain.display.text import TextView
 
     in_kernel = frontend() is Frontend.JUPYTER
@@ -44,7 +47,7 @@ def make_view(progress: ProgressMode, output: OutputMode, world_size: int) -> Vi
             except ImportError as exc:
                 reason = f"ipywidgets cannot be imported ({exc})"
             else:
-                return WidgetView(output=output, world_size=world_size)
+                return WidgetView(output=output, world_size=world_size, display=display)
         if progress is ProgressMode.WIDGETS:
             warnings.warn(
                 f"progress='widgets' needs a Jupyter kernel with ipywidgets, but {reason}; "

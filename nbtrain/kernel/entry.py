@@ -21,7 +21,8 @@ from nbtrain.kernel.launch.cluster.spec import RayCluster
 from nbtrain.kernel.options.config import OutputMode, ProgressMode, check_function
 from nbtrain.kernel.options.interface import UserCall
 from nbtrain.kernel.options.requested import Requested
-from nbtrain.kernel.run import tracebacks
+from nbtrain.kernel.run import handle, tracebacks
+from nbtrain.kernel.run.handle import check_background
 
 
 def notebook_launcher(
@@ -58,6 +59,7 @@ def notebook_launcher(
     rdzv_id: str = "none",
     monitor_interval: float = 0.1,
     log_line_prefix_template: str | None = None,
+    block: bool = True,
 ) -> Any:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` ranks and return rank 0's value
     (on a node of a multi-node launch: its first rank's; ``return_all``: its ranks' values).
@@ -86,6 +88,11 @@ def notebook_launcher(
     'c10d'; ``rdzv_conf`` its join timeout and rank; ``rdzv_id`` and ``monitor_interval`` are
     checked and need nothing more (a rendezvous per launch; failures noticed at once);
     ``log_line_prefix_template`` is refused (nbtrain labels each rank's lines itself).
+
+    ``block=False``: return an ``nbtrain.Run`` at once while the ranks train in the
+    background; the cell shows the live view, other cells run meanwhile, and
+    ``run.wait()`` gives the value or raises what a blocking launch raises
+    (notebooks/guides/long-runs.md).
 
     The full contract: notebooks/guides/launching.md. Every argument is checked before anything
     starts.
@@ -145,7 +152,8 @@ def notebook_launcher(
     given = {name: value for name, value in locals().items() if name in _OPTION_NAMES}
     requested = Requested.of(given)
     options = check_options(requested, getattr(function, "__name__", "run"))
-    return options.launch.run(options, UserCall(function, args, kwargs))
+    check_background(options, block)
+    return handle.launch(options, UserCall(function, args, kwargs), block=block)
 
 
 def debug_launcher(function: Callable[..., Any], args: tuple = (), num_processes: int = 2) -> Any:
@@ -168,8 +176,9 @@ def debug_launcher(function: Callable[..., Any], args: tuple = (), num_processes
         return options.launch.run(options, UserCall(function, args, kwargs))
 
 
-# notebook_launcher's options: its parameters after the call (function, args, kwargs).
-_OPTION_NAMES = frozenset(list(inspect.signature(notebook_launcher).parameters)[3:])
+# notebook_launcher's options: its parameters after the call (function, args, kwargs), but
+# block (how the cell waits for the run, not how the ranks run).
+_OPTION_NAMES = frozenset(list(inspect.signature(notebook_launcher).parameters)[3:]) - {"block"}
 
 # From here on, the line of the notebook that first initialises CUDA is noted (cuda_origin).
 cuda_origin.watch()

@@ -1,6 +1,6 @@
 """Every tutorial notebook runs top to bottom and still produces its stored outputs.
 
-pytest-notebook executes each notebook in a real kernel (notebooks 1-5, 7-9: the Binder
+pytest-notebook executes each notebook in a real kernel (notebooks 1-5, 7-9, 11: the Binder
 environment, so this also tests binder/; notebook 6: the XLA environment) and diffs the result
 against the outputs stored in the file. What legitimately varies from run to run is neutralised
 below (or, for a cell, in its ``nbreg`` metadata); everything else, including the deterministic
@@ -34,6 +34,7 @@ BINDER_NOTEBOOKS = [
     "07_interactive_ranks.ipynb",
     "08_fsdp.ipynb",
     "09_experiment_tracking.ipynb",
+    "11_long_runs.ipynb",
 ]
 XLA_NOTEBOOK = "06_tpu_colab.ipynb"
 RAY_NOTEBOOK = "10_ray_cluster.ipynb"  # in the dev environment (nbtrain[ray]), not Binder's

@@ -31,7 +31,9 @@ def test_requested_has_every_launcher_parameter_with_the_launchers_default():
     defaults = {
         name: p.default
         for name, p in inspect.signature(notebook_launcher).parameters.items()
-        if name not in ("function", "args", "kwargs")
+        # block= says how the call returns (a value, or a run: kernel/run/handle.py), not
+        # how the ranks run: no option of Requested
+        if name not in ("function", "args", "kwargs", "block")
     }
     fields = {f.name: f for f in dataclasses.fields(Requested) if f.name != "stop"}
     ours = {name: field.default for name, field in fields.items()}
@@ -60,7 +62,8 @@ def test_every_parameter_of_an_entry_point_reaches_requested_by_its_name(monkeyp
 
     monkeypatch.setattr(Requested, "of", classmethod(capture))
     function = notebook_launcher if entry == "notebook_launcher" else session.start_ranks
-    call = ("function", "args", "kwargs", "replace")  # the call, and what to do with a session
+    # the call, how the cell waits for it, and what to do with a running session
+    call = ("function", "args", "kwargs", "block", "replace")
     names = [n for n in inspect.signature(function).parameters if n not in call]
     marked = {name: object() for name in names}  # a distinct value for each option
     with pytest.raises(_Captured):

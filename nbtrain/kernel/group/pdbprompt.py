@@ -25,8 +25,9 @@ from nbtrain.shared.events import Paused, Resumed
 
 NO_INPUT = (
     "[nbtrain] rank {rank} stopped at breakpoint() ({where}), but this run has no input to "
-    "type pdb commands in (a kernel run without stdin, such as nbclient's, or a script whose "
-    "stdin is not a terminal): the rank continues and ignores its later breakpoints."
+    "type pdb commands in (a kernel run without stdin, such as nbclient's, a script whose "
+    "stdin is not a terminal, or a run in the background: block=False): the rank continues "
+    "and ignores its later breakpoints."
 )
 
 
@@ -51,6 +52,12 @@ class Prompts:
         self.paused_for = 0.0  # seconds spent waiting for the human, all prompts together
         self.no_input = not can_ask()
         self.ready: Callable[[], None] = _nothing  # draws the view before the prompt blocks
+
+    def unattended(self, say: Callable[[str], None]) -> None:
+        """Nobody can type at this prompt (a background run: no cell holds the input box, and
+        a print from its thread would land in whatever cell runs): every breakpoint is let go,
+        said through ``say``."""
+        self.no_input, self._say = True, say
 
     def take(self, event: object) -> bool:
         """A Paused / Resumed event (True), or not ours (False)."""

@@ -40,6 +40,8 @@ class InProcess:
     """The launch kind (launch.py) of one rank without gpu_ids=: the kernel is rank 0."""
 
     no_stop_resume = ""  # the kernel's own Ctrl-C asks for the stop (rank/interrupts.py)
+    # The function would run in a thread of the kernel itself: no process to stop.
+    no_background = "in the kernel's own process (num_processes=1; gpu_ids=[0] runs one rank apart)"
 
     def check(self, options: LaunchOptions) -> None:
         _check_alarm(options.config.timeout)  # before anything starts, not as "rank 0 failed"

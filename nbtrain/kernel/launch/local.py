@@ -27,6 +27,7 @@ class LocalRanks:
     """The launch kind (launch.py) of ranks in processes of this machine."""
 
     no_stop_resume = ""
+    no_background = ""
 
     def check(self, options: LaunchOptions) -> None:
         pass  # config.py checked all it needs

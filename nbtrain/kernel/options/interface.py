@@ -6,6 +6,7 @@ A kind (``Launch``) runs a launch whose options were checked (``LaunchOptions``)
 
     no_stop_resume                  where on_interrupt= / checkpoint_every= / resume= do not
                                     run yet, in the refusal's words ("" where they do)
+    no_background                   where block=False does not run yet, likewise
     check(options)                  what this kind refuses, before anything starts
     run(options, call)              start the ranks, watch them, end: the cell's value
                                     (``call``: the user's function and arguments, checked)
@@ -36,6 +37,11 @@ class Launch(Protocol):
     @property
     def no_stop_resume(self) -> str:
         """Where stop and resume do not run yet (an error's words), "" where they do."""
+        ...
+
+    @property
+    def no_background(self) -> str:
+        """Where ``block=False`` does not run yet (an error's words), "" where it does."""
         ...
 
     def check(self, options: LaunchOptions) -> None:

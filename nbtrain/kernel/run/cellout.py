@@ -70,10 +70,14 @@ class CellOutput:
         stdout: TextIO | None = None,
         stderr: TextIO | None = None,
         wide: bool = False,
+        rich: Callable[[int, str], None] | None = None,
     ) -> None:
+        """``stdout``/``stderr``: where lines go (default: the cell's); ``rich``: where a
+        rank's display goes as text instead of the cell (a background run's pane)."""
         self.mode = mode
         # A wide run: identical lines of several ranks written once with their ranks (outgroup)
         self._groups = LineGroups() if wide else None
+        self._rich = rich
         self._before_write = before_write  # a terminal view erases its live status line
         # True while the view is still to appear (a warm cell's first 0.5 s, DeferredView):
         # lines wait, so they come below the dashboard, as the later ones do.
@@ -195,6 +199,9 @@ class CellOutput:
         self.flush(now=True)
         text = str(event.data.get("text/plain", "")).rstrip("\n")
         self._log(event.rank, "stdout", f"[display] {text}")
+        if self._rich is not None:
+            self._rich(event.rank, text)
+            return
         if frontend() is not Frontend.JUPYTER:
             self._pending.append(("stdout", f"[rank {event.rank}] {text}\n"))
             return

@@ -33,22 +33,25 @@ verdict)`` for paths that own their loop (the elastic agent).
 from __future__ import annotations
 
 import contextlib
+import io
 import time
 from collections.abc import Callable
-from typing import Any, NoReturn, Protocol
+from typing import Any, NoReturn, Protocol, TextIO, cast
 
 from nbtrain.display import View, make_view
+from nbtrain.display.background import Pane, PaneDisplay, PaneStream, Recorded
 from nbtrain.display.commpump import CommPump
 from nbtrain.display.deferred import DeferredView
 from nbtrain.display.groups import is_wide
 from nbtrain.display.runstate import RunState, Verdict
+from nbtrain.display.text import TextView
 from nbtrain.kernel.group import Interrupts, RankGroup
 from nbtrain.kernel.group.outcome import Outcome
 from nbtrain.kernel.group.supervisor import Supervisor
 from nbtrain.kernel.host import cellnames
-from nbtrain.kernel.options.config import LaunchConfig
+from nbtrain.kernel.options.config import LaunchConfig, ProgressMode
 from nbtrain.kernel.options.names import given, to_raise
-from nbtrain.kernel.run import tracebacks, where
+from nbtrain.kernel.run import handle, tracebacks, where
 from nbtrain.kernel.run.cellout import CellOutput
 from nbtrain.shared import checkpoints, stacks
 from nbtrain.shared.errors import ResultError, WorkerError
@@ -73,8 +76,27 @@ class Ending(Protocol):
 
 
 def open_view(config: LaunchConfig) -> View:
-    """The view a launch with these options shows (widgets in a kernel, else text)."""
-    return make_view(config.progress, config.output, config.world_size)
+    """The view a launch with these options shows (widgets in a kernel, else text); the
+    launch's handle keeps its final dashboard (shown again by ``nbtrain.runs()[-1]``)."""
+    display = None
+    run = handle.current()
+    if run is not None and config.progress is not ProgressMode.OFF:
+        with contextlib.suppress(ImportError):  # (no ipywidgets: a text view, nothing kept)
+            display = Recorded(run.keep_view)
+    return make_view(config.progress, config.output, config.world_size, display)
+
+
+def pane_view(config: LaunchConfig, pane: Pane) -> View:
+    """A background run's view: the dashboard into the pane's own display (background.py);
+    outside Jupyter none (output() and the log folder have the lines)."""
+    if not pane.jupyter or config.progress is ProgressMode.OFF:
+        quiet = io.StringIO()
+        return TextView(
+            output=config.output, show_progress=False, live=False, stdout=quiet, stderr=quiet
+        )
+    from nbtrain.display.widgets import WidgetView
+
+    return WidgetView(output=config.output, world_size=config.world_size, display=PaneDisplay(pane))
 
 
 class Run:
@@ -98,8 +120,13 @@ class Run:
         self.state = RunState(ranks, title=title)
         self.outcome = Outcome(ranks)
         tracebacks.install()  # the cell's tracebacks show the user's frames, not nbtrain's
+        # The handle (handle.py) this launch runs for; a background one has its own displays.
+        self.handle = handle.current()
+        pane = self.handle.pane if self.handle is not None else None
         self.view: View = (
-            DeferredView(lambda: open_view(config), view_after)
+            pane_view(config, pane)
+            if pane is not None
+            else DeferredView(lambda: open_view(config), view_after)
             if view_after > 0
             else open_view(config)
         )
@@ -108,7 +135,13 @@ class Run:
             before_write=getattr(self.view, "erase_status", _nothing),
             hold=getattr(self.view, "pending", _never),
             wide=is_wide(len(ranks)),
+            # (file-like enough: CellOutput only writes and flushes)
+            stdout=cast(TextIO, PaneStream(pane, "stdout")) if pane is not None else None,
+            stderr=cast(TextIO, PaneStream(pane, "stderr")) if pane is not None else None,
+            rich=pane.add_display if pane is not None else None,
         )
+        if self.handle is not None:
+            self.handle.attach(self)
         self.state.add_output_listener(self.output.take)
         self.deadline: float | None = None
         self.ended = False
@@ -128,11 +161,15 @@ class Run:
             return
         self.outcome.apply(event)
         self.state.apply(event)
+        if self.handle is not None:
+            self.handle.record(event)
 
     def tick(self) -> None:
         """Publish the ranks' new output lines and redraw, at most every REFRESH seconds;
         ask where each rank is when the button, SIGQUIT or hang detection says so."""
         self._look()
+        if self.handle is not None:
+            self.handle.turn(self)  # run.stop() and run.where() from other cells
         now = time.monotonic()
         if now - self._last_draw >= REFRESH:
             self._last_draw = now
@@ -172,6 +209,10 @@ class Run:
         buttons = getattr(self.view, "where_buttons", None)
         if buttons is None:
             return False
+        if self.handle is not None and self.handle.background:
+            # The kernel is idle meanwhile and delivers the click itself: pumping the shell
+            # socket from this thread would take the cells' own messages.
+            return bool(self.view.take_where())  # type: ignore[attr-defined]
         ids = buttons()
         if ids and self._comms is None:
             self._comms = CommPump.for_kernel()

@@ -21,7 +21,7 @@ from nbtrain.kernel.launch.cluster.spec import RayCluster
 from nbtrain.kernel.options.config import LaunchConfig, StartChoice, check_function
 from nbtrain.kernel.options.requested import Requested
 from nbtrain.kernel.options.stopping import StopOptions, build_policy
-from nbtrain.kernel.run import tracebacks
+from nbtrain.kernel.run import handle, tracebacks
 from nbtrain.kernel.run.where import Where
 from nbtrain.kernel.specs.payload import prepare_call, share
 from nbtrain.kernel.warm import debugging
@@ -70,14 +70,29 @@ class Ranks:
         function: Callable[..., Any],
         *args: Any,
         on_interrupt: str | None = None,
+        block: bool = True,
         **kwargs: Any,
     ) -> Any:
         """``function(*args, **kwargs)`` on every rank: rank 0's value (every rank's with
         ``return_all``), as ``notebook_launcher`` returns it. A notebook-defined function sees
         the rank's own names (what earlier cells defined) over the kernel's. ``on_interrupt``
         ("stop" or "checkpoint") overrides start_ranks' for this call (guide:
-        stop-and-resume.md); the call's checkpoints go where start_ranks' options say."""
+        stop-and-resume.md); the call's checkpoints go where start_ranks' options say.
+        ``block=False``: an ``nbtrain.Run`` at once, the call going on in the background
+        (guide: long-runs.md); the ranks take no other command until it ended."""
         __tracebackhide__ = True
+        if not isinstance(block, bool):
+            raise TypeError(f"block={block!r} must be True or False.")
+        if not block:
+            name = getattr(function, "__qualname__", "run")
+            run = handle.Run(
+                name,
+                lambda: self.run(function, *args, on_interrupt=on_interrupt, **kwargs),
+                background=True,
+                stopping=self._worlds.call_policy(on_interrupt),
+                holds=self._worlds,
+            )
+            return handle.begin(run, block=False)
         args, kwargs = check_function(function, args, kwargs)
         stopping = self._worlds.call_policy(on_interrupt)
         world = self._worlds.require()

@@ -46,6 +46,7 @@ class ElasticAgent:
     """The launch kind of several nodes, restarts, or ``nbtrain launch``: torch's agent."""
 
     no_stop_resume = "through torch's elastic agent (num_nodes > 1 or max_restarts > 0)"
+    no_background = ""
 
     def check(self, options: LaunchOptions) -> None:
         pass  # config.py checked the nodes; elastic/news.py checks them across nodes

@@ -1,0 +1,224 @@
+"""Where a background run draws: its dashboard and its ranks' output, in every cell that shows it.
+
+A background run (``notebook_launcher(..., block=False)``) keeps training while other cells
+execute, so nothing of it may be written as "the current cell's" output: ipykernel routes a
+stream or a ``display()`` by the parent message of whatever cell runs at that moment. A pane
+therefore publishes only through two display ids of its own:
+
+- the dashboard (a WidgetView given ``PaneDisplay``): its bundle, then at the end the static
+  final HTML, both by ``update_display_data``, which frontends route by display id, whatever
+  cell happens to be executing;
+- the ranks' output: a ``widgets.Output`` whose ``outputs`` the pane sets (widget state, synced
+  over the widget's comm, so it too lands nowhere else), the newest SHOWN lines; at the end a
+  static copy of them replaces it.
+
+``show()`` (from any cell, in the main thread) displays both with the same display ids, so every
+appearance of the run updates together, and one shown after a browser reload picks up the live
+widgets with everything so far. Outside Jupyter a pane shows nothing (``run.output()`` and the
+log folder have the lines).
+"""
+
+from __future__ import annotations
+
+import collections
+import html
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from nbtrain.shared.frontend import Frontend, frontend
+
+SHOWN = 200  # rank lines the pane shows (the newest); run.output() and the log folder keep more
+WAITING = "nbtrain: starting the ranks in the background…"
+CAPTION = (
+    "running in the background: the kernel's stop button does not stop it; these buttons "
+    "and run.stop() do"
+)
+
+
+class PaneStream:
+    """A file-like sink for CellOutput: whole chunks of ``[rank r] line\\n`` text."""
+
+    def __init__(self, pane: Pane, name: str) -> None:
+        self._pane, self.name = pane, name
+
+    def write(self, text: str) -> int:
+        self._pane.add_text(self.name, text)
+        return len(text)
+
+    def flush(self) -> None:
+        self._pane.publish()
+
+
+class PaneDisplay:
+    """A WidgetView's ``display=``: its bundles go to the pane's dashboard display id."""
+
+    def __init__(self, pane: Pane) -> None:
+        self._pane = pane
+
+    def show(self, bundle: dict[str, Any]) -> None:
+        self._pane.set_dashboard(bundle)
+
+    def update(self, bundle: dict[str, Any]) -> None:
+        self._pane.set_dashboard(bundle)
+
+
+class Recorded:
+    """A blocking launch's WidgetView display that keeps the last bundle (the final, static
+    dashboard), so the run can show it again in another cell (after a browser reload)."""
+
+    def __init__(self, keep: Callable[[dict[str, Any]], None]) -> None:
+        from nbtrain.display.widgets import IPythonDisplay
+
+        self._inner, self._keep = IPythonDisplay(), keep
+
+    def show(self, bundle: dict[str, Any]) -> None:
+        self._inner.show(bundle)
+
+    def update(self, bundle: dict[str, Any]) -> None:
+        self._keep(bundle)
+        self._inner.update(bundle)
+
+
+def static_lines(lines: list[str]) -> dict[str, Any]:
+    """Rank lines as static output (text and a scrolling block)."""
+    text = "\n".join(lines)
+    return {
+        "text/plain": text,
+        "text/html": (
+            '<pre class="nbtrain-run-output" style="max-height:20em;overflow:auto">'
+            f"{html.escape(text)}</pre>"
+        ),
+    }
+
+
+class Pane:
+    """One background run's displays (see the module docstring). Thread-safe: the run's watch
+    thread writes, any cell shows."""
+
+    def __init__(
+        self, on_stop: Callable[[bool], None] | None = None, can_save: bool = False
+    ) -> None:
+        """``on_stop(checkpoint)``: what the pane's stop buttons do (run.stop); ``can_save``:
+        the run can stop with a checkpoint (on_interrupt='checkpoint')."""
+        self.jupyter = frontend() is Frontend.JUPYTER
+        self._lock = threading.Lock()
+        key = uuid.uuid4().hex
+        self._ids = (f"nbtrain-run-{key}", f"nbtrain-out-{key}")
+        self._dashboard: dict[str, Any] = {"text/plain": WAITING, "text/html": html.escape(WAITING)}
+        self._lines: collections.deque[tuple[str, str]] = collections.deque(maxlen=SHOWN)
+        self._dirty = False
+        self._ended = False
+        self._out: Any = None
+        self._box: Any = None
+        if self.jupyter:
+            self._build(on_stop, can_save)
+
+    def _build(self, on_stop: Callable[[bool], None] | None, can_save: bool) -> None:
+        import ipywidgets as widgets
+
+        self._out = widgets.Output(layout=widgets.Layout(max_height="20em", overflow="auto"))
+        self._out.add_class("nbtrain-run-output")
+        # The kernel's stop button interrupts the cell that runs, never this run: say so, and
+        # give the run's own stop here (its click arrives while the kernel is idle).
+        caption = widgets.HTML(
+            f'<span style="font-size:smaller;opacity:0.7">{html.escape(CAPTION)}</span>',
+            layout=widgets.Layout(flex="1"),
+        )
+        buttons = []
+        if on_stop is not None:
+            for label, save in (("stop", False), ("stop and save", True))[: 2 if can_save else 1]:
+                button = widgets.Button(description=label, layout=widgets.Layout(width="auto"))
+                button.add_class("nbtrain-run-stop")
+                button.on_click(lambda _b, save=save: on_stop(save))
+                buttons.append(button)
+        self._controls = widgets.HBox([caption, *buttons], layout=widgets.Layout(width="100%"))
+        self._box = widgets.VBox([self._controls, self._out], layout=widgets.Layout(width="100%"))
+
+    # -- the run's side (its watch thread) ---------------------------------------------------
+
+    def set_dashboard(self, bundle: dict[str, Any]) -> None:
+        with self._lock:
+            self._dashboard = dict(bundle)
+        self._update(self._ids[0], bundle)
+
+    def add_text(self, stream: str, text: str) -> None:
+        with self._lock:
+            for line in text.splitlines():
+                self._lines.append((stream, line))
+            self._dirty = True
+
+    def add_display(self, rank: int, text: str) -> None:
+        """A rank's rich display in a background run: shown as its text form (its own display
+        would land in whatever cell runs then)."""
+        self.add_text("stdout", f"[rank {rank}] {text}")
+
+    def publish(self) -> None:
+        """Send the lines that arrived since the last call to every appearance of the pane."""
+        with self._lock:
+            if not self._dirty or self._out is None:
+                self._dirty = False
+                return
+            self._dirty = False
+            outputs = self._outputs()
+        self._out.outputs = outputs
+
+    def end(self) -> None:
+        """The run ended: the lines become static output (a saved notebook keeps them, no
+        widget state needed) and the widget is closed."""
+        self.publish()
+        with self._lock:
+            self._ended = True
+            bundle = self._static_output()
+        self._update(self._ids[1], bundle)
+        if self._box is not None:
+            for widget in (*self._controls.children, self._controls, self._out, self._box):
+                for part in (getattr(widget, "layout", None), getattr(widget, "style", None)):
+                    if part is not None and hasattr(part, "close"):
+                        part.close()
+                widget.close()
+            self._out = self._box = None
+
+    # -- any cell --------------------------------------------------------------------------------
+
+    def show(self) -> None:
+        """Display the run here (the current cell): both parts, with the run's display ids."""
+        if not self.jupyter:
+            return
+        from IPython.display import display
+
+        with self._lock:
+            dashboard = dict(self._dashboard)
+            lines = self._output_bundle()
+        display(dashboard, raw=True, display_id=self._ids[0])
+        display(lines, raw=True, display_id=self._ids[1])
+
+    def _output_bundle(self) -> dict[str, Any]:
+        if self._ended or self._box is None:
+            return self._static_output()
+        bundle = dict(self._box._repr_mimebundle_())
+        bundle["text/plain"] = f"{len(self._lines)} output line(s)"
+        return bundle
+
+    def _static_output(self) -> dict[str, Any]:
+        return static_lines([line for _, line in self._lines])
+
+    def _outputs(self) -> tuple[dict[str, Any], ...]:
+        outputs: list[dict[str, Any]] = []
+        for stream, line in self._lines:  # consecutive lines of a stream: one output
+            if outputs and outputs[-1]["name"] == stream:
+                outputs[-1]["text"] += line + "\n"
+            else:
+                outputs.append({"output_type": "stream", "name": stream, "text": line + "\n"})
+        return tuple(outputs)
+
+    def _update(self, display_id: str, bundle: dict[str, Any]) -> None:
+        if not self.jupyter:
+            return
+        from IPython.display import update_display
+
+        update_display(bundle, raw=True, display_id=display_id)
+
+
+__all__ = ["SHOWN", "Pane", "PaneDisplay", "PaneStream", "Recorded", "static_lines"]

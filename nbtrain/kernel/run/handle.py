@@ -1,0 +1,487 @@
+"""``nbtrain.Run``: a launch as an object the kernel keeps, not a frame on the cell's stack.
+
+Every launch of ``notebook_launcher`` makes one (``launch``). A blocking launch runs its watch
+loop right here, in the calling cell's thread (Ctrl-C, pdb prompts and the "where?" button
+need that thread), and returns ``wait()``'s value: one implementation for both. A background
+launch (``block=False``) runs the same loop in a thread of the kernel and returns the handle at
+once; its view and its ranks' output go to its own displays (display/background.py), never
+into whichever cell executes meanwhile.
+
+Why a thread, not the kernel's event loop: the watch loop blocks in ``select`` on the ranks'
+pipes with a short timeout and calls user-visible code (the view, trackers through ranks) at
+~10 Hz; as a coroutine on ipykernel's loop every turn would have to yield, and anything that
+blocks (a slow pickle of a result, a rank's big display) would freeze every cell. A thread
+leaves the main thread (and so the cells) free except for the GIL it shares briefly
+(benchmarks/background_run.py measures it). What only the main thread can do, a background run
+does differently: no SIGINT handler (the kernel's stop button interrupts the cell that runs,
+never a background run: ``run.stop()`` or the view's summary says how), no comm pumping (an idle
+kernel delivers the "where?" click itself).
+
+The lifecycle object of each launch (lifecycle.Run) finds the handle it belongs to through
+``current()`` and reports to it (``attach``, ``record``, ``turn``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from nbtrain.display.background import SHOWN, Pane, static_lines
+from nbtrain.display.runstate import OutputLine, RunState, Verdict
+from nbtrain.kernel.host import environment
+from nbtrain.kernel.run import where
+from nbtrain.kernel.run.metrics import KEPT_METRICS, Metric, Metrics
+from nbtrain.shared import stacks
+from nbtrain.shared.events import Event, Log
+
+if TYPE_CHECKING:
+    from nbtrain.kernel.group import RankGroup
+    from nbtrain.kernel.options.interface import LaunchOptions, UserCall
+    from nbtrain.kernel.run.cellout import CellOutput
+    from nbtrain.shared.stopping import StopPolicy
+
+KEPT_LINES = 20_000  # rank lines a run keeps in memory for output(); every line is in its log
+KEPT_RUNS = 20  # finished runs nbtrain.runs() keeps (the oldest go first; running ones stay)
+STOP_WAIT = 10.0  # seconds the kernel's shutdown waits for each background run to stop
+WHERE_WAIT = 10.0  # seconds run.where() waits for the ranks' stacks
+
+_local = threading.local()
+_runs: list[Run] = []
+_runs_lock = threading.Lock()
+# The GPUs the machine has, read when a background launch checks for overlap (a test mocks it).
+gpu_count: Callable[[], int] = environment.cuda_device_count
+
+
+class Lifecycle(Protocol):
+    """What a handle reads of its launch's lifecycle (lifecycle.Run, which imports this)."""
+
+    state: RunState
+    output: CellOutput
+    group: RankGroup | None
+
+    def say(self, text: str) -> None: ...
+
+
+def current() -> Run | None:
+    """The handle of the launch running in this thread, if any."""
+    return getattr(_local, "run", None)
+
+
+class Run:
+    """A launch, running or finished (see the module docstring). Made by notebook_launcher."""
+
+    def __init__(
+        self,
+        name: str,
+        body: Callable[[], Any],
+        *,
+        background: bool,
+        stopping: StopPolicy | None = None,
+        claims: frozenset[str] = frozenset(),
+        holds: object = None,
+    ) -> None:
+        """``body``: the launch itself (its value, or it raises); ``stopping``: its stop
+        policy (stop(checkpoint=True) needs on_interrupt); ``claims``: devices no other run
+        may use meanwhile; ``holds``: the warm ranks it runs on (a command: stop() interrupts
+        it and the ranks stay; no other command may use them meanwhile)."""
+        self.name = name
+        self.background = background
+        self.claims = claims
+        self.holds = holds
+        self._body_fn, self._stopping = body, stopping
+        can_save = stopping is not None and stopping.on_interrupt
+        self.pane = Pane(self._stop_clicked, can_save) if background else None
+        self._lifecycle: Lifecycle | None = None
+        self.state: RunState | None = None
+        self._lines: list[OutputLine] = []
+        self.lines_dropped = 0
+        self.metrics = Metrics()
+        self._value: Any = None
+        self._folder: Path | None = None
+        self._final_view: dict[str, Any] | None = None
+        self._error: BaseException | None = None
+        self._finished = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stop: str | None = None  # "now" or "checkpoint": asked by stop(), served by turn()
+        self._where_asked = False
+        self._unattended: object = None  # the supervisor whose pdb prompts were let go
+        self._where: dict[int, stacks.RankStack] | None = None
+        self._where_ready = threading.Event()
+        self.started_at = time.time()
+
+    # -- running --------------------------------------------------------------------------------
+
+    def run_here(self) -> Any:
+        """A blocking launch: the watch loop in this thread; its value or its exception as is."""
+        __tracebackhide__ = True
+        with _as_current(self):
+            try:
+                return self._body_fn()
+            except BaseException as error:
+                self._error = error
+                raise
+            finally:
+                self._ended()
+
+    def start(self) -> None:
+        """A background launch: the watch loop in a thread of the kernel."""
+        self._thread = threading.Thread(
+            target=self._body, name=f"nbtrain run {self.name}", daemon=True
+        )
+        self._thread.start()
+
+    def _body(self) -> None:
+        with _as_current(self):
+            try:
+                self._value = self._body_fn()
+            except BaseException as error:  # given to wait(), as the blocking launch raises it
+                self._error = error
+            finally:
+                self._ended()
+
+    def _ended(self) -> None:
+        if self._lifecycle is not None:
+            self._folder = self._lifecycle.output.folder
+        self._lifecycle = None  # its outcome held the ranks' pickled results: not kept twice
+        if self.pane is not None:
+            self.pane.end()
+        self._finished.set()
+        _prune()
+
+    # -- what the lifecycle reports ----------------------------------------------------------
+
+    def attach(self, lifecycle: Lifecycle) -> None:
+        """A launch's lifecycle began (a restart or a warm command: each in turn)."""
+        self._lifecycle = lifecycle
+        self.state = lifecycle.state
+        lifecycle.state.add_output_listener(self._keep_line)
+
+    def _keep_line(self, line: OutputLine) -> None:
+        if line.aside:
+            return
+        if len(self._lines) >= KEPT_LINES:
+            del self._lines[: KEPT_LINES // 10]  # the oldest tenth goes (in the log in full)
+            self.lines_dropped += KEPT_LINES // 10
+        self._lines.append(line)
+
+    def record(self, event: Event) -> None:
+        """Every event the run applied: metrics are kept here, uncapped by the view's thinning."""
+        if not isinstance(event, Log):
+            return
+        if len(self.metrics) >= KEPT_METRICS:
+            del self.metrics[: KEPT_METRICS // 10]  # the oldest tenth goes
+        current = self.state.ranks[event.rank].step if self.state is not None else 0
+        for step, values in (*event.earlier, (event.step, event.values)):
+            at = current if step is None else step
+            self.metrics.extend(Metric(event.rank, at, k, float(v)) for k, v in values.items())
+
+    def turn(self, lifecycle: Lifecycle) -> None:
+        """Each turn of the watch loop (its thread): serve stop() and where()."""
+        supervisor = lifecycle.group.supervisor if lifecycle.group is not None else None
+        if self.background and supervisor is not None and supervisor is not self._unattended:
+            self._unattended = supervisor  # (each attempt of a restarted run has its own)
+            supervisor.prompts.unattended(lifecycle.output.note)
+        if self._where_asked and supervisor is not None:
+            self._where_asked = False
+            supervisor.ask_where(self._got_where)
+        asked, self._stop = self._stop, None
+        if asked == "checkpoint" and supervisor is not None:
+            if not supervisor.stop_asked:
+                supervisor.ask_to_stop()
+                lifecycle.say("run.stop(checkpoint=True): stopping at the next optimizer step "
+                              "to save a checkpoint…")
+        elif asked is not None and self.holds is not None and supervisor is not None:
+            supervisor.interrupt()  # warm ranks: the command is interrupted, the ranks stay
+        elif asked is not None:
+            raise KeyboardInterrupt("run.stop()")
+
+    def _got_where(self, picture: dict[int, stacks.RankStack]) -> None:
+        self._where = picture
+        self._where_ready.set()
+
+    # -- the handle's API --------------------------------------------------------------------
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """The run's value once it ended, or what the blocking launch would raise
+        (WorkerError, KeyboardInterrupt after a stop, TimeoutError for timeout=). ``timeout``:
+        seconds to wait at most (TimeoutError then; the run goes on). Ctrl-C stops the
+        waiting, not the run."""
+        __tracebackhide__ = True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while not self._finished.wait(0.05):
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(
+                        f"run.wait(timeout={timeout:g}): {self.name} is still {self.status} "
+                        "(it goes on; wait again, or run.stop())"
+                    )
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt(
+                f"stopped waiting; {self.name} goes on in the background "
+                "(run.stop() stops it)"
+            ) from None
+        if self._error is not None:
+            raise self._error
+        if not self.background:
+            raise RuntimeError(
+                f"{self.name} was a blocking launch: its value was returned in its cell and "
+                "is not kept (launch with block=False to keep it on the run)"
+            )
+        return self._value
+
+    def done(self) -> bool:
+        return self._finished.is_set()
+
+    @property
+    def status(self) -> str:
+        """'running', 'done', 'failed', 'stopped' or 'timed out'."""
+        if not self._finished.is_set():
+            return "running"
+        if self._error is None:
+            return "done"
+        if isinstance(self._error, KeyboardInterrupt):
+            return "stopped"
+        verdict = self.state.verdict if self.state is not None else None
+        return "timed out" if verdict is Verdict.TIMED_OUT else "failed"
+
+    @property
+    def result(self) -> Any:
+        """The value (None until the run succeeded; see wait())."""
+        return self._value
+
+    def stop(self, checkpoint: bool = False) -> None:
+        """Stop the run: at once (every rank stopped; wait() then raises KeyboardInterrupt), or
+        with ``checkpoint=True`` at the next optimizer step after saving a checkpoint, as the
+        stop button does under on_interrupt='checkpoint' (resume=True continues from it)."""
+        if self.done():
+            return
+        if checkpoint:
+            policy = self._stopping
+            if policy is None or not policy.on_interrupt:
+                raise ValueError(
+                    "run.stop(checkpoint=True) needs a launch with on_interrupt='checkpoint' "
+                    "(only then do the ranks listen for a graceful stop); run.stop() stops "
+                    "at once"
+                )
+        self._stop = "checkpoint" if checkpoint else "now"
+
+    def _stop_clicked(self, checkpoint: bool) -> None:
+        """The pane's stop buttons (their click arrives in the idle kernel's main thread)."""
+        self.stop(checkpoint=checkpoint)
+
+    def where(self) -> where.Where:
+        """Where each rank is now: its stack and the collective it waits in."""
+        if self.done():
+            raise RuntimeError(f"{self.name} has ended ({self.status}): no rank to ask")
+        self._where_ready.clear()
+        self._where_asked = True
+        deadline = time.monotonic() + WHERE_WAIT
+        while not self._where_ready.wait(0.05):
+            if self.done():
+                raise RuntimeError(f"{self.name} ended ({self.status}) before its ranks answered")
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"no rank of {self.name} answered within {WHERE_WAIT:g}s")
+        assert self._where is not None
+        return where.Where(self._where)
+
+    def output(self, rank: int | None = None) -> list[str]:
+        """Every rank line so far, in order (``rank``: that rank's only), as
+        '[rank r] text'; beyond KEPT_LINES the oldest are dropped here (``log_folder`` has
+        them all)."""
+        return [
+            f"[rank {line.rank}] {line.text}"
+            for line in list(self._lines)
+            if rank is None or line.rank == rank
+        ]
+
+    @property
+    def log_folder(self) -> str | None:
+        """The folder with every line of every rank (rank-<r>.log); None before any line."""
+        lifecycle = self._lifecycle
+        folder = lifecycle.output.folder if lifecycle is not None else self._folder
+        return str(folder) if folder is not None else None
+
+    def __repr__(self) -> str:
+        return f"<nbtrain.Run {self.name}: {self.status}>"
+
+    def keep_view(self, bundle: dict[str, Any]) -> None:
+        """A blocking launch's final dashboard (display/background.py: Recorded)."""
+        self._final_view = bundle
+
+    def _ipython_display_(self) -> None:
+        """Displayed in a cell: the run's view (live while it runs, with everything so far);
+        a blocking launch's final dashboard and its newest lines (after a browser reload, its
+        own cell may show neither)."""
+        if self.pane is not None:
+            self.pane.show()
+            return
+        from IPython.display import display
+
+        if self._final_view is not None:
+            display(self._final_view, raw=True)
+        else:
+            print(f"{self!r}")
+        display(static_lines(self.output()[-SHOWN:]), raw=True)
+
+    def _stop_for_exit(self) -> None:
+        """The kernel shuts down: stop the ranks now and wait (bounded) until they are gone."""
+        self._stop = "now"
+        if self._thread is not None:
+            self._thread.join(STOP_WAIT)
+
+
+class Runs(list[Run]):
+    """This kernel's runs, oldest first; ``clear()`` forgets the finished ones."""
+
+    def clear(self) -> None:
+        with _runs_lock:
+            _runs[:] = [run for run in _runs if not run.done()]
+        super().clear()
+        self.extend(_runs)
+
+
+def runs() -> Runs:
+    """This kernel's runs, running and finished, newest last."""
+    with _runs_lock:
+        return Runs(_runs)
+
+
+def launch(options: LaunchOptions, call: UserCall, *, block: bool) -> Any:
+    """Run a launch: its value (blocking) or its handle (``block=False``, started)."""
+    __tracebackhide__ = True
+    run = Run(
+        getattr(call.function, "__name__", "run"),
+        lambda: options.launch.run(options, call),
+        background=not block,
+        stopping=options.config.stopping,
+        claims=claims(options) if not block else frozenset(),
+    )
+    return begin(run, block=block)
+
+
+def begin(run: Run, *, block: bool) -> Any:
+    """Register ``run`` and run it here (its value) or start it (the handle)."""
+    __tracebackhide__ = True
+    if not block:
+        _check_overlap(run)
+    with _runs_lock:
+        _runs.append(run)
+    _prune()
+    if block:
+        return run.run_here()
+    _stop_at_exit()
+    if run.pane is not None:
+        run.pane.show()  # the launching cell shows the view (its updates come from the thread)
+    run.start()
+    return run
+
+
+def check_background(options: LaunchOptions, block: object) -> None:
+    """``block`` is a bool, and False only where the launch's kind can run in the background."""
+    if not isinstance(block, bool):
+        raise TypeError(f"block={block!r} must be True or False.")
+    if block:
+        return
+    refused = options.launch.no_background
+    if refused:
+        raise ValueError(
+            f"block=False is not supported for a launch {refused} yet; launch it with "
+            "block=True (the default)."
+        )
+    if options.config.debug:
+        raise ValueError(
+            "block=False with debug=True: a failed rank's pdb prompt needs the cell's input "
+            "box, which a background run does not hold; launch with block=True to debug."
+        )
+
+
+# -- safety ------------------------------------------------------------------------------------
+
+
+def claims(options: LaunchOptions) -> frozenset[str]:
+    """What a run holds that another may not use at the same time: GPUs, TPU cores, a Ray
+    placement. CPU ranks hold nothing (they may run side by side)."""
+    config = options.config
+    if options.requested.cluster is not None:
+        return frozenset({"the Ray cluster's placement"})
+    if config.xla_device == "TPU":
+        return frozenset({"the TPU cores"})
+    if config.gpu_ids is not None:
+        return frozenset(f"GPU {i}" for i in config.gpu_ids)
+    count = gpu_count()
+    return frozenset(f"GPU {i}" for i in range(min(count, config.num_processes)))
+
+
+def _prune() -> None:
+    """Keep the newest KEPT_RUNS finished runs (and every running one)."""
+    with _runs_lock:
+        finished = [old for old in _runs if old.done()]
+        for old in finished[: max(0, len(finished) - KEPT_RUNS)]:
+            _runs.remove(old)  # the oldest finished runs go first
+
+
+def refuse_if_busy(ranks: object) -> None:
+    """A command for warm ``ranks`` while a background run holds them: a clear error."""
+    for other in runs():
+        if other.holds is ranks and not other.done() and other is not current():
+            raise RuntimeError(
+                f"the warm ranks are running {other!r} (nbtrain.runs()[{runs().index(other)}]) "
+                "in the background: wait for it (run.wait()) or stop it (run.stop()) first"
+            )
+
+
+def _check_overlap(new: Run) -> None:
+    for other in runs():
+        shared = sorted(new.claims & other.claims)
+        if shared and not other.done():
+            raise RuntimeError(
+                f"{other!r} (nbtrain.runs()[{runs().index(other)}]) is running on "
+                f"{', '.join(shared)}, which this launch of {new.name} would use too: wait for "
+                "it (run.wait()), stop it (run.stop()), or give this launch other devices "
+                "(gpu_ids=)"
+            )
+
+
+_registered = False
+
+
+def _stop_at_exit() -> None:
+    """The kernel's shutdown or restart stops every background run (nothing left behind)."""
+    global _registered
+    if not _registered:
+        _registered = True
+        atexit.register(_stop_all)
+
+
+def _stop_all() -> None:
+    for run in runs():
+        if run.background and not run.done():
+            run._stop_for_exit()
+
+
+class _as_current:
+    def __init__(self, run: Run) -> None:
+        self.run = run
+
+    def __enter__(self) -> None:
+        self.previous = current()
+        _local.run = self.run
+
+    def __exit__(self, *exc: object) -> None:
+        _local.run = self.previous
+
+
+__all__ = [
+    "KEPT_LINES",
+    "Run",
+    "begin",
+    "check_background",
+    "current",
+    "launch",
+    "refuse_if_busy",
+    "runs",
+]
