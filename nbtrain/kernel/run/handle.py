@@ -72,7 +72,17 @@ def current() -> Run | None:
 
 
 class Run:
-    """A launch, running or finished (see the module docstring). Made by notebook_launcher."""
+    """A launch, running or finished (see the module docstring): what ``notebook_launcher(...,
+    block=False)`` and ``ranks.run(..., block=False)`` return, and what ``nbtrain.runs()``
+    lists. nbtrain makes it; its parameters are the launch's own:
+
+    :param name: what the view and ``runs()`` call it (the function's name).
+    :param body: the launch itself: its value, or it raises.
+    :param background: True: the watch loop runs in a thread of its own (``block=False``).
+    :param stopping: its stop policy (``stop(checkpoint=True)`` needs ``on_interrupt``).
+    :param claims: devices no other run may use meanwhile.
+    :param holds: the warm ranks a command runs on (``stop()`` interrupts it; the ranks stay).
+    """
 
     def __init__(
         self,
@@ -84,10 +94,6 @@ class Run:
         claims: frozenset[str] = frozenset(),
         holds: object = None,
     ) -> None:
-        """``body``: the launch itself (its value, or it raises); ``stopping``: its stop
-        policy (stop(checkpoint=True) needs on_interrupt); ``claims``: devices no other run
-        may use meanwhile; ``holds``: the warm ranks it runs on (a command: stop() interrupts
-        it and the ranks stay; no other command may use them meanwhile)."""
         self.name = name
         self.background = background
         self.claims = claims
