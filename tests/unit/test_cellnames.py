@@ -101,3 +101,21 @@ def test_a_ranks_pdb_output_names_the_cells(shell: InteractiveShell) -> None:
     coloured = f"> \x1b[32m{cell}\x1b[39m(\x1b[32m2\x1b[39m)\x1b[36mf\x1b[39m()"
     named = f"> \x1b[32mCell In[{n}], line 2, in \x1b[36mf\x1b[39m()"
     assert cellnames.in_pdb_text(coloured) == named
+
+
+def test_the_traceback_rules_find_nbtrains_folders_wherever_the_module_sits():
+    """tracebacks.py hides nbtrain's frames by folder: the package, the kernel side, and the
+    options layer whose checks' own raises are shown as a message under the cell (a move of
+    the module once left these pointing one folder too deep)."""
+    import os
+
+    import nbtrain
+    import nbtrain.kernel
+    import nbtrain.kernel.options
+
+    def folder(module: object) -> str:
+        return os.path.dirname(os.path.abspath(module.__file__)) + os.sep  # type: ignore[attr-defined]
+
+    assert folder(nbtrain) == tracebacks._PACKAGE
+    assert folder(nbtrain.kernel) == tracebacks._KERNEL_SIDE
+    assert folder(nbtrain.kernel.options) == tracebacks._CHECKS

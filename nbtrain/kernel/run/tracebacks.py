@@ -25,14 +25,17 @@ from typing import Any
 from nbtrain.kernel.host import cellnames
 from nbtrain.shared.errors import RemoteTraceback, ResultError, SessionError, WorkerError
 
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_KERNEL_SIDE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# This module is nbtrain/kernel/run/tracebacks.py: the kernel side is two folders up, the
+# package three.
+_KERNEL_SIDE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_PACKAGE = os.path.dirname(_KERNEL_SIDE.rstrip(os.sep)) + os.sep
+# The checks of a launch's arguments are the options layer (kernel/options/).
+_CHECKS = os.path.join(_KERNEL_SIDE, "options") + os.sep
 HANDLED = (WorkerError, ResultError, SessionError, TimeoutError, KeyboardInterrupt)
 # What nbtrain's checks of a launch's arguments raise, with a message that names the argument,
 # the value and the fix: shown under the user's cell alone, when one of the checks' modules
 # raised it itself. (Any other such error keeps its whole traceback: a bug stays findable.)
 ARGUMENT_ERRORS = (TypeError, ValueError, OSError)
-_CHECKS = ("config.py", "stopping.py", "options.py", "accelerate_options.py", "option_names.py")
 _TRACEBACK_HEADER = "Traceback (most recent call last):"
 _DIRECT_CAUSE = "\nThe above exception was the direct cause of the following exception:\n"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -114,7 +117,7 @@ def _raised_by_a_check(tb: TracebackType | None) -> bool:
     while tb.tb_next is not None:
         tb = tb.tb_next
     path = tb.tb_frame.f_code.co_filename
-    if not path.startswith(_KERNEL_SIDE) or os.path.basename(path) not in _CHECKS:
+    if not path.startswith(_CHECKS):
         return False
     return linecache.getline(path, tb.tb_lineno).lstrip().startswith("raise ")
 
