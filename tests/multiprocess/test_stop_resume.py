@@ -264,7 +264,9 @@ def test_resume_continues_the_numbering_and_the_step_count(
     first = json.loads((project / "checkpoints" / "checkpoint_0" / "nbtrain_checkpoint.json")
                        .read_text())["steps"]
     start = logged[0].earlier[0][0] if logged[0].earlier else logged[0].step
-    assert first > 0 and start == first  # the chart goes on where the first run was
+    # The chart goes on right after the first run's last point: log() without progress() puts
+    # its N-th call at step N (1-based), and the checkpoint holds the first ``first`` calls.
+    assert first > 0 and start == first + 1
     # Said in the dashboard's header and summary (was a line in the cell's stderr)
     resumed = f"resumed from checkpoint_0 (step {first})"
     assert states[-1].resumed == resumed and resumed in states[-1].summary, states[-1].summary
