@@ -25,6 +25,7 @@ class ClearMLTracker(LibraryTracker):
     name = "clearml"
     module = "clearml"
     pip = "clearml"
+    takes_logging_dir = False
     # Not a counter of its own: without a step a value is a single value (Accelerate's way),
     # which an optimizer step would turn into a one-point series.
     counts_own_steps = True
@@ -35,11 +36,6 @@ class ClearMLTracker(LibraryTracker):
         self.task: Any = None
         self.external = False  # the user's own task: not ours to close
 
-    @classmethod
-    def by_name(
-        cls, project_name: str, logging_dir: str | None, kwargs: dict[str, Any]
-    ) -> LibraryTracker:
-        return cls(project_name, **kwargs)
 
     def start(self) -> None:
         from clearml import Task

@@ -21,17 +21,13 @@ class DVCLiveTracker(LibraryTracker):
     name = "dvclive"
     module = "dvclive"
     pip = "dvclive"
+    takes_logging_dir = False
     counts_own_steps = True
 
     def __init__(self, run_name: str | None = None, live: Any = None, **kwargs: Any) -> None:
         super().__init__(run_name or "", None, **kwargs)
         self.live = live  # the user's own Live, if given
 
-    @classmethod
-    def by_name(
-        cls, project_name: str, logging_dir: str | None, kwargs: dict[str, Any]
-    ) -> LibraryTracker:
-        return cls(project_name, **kwargs)
 
     def start(self) -> None:
         from dvclive import Live

@@ -40,6 +40,10 @@ class LibraryTracker(GeneralTracker):
     requires_logging_directory: ClassVar[bool] = False
     module: ClassVar[str]  # what must import
     pip: ClassVar[str]  # what installs it
+    # Built by name with the Accelerator's logging_dir (Accelerate's trackers that write files
+    # there); False: with the project's name alone, as Accelerate builds MLflow's, ClearML's,
+    # DVCLive's and SwanLab's.
+    takes_logging_dir: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # An instance the user builds on every rank (log_with=MLflowTracker(...)) calls its
@@ -63,6 +67,8 @@ class LibraryTracker(GeneralTracker):
         cls, project_name: str, logging_dir: str | None, kwargs: dict[str, Any]
     ) -> LibraryTracker:
         """The tracker ``log_with=<name>`` makes: ``init_kwargs[name]`` are its keywords."""
+        if not cls.takes_logging_dir:
+            return cls(project_name, **kwargs)
         return cls(project_name, logging_dir, **kwargs)
 
     def continue_run(self, identity: dict[str, Any], steps: int) -> None:

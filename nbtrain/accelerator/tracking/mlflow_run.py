@@ -41,6 +41,9 @@ class MLflowTracker(LibraryTracker):
     name = "mlflow"
     module = "mlflow"
     pip = "mlflow"
+    # By name, as in Accelerate: the project is the experiment; artifacts stay where MLflow
+    # puts them.
+    takes_logging_dir = False
 
     def __init__(
         self,
@@ -67,12 +70,6 @@ class MLflowTracker(LibraryTracker):
         self.start_run = start_run
         self.active_run: Any = None
 
-    @classmethod
-    def by_name(
-        cls, project_name: str, logging_dir: str | None, kwargs: dict[str, Any]
-    ) -> LibraryTracker:
-        # As Accelerate: the project is the experiment; artifacts stay where MLflow puts them.
-        return cls(project_name, **kwargs)
 
     def start(self) -> None:
         import mlflow

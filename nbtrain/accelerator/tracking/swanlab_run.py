@@ -22,16 +22,12 @@ class SwanLabTracker(LibraryTracker):
     name = "swanlab"
     module = "swanlab"
     pip = "swanlab"
+    takes_logging_dir = False
     counts_own_steps = True
 
     def __init__(self, run_name: str, **kwargs: Any) -> None:
         super().__init__(run_name, None, **kwargs)
 
-    @classmethod
-    def by_name(
-        cls, project_name: str, logging_dir: str | None, kwargs: dict[str, Any]
-    ) -> LibraryTracker:
-        return cls(project_name, **kwargs)
 
     def start(self) -> None:
         import swanlab
