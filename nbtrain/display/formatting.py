@@ -11,6 +11,7 @@ __all__ = [
     "MAX_METRICS",
     "format_duration",
     "format_metrics",
+    "format_rank",
     "format_status",
     "format_steps",
     "format_value",
@@ -110,3 +111,16 @@ def timed_phase(view: RankView) -> bool:
 
 def has_progress(view: RankView) -> bool:
     return view.total is not None or view.step > 0
+
+
+def format_rank(view: RankView) -> str:
+    """'[rank 1] train 40/100 12.3 it/s loss 0.52' plus the status once it is not 'running'
+    ('[rank 1 · fsdp2] ...' for a rank that announced a strategy)."""
+    parts = [f"[rank {view.rank} · {view.strategy}]" if view.strategy else f"[rank {view.rank}]"]
+    if has_progress(view):
+        parts.append(format_steps(view))
+    if view.metrics:
+        parts.append(format_metrics(view.metrics))
+    if view.status is not RankStatus.RUNNING:
+        parts.append(format_status(view))
+    return " ".join(parts)

@@ -17,15 +17,13 @@ from typing import TextIO
 
 from nbtrain.display.formatting import (
     PHASE_TIMED_AFTER,
-    format_metrics,
-    format_status,
-    format_steps,
+    format_rank,
     has_progress,
     phase,
     timed_phase,
 )
 from nbtrain.display.groups import is_wide
-from nbtrain.display.runstate import RankStatus, RankView, RunState
+from nbtrain.display.runstate import RankView, RunState
 from nbtrain.display.statusline import status_line
 from nbtrain.display.wide import GroupLines
 from nbtrain.shared.options import OutputMode
@@ -169,19 +167,6 @@ class TextView:
             self.stdout.write("\r" + " " * len(self._status) + "\r")
             self.stdout.flush()
             self._status = ""
-
-
-def format_rank(view: RankView) -> str:
-    """'[rank 1] train 40/100 12.3 it/s loss 0.52' plus the status once it is not 'running'
-    ('[rank 1 · fsdp2] ...' for a rank that announced a strategy)."""
-    parts = [f"[rank {view.rank} · {view.strategy}]" if view.strategy else f"[rank {view.rank}]"]
-    if has_progress(view):
-        parts.append(format_steps(view))
-    if view.metrics:
-        parts.append(format_metrics(view.metrics))
-    if view.status is not RankStatus.RUNNING:
-        parts.append(format_status(view))
-    return " ".join(parts)
 
 
 def _shown_state(view: RankView) -> tuple[object, ...]:

@@ -21,7 +21,12 @@ import time
 from html import escape
 from typing import Any
 
-from nbtrain.display.formatting import format_metrics, format_status, format_steps, has_progress
+from nbtrain.display.formatting import (
+    format_metrics,
+    format_rank,
+    format_steps,
+    has_progress,
+)
 from nbtrain.display.groups import Apart, Group, Wide, summarize
 from nbtrain.display.rows import (
     BAR_COLORS,
@@ -34,7 +39,7 @@ from nbtrain.display.rows import (
     row_cells,
     static_row,
 )
-from nbtrain.display.runstate import RankStatus, RankView, RunState
+from nbtrain.display.runstate import RankStatus, RunState
 from nbtrain.shared.rankset import ranks_label
 
 EVERY = 0.5  # seconds between redraws of the rows (one message each)
@@ -180,23 +185,10 @@ def text_lines(state: RunState, now: float | None = None) -> list[str]:
             parts.append(format_metrics(group.metrics))
         parts.append("· " + _statuses(group))
         lines.append(" ".join(parts))
-    lines += [f"{_rank_line(a.view)} ({a.reason})" for a in summary.apart]
+    lines += [f"{format_rank(a.view)} ({a.reason})" for a in summary.apart]
     if summary.hidden_apart:
         lines.append(f"… and {summary.hidden_apart} more ranks that stand out")
     return lines
-
-
-def _rank_line(view: RankView) -> str:
-    """'[rank 63] train 150/400 loss 0.5 failed: ValueError: ...' (text.py's format_rank,
-    which imports this module, says the same of a narrow run's ranks)."""
-    parts = [f"[rank {view.rank}]"]
-    if has_progress(view):
-        parts.append(format_steps(view))
-    if view.metrics:
-        parts.append(format_metrics(view.metrics))
-    if view.status is not RankStatus.RUNNING:
-        parts.append(format_status(view))
-    return " ".join(parts)
 
 
 def summary_key(state: RunState) -> tuple[Any, ...]:

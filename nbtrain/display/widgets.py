@@ -28,7 +28,7 @@ import ipywidgets as widgets
 
 from nbtrain.display.chart import chart_image, rank_color
 from nbtrain.display.commpump import CommPump
-from nbtrain.display.formatting import format_duration, timed_phase
+from nbtrain.display.formatting import format_duration, format_rank, timed_phase
 from nbtrain.display.groups import is_wide
 from nbtrain.display.rows import (
     BAR_MIN,
@@ -43,7 +43,6 @@ from nbtrain.display.rows import (
     status_html,
 )
 from nbtrain.display.runstate import RankStatus, RankView, RunState, Verdict
-from nbtrain.display.text import format_rank
 from nbtrain.display.wide import text_lines as wide_text
 from nbtrain.shared.options import OutputMode
 

@@ -11,8 +11,8 @@ from torch import nn
 from nbtrain import Accelerator, DistributedType, FullyShardedDataParallelPlugin
 from nbtrain.accelerator.fsdp.setup import plugin_for
 from nbtrain.accelerator.fsdp.strategy import _layers_to_shard
+from nbtrain.display.formatting import format_rank
 from nbtrain.display.runstate import RankView
-from nbtrain.display.text import format_rank
 from nbtrain.display.widgets import RankRow
 
 

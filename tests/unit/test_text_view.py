@@ -5,8 +5,9 @@ from __future__ import annotations
 import io
 import time
 
+from nbtrain.display.formatting import format_rank
 from nbtrain.display.runstate import RunState
-from nbtrain.display.text import TextView, format_rank
+from nbtrain.display.text import TextView
 from nbtrain.kernel.options.config import OutputMode
 from nbtrain.kernel.run.cellout import CellOutput
 from nbtrain.shared.events import Exited, Failed, Finished, Log, Output, Progress, Started, Status
