@@ -19,8 +19,14 @@ from procguard import ProcessWatch
 # (tests/kernel/test_warmup_kernel.py, the SIGKILL test) turn it back on in their kernels.
 os.environ.setdefault("NBTRAIN_WARM_UP", "0")
 
-# Threads that libraries start once per process and keep (not per launch).
-_LONG_LIVED_THREADS = ("pydevd", "IPythonHistorySavingThread", "ThreadPoolExecutor")
+# Threads that libraries start once per process and keep (not per launch): sentry's worker
+# is started by the tracker libraries that report to Sentry (comet_ml, wandb).
+_LONG_LIVED_THREADS = (
+    "pydevd",
+    "IPythonHistorySavingThread",
+    "ThreadPoolExecutor",
+    "sentry-sdk.BackgroundWorker",
+)
 
 
 def _threads() -> set[int]:

@@ -110,9 +110,9 @@ class RowCells:
 
     @property
     def status_title(self) -> str:
-        """The status whole, and the metrics its span hides."""
+        """The status whole, and the metrics its span hides (whole too: it is a tooltip)."""
         whole = self.status + self.status_tail
-        hidden = self.metrics if self.span >= 2 else ""
+        hidden = (self.metrics_title or self.metrics) if self.span >= 2 else ""
         return f"{whole}\nlast logged: {hidden}" if hidden else whole
 
 

@@ -185,6 +185,9 @@ def _plumbing(path: str, name: str) -> bool:
     return path.endswith(("/runpy.py", "<frozen runpy>"))
 
 
+GROUP_FROM = 4  # ranks in a picture from which ranks at one place share a line
+
+
 def describe(
     picture: Mapping[int, RankStack],
     place: Callable[[str, int], str] | None = None,
@@ -198,14 +201,16 @@ def describe(
     ``place`` names a file and line (the kernel names its cells as IPython does); by default
     the short path."""
     where = place or short_place
-    # Ranks that stand at the same place share one line ("ranks 0-62 are waiting in
-    # all_reduce(), ..."): at 64 ranks the picture stays a few lines, the odd one out shows.
-    groups: dict[tuple[str, str], list[int]] = {}
+    # At width, ranks that stand at the same place share one line ("ranks 0-62 are waiting in
+    # all_reduce(), ..."): at 64 ranks the picture stays a few lines, the odd one out shows. A
+    # few ranks keep a line each, which reads best when there are only two or three.
+    wide = len(picture) >= GROUP_FROM
+    groups: dict[tuple[object, str, str], list[int]] = {}
     for rank, stack in sorted(picture.items()):
         said = _place_of(stack, where, live)
         if said is not None:
-            groups.setdefault(said, []).append(rank)
-    parts = [_said(ranks, said, live) for said, ranks in groups.items()]
+            groups.setdefault((None if wide else rank, *said), []).append(rank)
+    parts = [_said(ranks, (key[1], key[2]), live) for key, ranks in groups.items()]
     waiting = waited_for(picture)
     if waiting is not None:
         parts.append(waiting[1])

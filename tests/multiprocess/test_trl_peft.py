@@ -59,6 +59,9 @@ def test_sft_with_lora_matches_torchrun(tmp_path, monkeypatch):
         assert mine["adapter"] == reference["adapter"]
     # The live view's loss at each step is the one torchrun's Trainer logged (the ranks' mean).
     for rank in (0, 1):
-        logged = [e.values["loss"] for e in shown
-                  if isinstance(e, Log) and e.rank == rank and "loss" in e.values]
+        # (one Log event carries the points logged since the rank's last update: earlier, then
+        # its own values)
+        points = [values for e in shown if isinstance(e, Log) and e.rank == rank
+                  for values in (*(v for _, v in e.earlier), e.values)]
+        logged = [values["loss"] for values in points if "loss" in values]
         assert logged == theirs[rank]["losses"]
