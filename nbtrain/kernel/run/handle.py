@@ -153,6 +153,7 @@ class Run:
         if self._lifecycle is not None:
             self._folder = self._lifecycle.output.folder
         self._lifecycle = None  # its outcome held the ranks' pickled results: not kept twice
+        self._body_fn = _spent  # the launch held the user's call and its arguments: let go
         if self.pane is not None:
             self.pane.end()
         self._finished.set()
@@ -491,3 +492,7 @@ __all__ = [
     "refuse_if_busy",
     "runs",
 ]
+
+
+def _spent() -> Any:
+    raise RuntimeError("this run has ended: launch again")
