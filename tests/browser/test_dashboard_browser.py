@@ -51,13 +51,16 @@ try:
 except ImportError:
     NOTEBOOK_MISSING = "notebook>=7 is not installed: pip install 'notebook>=7'"
 
-pytestmark = [
+# Every test that drives JupyterLab or Notebook 7 (here, and the modules that import these):
+# skipped without Chromium or notebook>=7 unless browser tests are required (CI), and slow.
+JUPYTER_BROWSER_MARKS = [
     pytest.mark.skipif(
         (MISSING or NOTEBOOK_MISSING) is not None and not _browser_required(),
         reason=str(MISSING or NOTEBOOK_MISSING),
     ),
     pytest.mark.slow,
 ]
+pytestmark = JUPYTER_BROWSER_MARKS
 
 SETUP = """
 import os, time

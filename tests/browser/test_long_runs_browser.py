@@ -18,16 +18,16 @@ import time
 
 import nbformat
 import pytest
-from test_dashboard_browser import APPS, NOTEBOOK_MISSING, READY_JS, server  # noqa: F401
-from test_live_view_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, MISSING, _browser_required
+from test_dashboard_browser import (  # noqa: F401 (server: the JupyterLab fixture)
+    APPS,
+    JUPYTER_BROWSER_MARKS,
+    NOTEBOOK_MISSING,
+    READY_JS,
+    server,
+)
+from test_live_view_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, MISSING
 
-pytestmark = [
-    pytest.mark.skipif(
-        (MISSING or NOTEBOOK_MISSING) is not None and not _browser_required(),
-        reason=str(MISSING or NOTEBOOK_MISSING),
-    ),
-    pytest.mark.slow,
-]
+pytestmark = JUPYTER_BROWSER_MARKS
 
 SETUP = """
 import os, time

@@ -14,22 +14,16 @@ import nbformat
 import pytest
 from test_dashboard_browser import (
     APPS,
-    NOTEBOOK_MISSING,
+    JUPYTER_BROWSER_MARKS,
     READY_JS,
     ROWS_JS,
     _overlaps,
     _scroll_to,
 )
 from test_dashboard_browser import server as server  # the JupyterLab server fixture
-from test_live_view_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, MISSING, _browser_required
+from test_live_view_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS
 
-pytestmark = [
-    pytest.mark.skipif(
-        (MISSING or NOTEBOOK_MISSING) is not None and not _browser_required(),
-        reason=str(MISSING or NOTEBOOK_MISSING),
-    ),
-    pytest.mark.slow,
-]
+pytestmark = JUPYTER_BROWSER_MARKS
 
 SETUP = """
 import os, time
