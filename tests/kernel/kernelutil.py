@@ -39,6 +39,7 @@ class Result:
     error: dict | None = None
     displays: list[dict] = field(default_factory=list)
     execution_count: int | None = None  # the cell's In[n]
+    widget_states: list[dict] = field(default_factory=list)  # each comm_msg's state, in order
 
     @property
     def traceback_text(self) -> str:
@@ -95,6 +96,8 @@ class Kernel:
                 result.execution_count = content["execution_count"]
             elif kind in ("display_data", "update_display_data", "execute_result"):
                 result.displays.append(content)
+            elif kind == "comm_msg":
+                result.widget_states.append(content["data"].get("state", {}))
             elif kind == "status" and content["execution_state"] == "idle":
                 return result
 

@@ -370,8 +370,7 @@ def test_a_hang_at_the_accelerators_barrier_names_and_marks_the_late_rank(kernel
     # Rank 1 sleeps before acc.wait_for_everyone(): the Accelerator's own transport (a polled
     # handshake, no torch collective on the stack) is recognised as the barrier rank 0 waits
     # in, the picture names rank 1, and rank 1's live row says the others wait for it.
-    client = kernel.client
-    cell = client.execute("""
+    cell = kernel.start("""
 def late_barrier():
     acc = Accelerator()
     if acc.process_index == 1:
@@ -381,23 +380,8 @@ def late_barrier():
 
 print(notebook_launcher(late_barrier, num_processes=2, progress="widgets", hang_after=3))
 """)
-    stdout, stderr, updates = "", "", []
-    deadline = time.monotonic() + 120
-    while True:
-        assert time.monotonic() < deadline, stdout + stderr
-        msg = client.get_iopub_msg(timeout=60)
-        if msg["parent_header"].get("msg_id") != cell:
-            continue
-        kind, content = msg["msg_type"], msg["content"]
-        if kind == "stream":
-            if content["name"] == "stdout":
-                stdout += content["text"]
-            else:
-                stderr += content["text"]
-        elif kind == "comm_msg":
-            updates.append(content["data"].get("state", {}))
-        elif kind == "status" and content["execution_state"] == "idle":
-            break
+    out = kernel.collect(cell, timeout=120)
+    stdout, stderr, updates = out.stdout, out.stderr, out.widget_states
     assert "no rank has made progress for 3s (hang_after=3)" in stderr, stderr
     assert "rank 0 is waiting in wait_for_everyone(), called from Cell In[" in stderr, stderr
     assert "rank 0 waits in wait_for_everyone; rank 1 has not entered it" in stderr, stderr
