@@ -14,23 +14,9 @@ from typing import Any
 import pytest
 
 from nbtrain import notebook_launcher
-from nbtrain.display.runstate import RunState
-from nbtrain.shared.events import Event, Progress
+from nbtrain.shared.events import Progress
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture
-def received(monkeypatch: pytest.MonkeyPatch) -> list[Event]:
-    events: list[Event] = []
-    original = RunState.apply
-
-    def apply(self: RunState, event: Event) -> None:
-        events.append(event)
-        original(self, event)
-
-    monkeypatch.setattr(RunState, "apply", apply)
-    return events
 
 
 def library_bars() -> dict[str, Any]:

@@ -18,19 +18,6 @@ from nbtrain.shared.events import Event, Failed, Finished, Log, Progress
 STEPS = 300
 
 
-@pytest.fixture
-def received(monkeypatch: pytest.MonkeyPatch) -> list[Event]:
-    events: list[Event] = []
-    original = RunState.apply
-
-    def apply(self: RunState, event: Event) -> None:
-        events.append(event)
-        original(self, event)
-
-    monkeypatch.setattr(RunState, "apply", apply)
-    return events
-
-
 def of(events: list[Event], kind: type, rank: int) -> list:
     return [e for e in events if isinstance(e, kind) and e.rank == rank]
 
