@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from nbtrain.display.rates import format_rate
 from nbtrain.display.runstate import RankStatus, RankView
 from nbtrain.shared.units import MAX_METRICS, format_duration, format_metrics, format_value
 
@@ -24,8 +25,8 @@ __all__ = [
 
 
 def format_steps(view: RankView) -> str:
-    """'train 40/100 ETA 0:05 12.3 it/s' (the parts that are known). The ETA comes before the
-    rate: in a narrow column the text is cut at its end, and the ETA says more."""
+    """'train 40/100 ETA 0:05 3.1 opt steps/s' (the parts that are known; rates.py). The ETA
+    comes before the rate: in a narrow column the text is cut at its end, and the ETA says more."""
     parts = [view.desc] if view.desc else []
     # A rank that died without a word may have gone past the last step it reported (updates
     # are coalesced): '≥18/100', not a count that looks exact.
@@ -36,8 +37,9 @@ def format_steps(view: RankView) -> str:
     # from the last rate would be stale.
     if eta is not None and not view.finished and not view.note:
         parts.append(f"ETA {format_duration(eta)}")
-    if view.rate:
-        parts.append(f"{view.rate:.1f} it/s")
+    rate = format_rate(view)
+    if rate:
+        parts.append(rate)
     return " ".join(parts)
 
 

@@ -146,7 +146,7 @@ def _apart(views: list[RankView], state: RunState, now: float) -> list[Apart]:
     median_iterations = statistics.median(v.iterations for v in running) if running else 0
     rates = [view.rate for view in running if view.rate]
     median_rate = statistics.median(rates) if rates else None
-    heard = [v._last_progress[0] for v in running if v._last_progress is not None]
+    heard = [v.rate_anchor[0] for v in running if v.rate_anchor is not None]
     moving = bool(heard) and now - statistics.median(heard) < SILENT_AFTER / 3
     found = []
     for view in views:
@@ -171,7 +171,7 @@ def _reason(
         return "stopped"  # a rank that left while the others go on; a run's end stops them all
     if view.status is not RankStatus.RUNNING:
         return ""
-    last = view._last_progress
+    last = view.rate_anchor
     if moving and last is not None and now - last[0] > SILENT_AFTER:
         return "no progress"
     behind = median_iterations - view.iterations

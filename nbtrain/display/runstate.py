@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
+from nbtrain.display.rates import summary_rate, update_rate
 from nbtrain.shared.events import (
     Event,
     Exited,
@@ -62,9 +63,6 @@ class Verdict(Enum):
 INTERRUPTED = "KeyboardInterrupt:"  # how a Failed rank's one-line reason starts after Ctrl-C
 OUTPUT_CAP = 5000  # lines kept for display; a chatty rank cannot grow the kernel without bound
 HISTORY_CAP = 2000  # points kept per metric and rank; older points are thinned, not dropped
-RATE_SMOOTHING = 0.3  # weight of the newest interval in the it/s estimate
-RATE_WINDOW = 0.05  # seconds: closer updates (a loop's final step right after a periodic one)
-#                     are folded into the next interval instead of giving a wild rate
 
 
 @dataclass
@@ -88,8 +86,11 @@ class RankView:
     # position ('epoch 2/8 · train' and 'epoch 3/8 · train' are one loop).
     loop: tuple[str | None, int | None] = (None, None)
     outer: tuple[tuple[int, int | None], ...] = ()  # the enclosing loops' (done, total)
-    rate: float | None = None  # steps per second, smoothed
-    iterations: int = 0  # steps counted across every loop of this attempt: for steps/s and it/s
+    rate: float | None = None  # the loop's items per second, smoothed (rates.py)
+    # Optimizer steps per second, smoothed, in a loop that took optimizer steps; else None.
+    opt_rate: float | None = None
+    iterations: int = 0  # steps counted across every loop of this attempt: for it/s
+    optimizer_steps: int = 0  # taken this attempt, as the rank's Accelerator reports them
     metrics: dict[str, float] = field(default_factory=dict)
     history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     failure: str = ""  # one line: why this rank failed or was stopped
@@ -100,7 +101,8 @@ class RankView:
     started_at: float | None = None  # of this attempt
     ended_at: float | None = None
     version: int = 0  # bumped whenever anything a row shows changed
-    _last_progress: tuple[float, int] | None = None  # (time, iterations): the it/s anchor
+    # (time, iterations, optimizer steps): where the rates' current interval began
+    rate_anchor: tuple[float, int, int] | None = None
 
     @property
     def eta(self) -> float | None:
@@ -278,33 +280,15 @@ class RunState:
     def elapsed(self) -> float:
         return (self.ended_at or time.time()) - self.started_at
 
-    @property
-    def steps_per_second(self) -> float | None:
-        """Mean over the ranks that reported progress of their steps per second of run time.
-
-        Ranks of a data-parallel run step together, so this is the run's step rate (not the sum).
-        """
-        rates = [
-            view.iterations / busy
-            for view in self.ranks.values()
-            if view.iterations and (busy := _busy_time(view, self)) > 0
-        ]
-        return sum(rates) / len(rates) if rates else None
-
     def failed_summary(self, error: BaseException) -> str:
         """The summary of a failed run, one line: 'Failed after 3.2s: rank 1 raised ...'."""
         return f"Failed after {self.elapsed:.1f}s: {error}".splitlines()[0]
 
     def done_summary(self) -> str:
-        """The summary of a successful run: 'Done in 3.2s, 95.0 it/s (train)'. The rate is of
-        the progress() loops' items, named by the loop (an epoch loop's are epochs): not
-        "steps/s", which would read as optimizer steps."""
-        rate = self.steps_per_second
-        if not rate:
-            return f"Done in {self.elapsed:.1f}s"
-        loops = {view.loop[0] for view in self.ranks.values() if view.iterations}
-        named = f" ({loops.pop()})" if len(loops) == 1 and None not in loops else ""
-        return f"Done in {self.elapsed:.1f}s, {rate:.1f} it/s{named}"
+        """The summary of a successful run: 'Done in 3.2s, 84 optimizer steps, 26.3 opt
+        steps/s', or 'Done in 3.2s, 95.0 it/s (train)' without optimizer steps (rates.py)."""
+        rate = summary_rate(list(self.ranks.values()), self.started_at, self.ended_at)
+        return f"Done in {self.elapsed:.1f}s" + (f", {rate}" if rate else "")
 
     def lines_since(self, index: int) -> list[OutputLine]:
         """Output lines with an index >= ``index`` that are still kept (oldest first)."""
@@ -312,12 +296,6 @@ class RunState:
             return []
         start = max(0, index - self.output[0].index)
         return [self.output[i] for i in range(start, len(self.output))]
-
-
-def _busy_time(view: RankView, state: RunState) -> float:
-    start = view.started_at if view.started_at is not None else state.started_at
-    end = next((t for t in (view.ended_at, state.ended_at) if t is not None), time.time())
-    return end - start
 
 
 def _one_word_for_one_press(views: Iterable[RankView]) -> None:
@@ -337,7 +315,8 @@ def _reset_attempt(view: RankView) -> None:
     view.status, view.note, view.failure, view.collateral = RankStatus.STARTING, "", "", False
     view.stopped_as, view.step_unsure, view.holding_up = "", False, False
     view.step, view.total, view.desc, view.loop, view.outer = 0, None, None, (None, None), ()
-    view.rate, view._last_progress, view.iterations = None, None, 0
+    view.rate, view.opt_rate, view.rate_anchor = None, None, None
+    view.iterations = view.optimizer_steps = 0
     view.started_at = view.ended_at = None
     view.version += 1
 
@@ -357,11 +336,13 @@ def _one_line(text: str) -> str:
 
 def _apply_progress(view: RankView, event: Progress) -> None:
     key = (event.desc if event.loop is None else event.loop, event.total)
+    view.optimizer_steps = event.optimizer_steps
     if key != view.loop:
         # Another loop (eval after train): its speed is not the last loop's. A resumed pass's
         # steps before its start were the first run's.
         view.iterations += max(0, event.step - event.start)
-        view.rate, view._last_progress = None, (event.time, view.iterations)
+        view.rate = view.opt_rate = None
+        view.rate_anchor = (event.time, view.iterations, view.optimizer_steps)
     else:
         # The same loop: the next step, or its next pass (next epoch: the step went back, or
         # the outer loops' part of the description moved on). The rate runs on across passes,
@@ -372,25 +353,9 @@ def _apply_progress(view: RankView, event: Progress) -> None:
             view.iterations += unseen + event.step
         else:
             view.iterations += event.step - view.step
-        _update_rate(view, event.time)
+        update_rate(view, event.time)
     view.step, view.total, view.desc, view.loop = event.step, event.total, event.desc, key
     view.outer = event.outer
-
-
-def _update_rate(view: RankView, at: float) -> None:
-    last = view._last_progress
-    if last is None:
-        view._last_progress = (at, view.iterations)
-        return
-    dt = at - last[0]
-    if dt < RATE_WINDOW:
-        return  # keep the older anchor: the next interval spans this one too
-    instant = (view.iterations - last[1]) / dt
-    view.rate = (
-        instant if view.rate is None
-        else (1 - RATE_SMOOTHING) * view.rate + RATE_SMOOTHING * instant
-    )
-    view._last_progress = (at, view.iterations)
 
 
 def _apply_log(view: RankView, event: Log) -> None:

@@ -2,8 +2,9 @@
 
 Each running rank gets a part such as ``r0 epoch 3 16/32 12.5 it/s ETA 0:02 loss 0.58``: its
 loop's description (in a nested loop the description says which epoch, where the step count only
-says how far into it), step/total, it/s, ETA and its first metric. When the parts of every rank
-do not fit the width, detail goes in this order: the metric, the it/s, the description, the ETA;
+says how far into it), step/total, rate (opt steps/s or it/s: rates.py), ETA and its first
+metric. When the parts of every rank do not fit the width, detail goes in this order: the
+metric, the rate, the description, the ETA;
 step/total always stays. A rank busy with a phase shows it instead (``r1 forming the process
 group (gloo): waiting for every rank (3s)``); a phase too long for its share of the line is cut
 in its text, never in its seconds. Only a line that still does not fit is cut.
@@ -12,6 +13,7 @@ in its text, never in its seconds. Only a line that still does not fit is cut.
 from __future__ import annotations
 
 from nbtrain.display.formatting import format_duration, format_metrics, phase_parts
+from nbtrain.display.rates import format_rate
 from nbtrain.display.runstate import RankView
 
 # What each level of detail shows, richest first.
@@ -62,8 +64,8 @@ def rank_part(view: RankView, shown: tuple[str, ...] = _LEVELS[0]) -> str:
         parts.append(f"{view.step}/{view.total}")
     else:
         parts.append(str(view.step) if view.step else view.status.value)
-    if "rate" in shown and view.rate:
-        parts.append(f"{view.rate:.1f} it/s")
+    if "rate" in shown and (rate := format_rate(view)):
+        parts.append(rate)
     eta = view.eta
     if "eta" in shown and eta is not None and view.step < (view.total or 0):
         parts.append(f"ETA {format_duration(eta)}")

@@ -111,6 +111,16 @@ def resumed_from(source: str, step: int) -> None:
         current.sink.send(ResumedFrom(current.info.rank, source, step))
 
 
+def optimizer_stepped(optimizer: object) -> None:
+    """``optimizer`` (an Accelerator's prepared one) really stepped: not an accumulation
+    micro-step, not a step the fp16 grad scaler skipped. The live view's rate counts these
+    optimizer steps; with several optimizers (a GAN's) the one that stepped most counts."""
+    current = runtime.current()
+    if current is not None:
+        counts = reporter_for(current).optimizer_steps
+        counts[id(optimizer)] = counts.get(id(optimizer), 0) + 1
+
+
 def log(values: Mapping[str, Any], step: int | None = None) -> None:
     """Report metrics of this rank, e.g. ``log({"loss": loss.item()})``.
 
@@ -203,6 +213,7 @@ class Reporter:
         self.global_step = 0
         self.used_progress = False
         self.log_calls = 0
+        self.optimizer_steps: dict[int, int] = {}  # per optimizer (id): steps it took
         # A sink without try_send (num_processes=1: a call into the kernel) takes every log at
         # once, as does a forked child such as a DataLoader worker: nobody flushes them later.
         self.direct = getattr(self.sink, "try_send", None) is None
@@ -289,7 +300,7 @@ class Reporter:
         self.next_due = time.monotonic() + self.interval
         event = self._progress_event()
         if event is not None:
-            state = (event.step, event.total, event.desc)
+            state = (event.step, event.total, event.desc, event.optimizer_steps)
             if state != self._sent:
                 if not self._offer(event, final):
                     return  # the kernel is behind: keep everything pending, try next time
@@ -319,7 +330,8 @@ class Reporter:
         outer = tuple((above.n, above.total) for above in self.bars[:-1])
         desc = _compose_desc(self.bars)
         return Progress(
-            self.rank, bar.n, bar.total, desc, loop=bar.desc, outer=outer, start=bar.start
+            self.rank, bar.n, bar.total, desc, loop=bar.desc, outer=outer, start=bar.start,
+            optimizer_steps=max(self.optimizer_steps.values(), default=0),
         )
 
     def _offer(self, event: Event, final: bool) -> bool:

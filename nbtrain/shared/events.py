@@ -120,6 +120,9 @@ class Progress:
     # total or None). With every total known the view can tell the whole run's ETA.
     outer: tuple[tuple[int, int | None], ...] = ()
     start: int = 0  # steps of this pass done before it began (a resumed run): not this run's
+    # Optimizer steps this rank's Accelerator really took so far (not accumulation micro-steps,
+    # not steps the fp16 grad scaler skipped): the view's rate counts these. 0: none (raw loops).
+    optimizer_steps: int = 0
 
 
 @dataclass(frozen=True, slots=True)

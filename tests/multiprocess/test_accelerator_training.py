@@ -14,7 +14,9 @@ import torch.distributed as dist
 from torch.nn.functional import mse_loss
 from torch.utils.data import DataLoader, TensorDataset
 
-from nbtrain import Accelerator, notebook_launcher
+from nbtrain import Accelerator, notebook_launcher, progress
+from nbtrain.display.runstate import RunState
+from nbtrain.shared.events import Event, Progress
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -70,7 +72,7 @@ def accumulation_run(world: int) -> dict:
     model, optimizer, loader = acc.prepare(model, optimizer, DataLoader(dataset(5 * world), 1))
     synced, grads_agree = [], []
     for _epoch in range(2):
-        for x, y in loader:
+        for x, y in progress(loader, desc="train"):
             with acc.accumulate(model):
                 acc.backward(mse_loss(model(x), y))
                 acc.clip_grad_norm_(model.parameters(), 0.5)
@@ -117,7 +119,7 @@ def reference_accumulation(world: int) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("world", [2, 3])
-def test_ddp_and_accumulation_equal_the_big_batch(world):
+def test_ddp_and_accumulation_equal_the_big_batch(world, received):
     results = notebook_launcher(
         both, (world,), num_processes=world, start_method="fork", return_all=True, **QUIET
     )
@@ -137,6 +139,21 @@ def test_ddp_and_accumulation_equal_the_big_batch(world):
     first = [p for p in results[0][0]["params"]]
     for other in results[1:]:
         assert all(torch.equal(a, b) for a, b in zip(first, other[0]["params"], strict=True))
+    check_optimizer_steps_reported(received, world)
+
+
+def check_optimizer_steps_reported(received: list[Event], world: int) -> None:
+    """The ranks report optimizer steps, not micro-steps: 3 an epoch of the 5 accumulation
+    micro-steps. As checkpoints and trackers count, it is the most steps any one optimizer took
+    (ddp_run's took 3 before); the view's rate and summary count them."""
+    state = RunState(list(range(world)))
+    for event in list(received):  # (applying appends to received: the fixture records it)
+        state.apply(event)
+    for rank in range(world):
+        last = [e for e in received if isinstance(e, Progress) and e.rank == rank][-1]
+        assert (last.step, last.optimizer_steps) == (5, 3 * 2)
+        assert state.ranks[rank].optimizer_steps == 6
+    assert ", 6 optimizer steps, " in state.done_summary()
 
 
 def test_one_process_in_the_kernel_needs_no_process_group():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nbtrain.display import runstate
-from nbtrain.display.formatting import format_status
+from nbtrain.display.formatting import format_status, format_steps
 from nbtrain.display.runstate import RankStatus, RunState, Verdict
 from nbtrain.shared.events import Exited, Failed, Finished, Log, Output, Progress, Started, Status
 
@@ -197,15 +197,34 @@ def test_finish_sets_the_summary_and_freezes_elapsed() -> None:
     assert state.ended_at is not None and state.elapsed == state.ended_at - state.started_at
 
 
-def test_steps_per_second_is_the_mean_rate_of_the_ranks() -> None:
+def test_the_summary_rate_is_the_mean_rate_of_the_ranks() -> None:
     state = RunState([0, 1])
     for rank, steps in ((0, 100), (1, 50)):
         state.apply(started(rank, t=0.0))
         state.apply(Progress(rank, 0, steps, None, time=0.0))
         state.apply(Progress(rank, steps, steps, None, time=9.0))
         state.apply(Finished(rank, None, time=10.0))
-    assert state.steps_per_second == pytest.approx((10.0 + 5.0) / 2)
-    assert RunState([0]).steps_per_second is None
+    state.started_at, state.ended_at = 0.0, 10.0
+    assert state.done_summary() == f"Done in 10.0s, {(10.0 + 5.0) / 2:.1f} it/s"
+
+
+def test_with_optimizer_steps_the_rates_count_optimizer_steps() -> None:
+    # Gradient accumulation over 4 batches: 40 loop iterations are 10 optimizer steps.
+    state = RunState([0])
+    state.apply(started(0, t=0.0))
+    for step in range(0, 41, 8):
+        state.apply(Progress(0, step, 40, "train", time=step / 20, optimizer_steps=step // 4))
+    view = state.ranks[0]
+    assert view.rate == pytest.approx(20.0)
+    assert view.opt_rate == pytest.approx(5.0)
+    assert format_steps(view) == "train 40/40 5.0 opt steps/s"
+    # An eval loop takes no optimizer steps: measured in its own items.
+    state.apply(Progress(0, 0, 10, "eval", time=2.0, optimizer_steps=10))
+    state.apply(Progress(0, 10, 10, "eval", time=3.0, optimizer_steps=10))
+    assert view.opt_rate is None and format_steps(view) == "eval 10/10 10.0 it/s"
+    state.apply(Finished(0, None, time=4.0))
+    state.started_at, state.ended_at = 0.0, 4.0
+    assert state.done_summary() == "Done in 4.0s, 10 optimizer steps, 2.5 opt steps/s"
 
 
 def test_a_final_step_right_after_an_update_does_not_inflate_the_rate() -> None:

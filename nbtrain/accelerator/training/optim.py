@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from nbtrain.accelerator.training.accumulation import GradientState
+from nbtrain.rank.reporting import optimizer_stepped
 
 
 class PreparedOptimizer(torch.optim.Optimizer):
@@ -114,6 +115,8 @@ class PreparedOptimizer(torch.optim.Optimizer):
             # The scaler lowers its scale exactly when it found inf/NaN and skipped the step.
             self.step_was_skipped = self.scaler.get_scale() < before
         self._unscaled = False
+        if not self.step_was_skipped:
+            optimizer_stepped(self)  # the live view's rate counts optimizer steps
         return result
 
     def unscale_gradients(self) -> None:
