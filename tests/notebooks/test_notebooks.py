@@ -52,6 +52,11 @@ DIFF_IGNORE = (
     "/metadata/language_info/version",  # the interpreter's patch release
 )
 DIFF_REPLACE = (
+    # Optimizer steps per second, in rows and summary ('Done in 1.9s, 84 optimizer steps, 7.0
+    # opt steps/s'): timing. The count is exact, but after a stop button's press it follows where
+    # the stop landed (as the step below).
+    ("/cells/*/outputs", r" \d+(\.\d+)? opt steps/s", ""),
+    ("/cells/*/outputs", r"\b\d+ optimizer steps,", "N optimizer steps,"),
     # The summary's rate ('Done in 1.9s, 9.4 it/s (epoch)'; 'steps/s' before it named its loop).
     ("/cells/*/outputs", r", \d+(\.\d+)? (steps|it)/s( \(\w+\))?", ", N it/s"),
     # Speeds and durations in the live view's text summary. A rank's it/s is shown once known,
