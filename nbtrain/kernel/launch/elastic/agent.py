@@ -224,7 +224,6 @@ class NodeAgent(Verdicts, SimpleElasticAgent):
                 debuggable=True,  # (the last argument: the pdb prompt's lines, pdbprompt.py)
             )
         )
-        self._stopping, self._ending = False, None
         self.group.start(self._emit, self._stop_wanted)
         self.group.channel.prompts.ready = self.lifecycle.redraw  # before a pdb prompt
         self.lifecycle.watching(self.group)  # where each rank is: SIGQUIT, hang detection
