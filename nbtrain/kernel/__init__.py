@@ -11,9 +11,10 @@ imports included (tests/unit/test_house.py: KERNEL_LAYERS)::
                rendezvous
     procs/     OS processes: start (fork/forkserver/spawn), signals, forkserver, warm-up,
                fork gc, shared memory
-    group/     ONE RankGroup per set of rank processes: backends, the supervisor (channel and
-               watch loop), interrupts, output order, pdb prompts, post-mortem, the outcome and
-               its root-cause rule
+    group/     ONE RankGroup per set of rank processes: backends, the supervisor (the watch's
+               turn; cell.py: warm commands' rules), wait() -> Ending (how the watch ended),
+               interrupts, output order, pdb prompts, post-mortem, the outcome and its
+               root-cause rule
     run/       one launch as the cell sees it: lifecycle (Run), cell output, tracebacks, where
     launch/    the kinds side by side, none importing another (inprocess, local, xla,
                elastic/, cluster/), and the chooser above them (choose.py: check_options)

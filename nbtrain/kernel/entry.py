@@ -18,7 +18,8 @@ from typing import Any
 from nbtrain.kernel.host import cuda_origin, environment
 from nbtrain.kernel.launch.choose import check_options
 from nbtrain.kernel.launch.cluster.spec import RayCluster
-from nbtrain.kernel.options.config import OutputMode, ProgressMode, check_function
+from nbtrain.kernel.options.config import OutputMode, ProgressMode
+from nbtrain.kernel.options.function import check_function
 from nbtrain.kernel.options.interface import UserCall
 from nbtrain.kernel.options.requested import Requested
 from nbtrain.kernel.run import handle, tracebacks

@@ -14,7 +14,7 @@ instead of their bytes:
 
 Segment names are ``nbtrain_<pid of the kernel>_<launch>_<what>``: the kernel removes its
 launch's names when the launch ends, whatever the outcome, and names left by a kernel that died
-(SIGKILL) are removed by the next launch on the machine (see ``sweep_orphans``).
+(SIGKILL) are removed by the next launch on the machine (shmclean.py: ``sweep_orphans``).
 
 Only files named like that, directly in SHM_DIR, are ever opened by a loader: the pickles come
 from our own processes, and a token cannot point a loader at another file.
@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import array
 import contextlib
-import glob
 import io
-import linecache
 import mmap
 import os
 import pickle
@@ -39,6 +37,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import cloudpickle
+
+from nbtrain.shared.cellcode import named_code
 
 SHM_DIR = "/dev/shm"
 PREFIX = "nbtrain_"
@@ -172,37 +172,6 @@ def is_array(obj: object) -> bool:
     )
 
 
-_CLOUDPICKLE_CODE = cloudpickle.Pickler.dispatch_table[types.CodeType]
-
-
-def _named_code(code: types.CodeType) -> tuple:
-    """cloudpickle's reduction of a code object, keeping the file name it drops (for a
-    deterministic pickle, which we do not need): a rank's traceback names the notebook's cell
-    of a function defined there ('Cell In[3], line 4', kernel/host/cellnames.py), not
-    '<dynamic-code>'. A cell's lines go with it: pdb in the rank lists them."""
-    rebuild, args = _CLOUDPICKLE_CODE(code)
-    return _code_in_file, (rebuild, args, code.co_filename, _cell_lines(code.co_filename))
-
-
-def _cell_lines(filename: str) -> list[str] | None:
-    """The lines of a notebook cell, which IPython keeps in linecache only (no file on disk, so
-    a process started apart from the kernel cannot read them); None for anything else. (One
-    list object for all the cell's code objects: the pickle's memo sends it once.)"""
-    entry = linecache.cache.get(filename)
-    if entry is None or len(entry) != 4 or entry[1] is not None:
-        return None  # not a cell (a file linecache read from disk, with its mtime)
-    return entry[2]
-
-
-def _code_in_file(
-    rebuild: Callable[..., types.CodeType], args: tuple, filename: str,
-    lines: list[str] | None = None,
-) -> Any:
-    if lines and filename not in linecache.cache:  # (mtime None: linecache never re-reads it)
-        linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
-    return rebuild(*args).replace(co_filename=filename)
-
-
 class SharingPickler(cloudpickle.Pickler):
     """cloudpickle, with tensors and arrays replaced by tokens, and code keeping its file name.
 
@@ -210,7 +179,7 @@ class SharingPickler(cloudpickle.Pickler):
     as references. ``segment``: large plain CPU tensors and numpy arrays go to the segment.
     """
 
-    dispatch_table = ChainMap({types.CodeType: _named_code}, cloudpickle.Pickler.dispatch_table)
+    dispatch_table = ChainMap({types.CodeType: named_code}, cloudpickle.Pickler.dispatch_table)
 
     def __init__(
         self,
@@ -425,42 +394,3 @@ class Envelope:
 
 def loads(data: bytes, *, private: bool, unlink: bool = False) -> Any:
     return SharedLoader(io.BytesIO(data), private=private, unlink=unlink).load()
-
-
-# -- cleanup --------------------------------------------------------------------------------------
-
-
-def remove_names(pattern: str) -> list[str]:
-    """Unlink the segments named ``pattern`` (a glob within SHM_DIR); returns their paths."""
-    removed = []
-    for path in glob.glob(os.path.join(SHM_DIR, pattern)):
-        if _NAME.fullmatch(os.path.basename(path)):
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-                removed.append(path)
-    return removed
-
-
-def sweep_orphans() -> list[str]:
-    """Remove segments whose kernel is no longer running (it was killed mid-launch)."""
-    removed = []
-    for path in glob.glob(os.path.join(SHM_DIR, PREFIX + "*")):
-        match = _NAME.fullmatch(os.path.basename(path))
-        if match is None:
-            continue
-        pid = int(os.path.basename(path)[len(PREFIX) :].split("_", 1)[0])
-        if not _alive(pid):
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-                removed.append(path)
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -703,14 +703,14 @@ def slow_to_shut_down():
 
 
 def test_a_rank_only_slow_to_shut_down_gets_a_wait_that_follows_the_load(monkeypatch, capsys):
-    from nbtrain.kernel.group import rankgroup, supervisor
+    from nbtrain.kernel.group import lingering, rankgroup
 
     monkeypatch.setattr(rankgroup, "EXIT_WAIT", 1.0)
-    monkeypatch.setattr(supervisor, "_load_factor", lambda: 6.0)  # a busy machine: 6 s
+    monkeypatch.setattr(lingering, "_load_factor", lambda: 6.0)  # a busy machine: 6 s
     run = dict(num_processes=2, start_method="fork", return_all=True, progress="off")
     assert notebook_launcher(slow_to_shut_down, **run) == [0, 1]
     assert "returned, but" not in capsys.readouterr().err  # it exited by itself in time
-    monkeypatch.setattr(supervisor, "_load_factor", lambda: 1.0)  # idle: the 1 s holds
+    monkeypatch.setattr(lingering, "_load_factor", lambda: 1.0)  # idle: the 1 s holds
     assert notebook_launcher(slow_to_shut_down, **run) == [0, 1]
     err = capsys.readouterr().err
     assert "its process was still shutting down after 1s (nothing of the function's was left " \

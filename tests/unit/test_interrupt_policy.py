@@ -27,8 +27,9 @@ def test_a_ctrl_c_dropped_by_a_finalizer_still_stops_a_one_shot_launch(
 ) -> None:
     dropped: list[BaseException | None] = []
     monkeypatch.setattr(sys, "unraisablehook", lambda info: dropped.append(info.exc_value))
-    # a launch's flags; torch's elastic agent holds the policy across its groups: None
-    supervisor = None if elastic else SimpleNamespace(interrupted=False, stop_asked=False)
+    # a launch's supervisor (never asked here); torch's elastic agent holds the policy across
+    # its groups: None
+    supervisor = None if elastic else SimpleNamespace()
     with Interrupts().handling(supervisor) as check:  # type: ignore[arg-type]
         _PressedInAFinalizer()  # collected at once, on this (the main) thread
         assert [type(exc) for exc in dropped] == [KeyboardInterrupt]  # Python dropped it
@@ -39,13 +40,13 @@ def test_a_ctrl_c_dropped_by_a_finalizer_still_stops_a_one_shot_launch(
 
 def test_a_second_press_of_a_graceful_stop_is_not_lost_either(monkeypatch) -> None:
     monkeypatch.setattr(sys, "unraisablehook", lambda info: None)
-    supervisor = SimpleNamespace(interrupted=False, stop_asked=False)
+    stops: list[bool] = []  # each ask: True the first time (Supervisor.ask_to_stop)
+    supervisor = SimpleNamespace(ask_to_stop=lambda: stops.append(not stops) or stops[-1])
     asked: list[str] = []
-    supervisor.ask_to_stop = lambda: setattr(supervisor, "stop_asked", True)
     with Interrupts(graceful=True, say=asked.append).handling(supervisor) as check:  # type: ignore[arg-type]
         os.kill(os.getpid(), signal.SIGINT)  # the first press: a graceful stop, no raise
         check()
-        assert supervisor.stop_asked and asked
+        assert stops == [True] and len(asked) == 1
         _PressedInAFinalizer()  # the second, dropped by a finalizer
         with pytest.raises(KeyboardInterrupt):
             check()
@@ -56,7 +57,7 @@ def test_ctrl_c_left_ignored_by_someone_is_heard_by_a_launch() -> None:
     stop button then did nothing. The launch hears it, then leaves the process as it was."""
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        supervisor = SimpleNamespace(interrupted=False, stop_asked=False)
+        supervisor = SimpleNamespace()
         policy = Interrupts().handling(supervisor)  # type: ignore[arg-type]
         with pytest.raises(KeyboardInterrupt), policy:
             os.kill(os.getpid(), signal.SIGINT)
@@ -70,7 +71,7 @@ def test_someone_elses_handler_is_kept() -> None:
     heard: list[int] = []
     previous = signal.signal(signal.SIGINT, lambda signum, frame: heard.append(signum))
     try:
-        supervisor = SimpleNamespace(interrupted=False, stop_asked=False)
+        supervisor = SimpleNamespace()
         with Interrupts().handling(supervisor) as check:  # type: ignore[arg-type]
             os.kill(os.getpid(), signal.SIGINT)
             len(())

@@ -11,6 +11,7 @@ import re
 import pytest
 
 from nbtrain import notebook_launcher
+from nbtrain.kernel.group.ending import Ending, How
 from nbtrain.kernel.launch.choose import choose
 from nbtrain.kernel.launch.cluster import RayLaunch
 from nbtrain.kernel.launch.elastic import ElasticAgent
@@ -123,17 +124,6 @@ def test_xla_comes_first_and_refuses_stop_and_resume():
 # --- one ending ------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass
-class Ended:
-    """An Ending as the in-process path gives one (a Supervisor's flags otherwise)."""
-
-    timed_out: bool = False
-    stop_asked: bool = False
-
-    def stuck_frames(self) -> dict:
-        return {}
-
-
 def failed_run(in_process: bool) -> tuple[Run, ZeroDivisionError]:
     from nbtrain.rank.failures import failure_event
 
@@ -151,10 +141,10 @@ def failed_run(in_process: bool) -> tuple[Run, ZeroDivisionError]:
 def test_the_same_failure_ends_with_the_same_error_in_process_or_not():
     ranks, _ = failed_run(in_process=False)
     with pytest.raises(WorkerError) as of_ranks:
-        ranks.finish(Ended())
+        ranks.finish(Ending(How.FAILED))
     here, raised = failed_run(in_process=True)
     with pytest.raises(WorkerError) as in_process:
-        here.finish(Ended(), raised=raised)
+        here.finish(Ending(How.FAILED), raised=raised)
     assert str(in_process.value) == str(of_ranks.value)
     assert in_process.value.original is raised  # the exception itself, for %debug
     assert in_process.value.__traceback__ is not None
@@ -168,11 +158,11 @@ def test_a_timeout_says_whether_ranks_were_stopped():
         run = Run(config(num_processes=1, timeout=3), [0], title="t", in_process=in_process)
         run.emit(Exited(0, None, None, stopped_by_launcher=True))
         with pytest.raises(TimeoutError, match=r"timeout=3\) expired") as info:
-            run.finish(Ended(timed_out=True))
+            run.finish(Ending(How.TIMED_OUT))
         assert said in str(info.value)
 
 
 def test_values_in_process_are_the_objects_themselves_and_return_all_is_a_list():
     value = object()  # could not even be pickled as a result
     run = Run(config(num_processes=1, return_all=True), [0], title="t", in_process=True)
-    assert run.finish(Ended(), values={0: value}) == [value]
+    assert run.finish(Ending(How.SUCCEEDED), values={0: value}) == [value]

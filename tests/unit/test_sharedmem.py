@@ -17,7 +17,7 @@ import torch
 
 from nbtrain.kernel.options.config import StartMethod
 from nbtrain.kernel.specs.payload import prepare_call, shm_room
-from nbtrain.shared import sharedmem
+from nbtrain.shared import sharedmem, shmclean
 from nbtrain.shared.serialization import PayloadError
 
 MiB = 1 << 20
@@ -135,7 +135,7 @@ def test_orphaned_segments_of_a_dead_kernel_are_swept():
         with open(name, "wb") as handle:
             handle.write(b"x")
     try:
-        removed = sharedmem.sweep_orphans()
+        removed = shmclean.sweep_orphans()
         assert path in removed and not os.path.exists(path)
         assert os.path.exists(mine)  # a live kernel's segment is never touched
     finally:

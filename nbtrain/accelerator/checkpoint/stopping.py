@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from nbtrain.accelerator.checkpoint import automatic
 from nbtrain.accelerator.checkpoint import state as checkpoint
 from nbtrain.accelerator.checkpoint.resume import Resume
 from nbtrain.rank import interrupts, runtime
@@ -141,7 +142,7 @@ class Stops:
         self._number += 1
         checkpoint.save_state(target, accelerator.training_state(), accelerator.collectives)
         if policy.total_limit is not None and accelerator.is_main_process:
-            checkpoint.prune_automatic(policy.project_dir, policy.total_limit, target)
+            automatic.prune_automatic(policy.project_dir, policy.total_limit, target)
         self._saved_at = time.monotonic()
         _say(f"saved {target.name} at step {self.steps}")
         return str(target)

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
+from nbtrain.accelerator.checkpoint import automatic as naming
 from nbtrain.accelerator.checkpoint import state as checkpoint
 from nbtrain.accelerator.checkpoint.target import CheckpointTarget
 from nbtrain.accelerator.data import batches
@@ -82,7 +83,7 @@ class StateMethods(AcceleratorBase):
             config = self.project_configuration
             config.iteration += 1
             if config.total_limit is not None and self.is_main_process:
-                checkpoint.prune_automatic(
+                naming.prune_automatic(
                     self.project_dir or ".", int(config.total_limit), Path(path)
                 )
         return str(path)
@@ -95,7 +96,7 @@ class StateMethods(AcceleratorBase):
                 "'checkpoints/step_100'), or Accelerator(project_config=ProjectConfiguration("
                 "project_dir=..., automatic_checkpoint_naming=True)) to name checkpoints itself."
             )
-        return checkpoint.automatic_directory(config.project_dir, self.save_iteration)
+        return naming.automatic_directory(config.project_dir, self.save_iteration)
 
     def load_state(
         self,
@@ -116,7 +117,7 @@ class StateMethods(AcceleratorBase):
                     "load_state() needs input_dir=, the directory save_state() wrote (or "
                     "automatic checkpoint naming in the Accelerator's project_config)."
                 )
-            input_dir = str(checkpoint.latest_automatic(self.project_dir or "."))
+            input_dir = str(naming.latest_automatic(self.project_dir or "."))
         options = dict(load_model_func_kwargs)
         location = options.pop("map_location", None)
         device = self._device if location in (None, "on_device") else torch.device(location)

@@ -39,7 +39,7 @@ def _launch(options: argparse.Namespace) -> int:
     if not script.is_file():
         return _usage_error(f"script {options.script!r} not found (pass a path to a .py file)")
     from nbtrain.kernel.launch.choose import check_options
-    from nbtrain.kernel.options.config import check_function
+    from nbtrain.kernel.options.function import check_function
     from nbtrain.kernel.options.interface import UserCall
     from nbtrain.kernel.options.names import command_line
     from nbtrain.kernel.options.requested import Requested

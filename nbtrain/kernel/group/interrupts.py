@@ -58,13 +58,13 @@ class Interrupts:
         acting = 2 if self.graceful else 1  # the press that acts at once
 
         def check() -> None:
-            if not presses or (supervisor is not None and supervisor.interrupted):
+            if not presses:
                 return
             if not self.keep and len(presses) >= acting:  # its KeyboardInterrupt was dropped
                 raise KeyboardInterrupt
             assert supervisor is not None  # (a graceful stop, or warm ranks: checked above)
-            if self.graceful and not supervisor.stop_asked:
-                supervisor.ask_to_stop()
+            # (each asks once: False if it was asked already, or the ranks were interrupted)
+            if self.graceful and supervisor.ask_to_stop():
                 self.say(f"{STOPPING} {self._again()}")
             if self.keep and len(presses) >= acting:
                 supervisor.interrupt()

@@ -1,6 +1,6 @@
 """The kernel's half of a rank's pdb (rank/debugger.py): the ``(Pdb) rank N>`` prompt.
 
-The watch loop (Supervisor.run) hands every ``Paused`` / ``Resumed`` event here and calls
+The watch loop (Supervisor.turn) hands every ``Paused`` / ``Resumed`` event here and calls
 ``turn`` after each pass: one rank at a time holds the prompt (the others wait their turn, and
 the prompt says so); its pdb output is printed, the human's line is read with ``input()`` (in a
 kernel: ipykernel's stdin request, the frontend's input box; in ``nbtrain launch``: the

@@ -6,13 +6,16 @@ The interface, in the order a user of the group calls it::
     group.start(emit, failed)               # place the ranks, open the channel (Supervisor)
     group.begin(ranks, emit, failed)        # warm: a new command's ranks and listeners
     with group.stopped_on_error(ending):    # whatever escapes: stop every rank, ending(exc)
-        group.watch(deadline, tick, interrupts)   # THE watch loop (Ctrl-C by Interrupts)
+        end = group.wait(deadline, tick, interrupts)  # THE watch (Ctrl-C by Interrupts):
+                                            # how it ended (ending.py), its stacks included
     group.stacks()                          # where each rank was, asked at a timeout
     group.stop(wait=...)                    # terminate, GRACE, kill; reap
     group.close()                           # pipes, processes, then the backend's own
+    group.shutdown()                        # stop + close, Ctrl-C held meanwhile
 
-The loop itself is ``Supervisor.run`` (supervisor.py: reads the pipes, notices exits, stops on a
-failure or the deadline); the group is the only caller that starts it for a launch or a command.
+Each turn of the watch is ``Supervisor.turn`` (supervisor.py: reads the pipes, notices exits,
+stops on a failure or the deadline; cell.py: a warm command's rules); the group is the only
+caller that turns it, in ``wait`` or, for torch's elastic agent, one ``turn`` at a time.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import time
 from collections.abc import Callable, Iterator
 
 from nbtrain.kernel.group.backend import Backend
+from nbtrain.kernel.group.cell import CellSupervisor
+from nbtrain.kernel.group.ending import Ending
 from nbtrain.kernel.group.interrupts import Interrupts, sigint_deferred
 from nbtrain.kernel.group.supervisor import EXIT_WAIT, Supervisor
 from nbtrain.kernel.procs import processes
@@ -53,7 +58,8 @@ class RankGroup:
         """Start the ranks and open their channel: the Supervisor that feeds ``emit`` every
         event and stops every rank once ``failed()`` (EXIT_WAIT, GRACE: read now)."""
         self.processes = self.backend.start()
-        self.supervisor = Supervisor(
+        kind = CellSupervisor if self.warm else Supervisor
+        self.supervisor = kind(
             self.processes, emit, failed=failed, grace=GRACE, exit_wait=EXIT_WAIT
         )
         return self.supervisor
@@ -61,10 +67,12 @@ class RankGroup:
     def begin(
         self, ranks: set[int], emit: Callable[[Event], None], failed: Callable[[], bool]
     ) -> None:
-        """Warm ranks: a command runs on ``ranks``; ``watch`` returns once each reported."""
-        self.channel.begin_cell(ranks, emit, failed)
+        """Warm ranks: a command runs on ``ranks``; ``wait`` returns once each reported."""
+        channel = self.channel
+        assert isinstance(channel, CellSupervisor), "begin() is for a warm group"
+        channel.begin_cell(ranks, emit, failed)
 
-    def watch(
+    def wait(
         self,
         deadline: float | None,
         tick: Callable[[], None],
@@ -72,26 +80,29 @@ class RankGroup:
         *,
         first: Callable[[], None] = _nothing,
         redraw: Callable[[], None] = _nothing,
-    ) -> None:
-        """The one watch loop: until every rank exited (warm: reported the command), with
-        ``tick`` after every turn and Ctrl-C as ``interrupts`` says. ``first`` runs under that
-        policy already (the warm ranks' commands are sent there); ``redraw`` draws the view
-        at once, before a rank's pdb prompt (pdbprompt.py) holds the loop."""
+    ) -> Ending:
+        """The one watch: until every rank exited (warm: reported the command), with ``tick``
+        after every turn and Ctrl-C as ``interrupts`` says; how it ended. ``first`` runs under
+        that policy already (the warm ranks' commands are sent there); ``redraw`` draws the
+        view at once, before a rank's pdb prompt (pdbprompt.py) holds the loop."""
         supervisor = self.channel
         supervisor.prompts.ready = redraw
         with interrupts.handling(supervisor) as check:
             first()
 
-            def turn() -> None:
+            def turned() -> None:
                 check()
                 tick()
 
-            supervisor.run(deadline, turn)
+            while supervisor.turn(deadline, turned) is None:
+                pass
         supervisor.drain()
+        return supervisor.ending()  # (after the last of the pipes was read)
 
-    def step(self, deadline: float | None) -> None:
-        """One turn of the loop, for callers whose loop is someone else's (torch's agent)."""
-        self.channel.step(deadline)
+    def turn(self, deadline: float | None, tick: Callable[[], None] = _nothing) -> Ending | None:
+        """One turn of the watch, for callers whose loop is someone else's (torch's agent):
+        how it ended once it has, else None."""
+        return self.channel.turn(deadline, tick)
 
     @contextlib.contextmanager
     def stopped_on_error(self, ending: Callable[[BaseException], None]) -> Iterator[None]:
@@ -127,6 +138,13 @@ class RankGroup:
         if self.supervisor is not None and not self.warm:
             self.supervisor.drain()
 
+    def shutdown(self) -> None:
+        """``stop`` then ``close``, a Ctrl-C meanwhile held, then raised (idempotent): how the
+        elastic agent ends each attempt's group, whatever ended it."""
+        with sigint_deferred():
+            self.stop()
+            self.close()
+
     def close(self) -> None:
         """Close the pipes and the process handles, then free the backend's own (idempotent)."""
         if self.closed:
@@ -137,7 +155,7 @@ class RankGroup:
 
     @property
     def channel(self) -> Supervisor:
-        """The Supervisor reading the ranks' pipes (its flags: stopping, timed_out, ...)."""
+        """The Supervisor reading the ranks' pipes (how the watch ended: ``wait``'s value)."""
         if self.supervisor is None:
             raise RuntimeError("the rank group was not started: call start() first")
         return self.supervisor

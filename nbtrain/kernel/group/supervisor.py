@@ -1,26 +1,27 @@
 """The kernel's watch loop over running ranks: read pipes, notice exits, stop on failure.
 
-Started only through a ``RankGroup`` (group/): ``RankGroup.watch`` runs it for a launch or a
-warm command, ``RankGroup.step`` turns it from torch's elastic agent.
+Started only through a ``RankGroup`` (group/): ``RankGroup.wait`` turns it for a launch or a
+warm command and returns how it ended (ending.py); torch's elastic agent turns it from its own
+loop (``RankGroup.turn``). The rules of a warm command (one cell on ranks that stay) are the
+subclass in cell.py.
 
-Single-threaded and non-blocking: every pipe is read in whatever chunks are available, so a rank
-that dies mid-message or a huge result can never stall the loop, and a kernel interrupt is
-handled at once. Each pass reads at most READ_BUDGET bytes per pipe: a rank printing in a tight
-loop cannot keep the loop from its other duties (timeout, peers' failures, redraws).
+Single-threaded and non-blocking (the pipes: pipes.py), so a kernel interrupt is handled at
+once.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
+from nbtrain.kernel.group.ending import Ending, How
 from nbtrain.kernel.group.fdwait import Poller
+from nbtrain.kernel.group.lingering import EXIT_WAIT, Lingering
 from nbtrain.kernel.group.outorder import OutputOrder
 from nbtrain.kernel.group.pdbprompt import Prompts
+from nbtrain.kernel.group.pipes import Pipes
 from nbtrain.kernel.group.postmortem import FirstFailure
 from nbtrain.kernel.procs.processes import (
     RankProcess,
@@ -38,7 +39,6 @@ from nbtrain.shared.events import (
     Exited,
     Failed,
     Finished,
-    FrameDecoder,
     Output,
     Paused,
     Resumed,
@@ -46,30 +46,11 @@ from nbtrain.shared.events import (
     Stopped,
     now,
 )
-from nbtrain.shared.lines import LineSplitter
 from nbtrain.shared.stopping import STOP_SIGNAL
 
 TICK = 0.05  # seconds: the loop wakes at least this often to refresh the view and check limits
-READ_SIZE = 1 << 16  # bytes per read
-READ_BUDGET = 4 * READ_SIZE  # bytes read from one pipe per pass of the loop (unbounded at the end)
-# Seconds a rank that reported Finished/Failed may take to exit by itself. Interpreter shutdown
-# waits for non-daemon threads (and multiprocessing for non-daemon children): one left running
-# would keep the launch from ever returning.
-EXIT_WAIT = 10.0  # generous: a loaded machine can take seconds to finalize a spawned rank
-MAX_LOAD_FACTOR = 6.0  # the most a busy machine stretches EXIT_WAIT (a rank naming nothing)
-# Warm ranks (kernel/warm/): seconds the other ranks of a cell get to finish (or fail) after
-# one failed, and to return to idle after an interrupt, before they count as stuck.
-STUCK_GRACE = 1.0
 
-
-@dataclass
-class _Stream:
-    rank: int
-    kind: str  # "stdout" | "stderr" | "events"
-    fd: int
-    splitter: LineSplitter = field(default_factory=LineSplitter)
-    decoder: FrameDecoder = field(default_factory=FrameDecoder)
-    open: bool = True
+__all__ = ["EXIT_WAIT", "TICK", "Supervisor"]
 
 
 class Supervisor:
@@ -86,18 +67,14 @@ class Supervisor:
         self._emit = emit
         self._failed = failed
         self._grace = grace
-        self._exit_wait = exit_wait
-        self._streams: dict[int, _Stream] = {}
         self._poller = Poller()  # registered once: wait() would rebuild it every pass
         # A rank's lines and displays come through separate pipes: put back in its order.
         self._order = OutputOrder(lambda event: self._emit(event))
+        self._pipes = Pipes(ranks, lines=self._lines, event=self._emit_event,
+                            flushed=lambda output: self._order.line(output.rank, output))
         self._processes = {rank_process.rank: rank_process for rank_process in ranks}
-        for rank_process in ranks:
-            out, err, evt = rank_process.pipes.reader_fds()
-            for kind, fd in (("stdout", out), ("stderr", err), ("events", evt)):
-                self._streams[fd] = _Stream(rank_process.rank, kind, fd)
-        self.timed_out = False
-        self.stopping = False
+        # How the watch is ending (read through ending(), once it has).
+        self._timed_out = self._stopping = self._interrupted = self._stop_asked = False
         self._started: set[int] = set()
         # Where each rank is (stacks.py): the stderr of each asked rank since the last request,
         # until when the answers are awaited, whether the request came before stopping the
@@ -111,75 +88,62 @@ class Supervisor:
         # stacks it was asked for), and the pdb prompt's time then (not the run's time).
         self.active_at = time.monotonic()
         self.paused_then = 0.0
-        # Ranks that sent Finished/Failed: already on their way out.
-        self._reported: set[int] = set()
-        # Per process (key: its rank): the ranks its events named as started and as reported
-        # (an XLA host process speaks for several ordinals), when all of them had reported, and
-        # the names of what still ran in it when its function returned.
-        self._speaks_for: dict[int, set[int]] = {rp.rank: set() for rp in ranks}
-        self._done_for: dict[int, set[int]] = {rp.rank: set() for rp in ranks}
-        self._done_at: dict[int, float] = {}
-        self._lingering: dict[int, tuple[str, ...]] = {}
-        # Warm ranks: the ranks of the current cell (None: a launch, watched until all exit),
-        # when they were interrupted or one failed (the others' grace starts), and whether
-        # some were stuck past it (then every rank is stopped and the session restarts).
-        self._cell: set[int] | None = None
-        self._grace_from: float | None = None
-        self.interrupted = False
-        self.stuck = False
-        self.stop_asked = False  # a graceful stop was asked for (ask_to_stop)
-        self._asked: set[int] = set()
+        self._reported: set[int] = set()  # ranks that sent Finished/Failed: on their way out
+        self._lingering = Lingering(self._processes, exit_wait)
+        self._asked: set[int] = set()  # ranks asked to stop gracefully (ask_to_stop)
         # breakpoint() in a rank: its pdb prompt, asked from this loop (pdbprompt.py)
         self.prompts = Prompts({rp.rank: rp.pipes.debug_w for rp in ranks})
         self._post_mortem = FirstFailure()  # debug=True: the failed rank whose prompt stays
 
-    def run(self, deadline: float | None, tick: Callable[[], None]) -> None:
-        """Return when every rank has exited and been reaped."""
-        while self.running:
-            self.step(deadline)
-            tick()  # (before a prompt: the view shows the rank paused while the human types)
-            self.prompts.turn()
+    def turn(self, deadline: float | None, tick: Callable[[], None]) -> Ending | None:
+        """One turn of the watch: the loop's step, ``tick`` (before a prompt: the view shows
+        the rank paused while the human types), a rank's pdb prompt; how the watch ended once
+        it has (every rank exited and was reaped; warm: reported the command), else None."""
+        self.step(deadline)
+        tick()
+        self.prompts.turn()
+        return None if self.running else self.ending()
 
     @property
     def running(self) -> bool:
-        """Some rank has not exited (or not been reaped) yet; in a cell (``begin_cell``), some
-        rank of the cell has not reported it yet (unless the ranks are being stopped)."""
-        if self._cell is None or self.stopping:
-            return any(not rp.reaped for rp in self.ranks)
-        return not self._cell <= self._reported
+        """Some rank has not exited (or not been reaped) yet."""
+        return any(not rp.reaped for rp in self.ranks)
 
-    # -- warm ranks: one cell at a time on processes that stay ----------------------------
+    def ending(self) -> Ending:
+        """How the watch ended (ending.py: the first reason that applies)."""
+        if self._timed_out:
+            how = How.TIMED_OUT
+        elif self._interrupted:
+            how = How.INTERRUPTED
+        elif self._stop_asked:
+            how = How.STOPPED
+        elif self._failed():
+            how = How.FAILED
+        else:
+            how = How.SUCCEEDED
+        return Ending(how, stacks=self.stuck_frames())
 
-    def begin_cell(self, ranks: set[int], emit: Callable[[Event], None],
-                   failed: Callable[[], bool]) -> None:
-        """A new cell runs on ``ranks`` (a warm session): ``run`` returns once each of them
-        reported Finished/Failed for it. The pipes' decoders carry over; the rest is new."""
-        self._cell = set(ranks)
-        self._emit, self._failed = emit, failed
-        self._reported.clear()
-        self._started.clear()
-        self._dumps, self._grace_from, self._final = None, None, False
-        self._answers.clear()
-        self.timed_out = self.interrupted = self.stuck = self.stop_asked = False
-        self._asked.clear()
-        self.prompts.paused_for = 0.0
-        self._active()
-
-    def interrupt(self) -> None:
-        """Ctrl-C (or the cell's timeout): KeyboardInterrupt in every rank still in the cell;
-        those not back within STUCK_GRACE count as stuck."""
-        self.interrupted = True
+    def interrupt(self) -> bool:
+        """Ctrl-C for the ranks alone (warm ranks: their command is interrupted, the processes
+        stay): KeyboardInterrupt in every rank still working. False: they already were."""
+        if self._interrupted:
+            return False
+        self._interrupted = True
         for rank_process in self.ranks:
-            if rank_process.rank in self._cell_waiting():
+            if rank_process.rank in self._waiting():
                 send_signal(rank_process, signal.SIGINT)  # the rank alone, not its workers
-        self._start_grace()
+        return True
 
-    def ask_to_stop(self) -> None:
+    def ask_to_stop(self) -> bool:
         """A graceful stop (on_interrupt="checkpoint"): each rank still working is asked to
         save at its next optimizer step and leave (shared/stopping.py). A rank whose handler
-        is not installed yet (not Started) is asked as soon as it starts."""
-        self.stop_asked = True
+        is not installed yet (not Started) is asked as soon as it starts. False: it was asked
+        already, or the ranks were interrupted (nothing more to ask)."""
+        if self._stop_asked or self._interrupted:
+            return False
+        self._stop_asked = True
         self._ask_pending()
+        return True
 
     def _ask_pending(self) -> None:
         if STOP_SIGNAL is None:
@@ -194,71 +158,48 @@ class Supervisor:
             # The rank alone: its DataLoader workers have no part in it.
             send_signal(rank_process, STOP_SIGNAL)
 
-    def _cell_waiting(self) -> set[int]:
-        return (self._cell or set()) - self._reported
-
-    def _start_grace(self) -> None:
-        if self._grace_from is None:
-            self._grace_from = time.monotonic()
-
-    def _watch_cell(self, deadline: float | None) -> None:
-        """A cell's rules: a rank that exits breaks the world (stop all: the session restarts);
-        a failure or an interrupt gives the others STUCK_GRACE to report; past it, their
-        stacks are asked for and every rank is stopped."""
-        if self.stopping:
-            return
-        if any(rp.reaped for rp in self.ranks):
-            self.stop_all()
-            return
-        if self._failed():
-            self._start_grace()
-        if deadline is not None and time.monotonic() >= deadline and not self.interrupted:
-            self.timed_out = True
-            self.interrupt()
-        if self._grace_from is not None and time.monotonic() - self._grace_from >= STUCK_GRACE:
-            self._stop_stuck()
-
-    def _stop_stuck(self) -> None:
-        if not self._final:
-            self._request_stacks(self._cell_waiting(), final=True)
-        if not self._dumps or time.monotonic() >= self._dump_until:
-            self.stuck = True
-            self.stop_all()
+    def _waiting(self) -> set[int]:
+        """The ranks whose ending this watch still waits for."""
+        return {rp.rank for rp in self.ranks} - self._reported
 
     def step(self, deadline: float | None) -> None:
-        """One turn of the loop (at most about TICK seconds); callers that own the loop, such
-        as torch's elastic agent (agent.py), call it themselves."""
+        """One pass of the loop (at most about TICK seconds): read, collect exits, apply the
+        rules (``_watch``), kill what overstayed its stop."""
         if deadline is not None:  # a human at a rank's pdb prompt: not the run's time
             deadline += self.prompts.paused_for
         by_sentinel = {rp.sentinel: rp for rp in self.ranks if not rp.reaped}
-        watched = [s.fd for s in self._streams.values() if s.open] + list(by_sentinel)
-        if self.stop_asked:
+        watched = self._pipes.open_fds() + list(by_sentinel)
+        if self._stop_asked:
             self._ask_pending()
         for ready in self._poller.wait(watched, self._wait_time(deadline)):
-            if ready in self._streams:
-                self._pump(self._streams[ready], budget=READ_BUDGET)
+            self._pipes.read(ready)
         self._order.expire()
         # A failure that arrived as an event stops the others before exits are collected, so a
         # rank that reported it and already exited still counts as asked to stop (the view shows
         # a peer-loss rank as stopped, not failed).
-        if self._cell is None and not self.stopping and self._failed():
-            self.stop_all()
+        self._stop_on_failure()
         for rank_process in by_sentinel.values():
             # Not the sentinel alone: a rank's forked DataLoader workers hold it open. Nor
             # process.exitcode, which would reap the rank before reap() could use its pid.
             if has_exited(rank_process):
                 self._collect(rank_process)
         self._answer_where()
-        if self._cell is not None:
-            self._watch_cell(deadline)
-            kill_overdue(self._killable(), self._grace)
-            return
-        if not self.stopping and self._failed():
-            self.stop_all()
-        if deadline is not None and not self.stopping and time.monotonic() >= deadline:
-            self._time_out()
-        self._stop_lingering()
+        self._watch(deadline)
         kill_overdue(self._killable(), self._grace)
+
+    def _stop_on_failure(self) -> None:
+        if not self._stopping and self._failed():
+            self.stop_all()
+
+    def _watch(self, deadline: float | None) -> None:
+        """A launch's rules: a failure stops every rank; so does the deadline, once the ranks
+        were asked where they are; a rank that returned but does not exit is stopped."""
+        self._stop_on_failure()
+        if deadline is not None and not self._stopping and time.monotonic() >= deadline:
+            self._time_out()
+        for rank_process, why in self._lingering.overdue(self._processes):
+            self._emit(Output(rank_process.rank, "stderr", why))
+            request_stop(rank_process)
 
     def _killable(self) -> list[RankProcess]:
         """Not a failed rank at its post-mortem prompt (debug=True): its stop waits for it."""
@@ -278,38 +219,12 @@ class Supervisor:
         if isinstance(event, Resumed) and rank_process.stop_requested_at is not None:
             rank_process.stop_requested_at = time.monotonic()
 
-    def _stop_lingering(self) -> None:
-        """Stop a rank that reported but has not exited within ``exit_wait``: its result is in.
-        A rank that named what keeps it alive (a non-daemon thread or child) gets that wait; one
-        that named nothing is only slow to shut down (a busy machine): its wait grows with the
-        machine's load, and the note blames nothing of the user's."""
-        now = time.monotonic()
-        for rank, done_at in list(self._done_at.items()):
-            rank_process = self._processes[rank]
-            names = self._lingering.get(rank, ())
-            wait = self._exit_wait * (1.0 if names else _load_factor())
-            if now - done_at < wait or rank_process.reaped or rank_process.stop_requested_at:
-                continue
-            del self._done_at[rank]
-            if names:
-                why = (
-                    f"did not exit within {wait:g}s ({', '.join(names)} still running); "
-                    "stopped it. Make such threads daemon=True or join them before returning."
-                )
-            else:
-                why = (
-                    f"its process was still shutting down after {wait:.0f}s (nothing of the "
-                    f"function's was left running; machine load {_load():.1f}); stopped it."
-                )
-            self._emit(Output(rank, "stderr", f"[nbtrain] rank {rank} returned, but {why}"))
-            request_stop(rank_process)
-
     def _time_out(self) -> None:
         """First ask the ranks still running where they are (see stacks.py), then stop them."""
         if not self._final:
             self._request_stacks(None, final=True)
         if not self._dumps or time.monotonic() >= self._dump_until:
-            self.timed_out = True
+            self._timed_out = True
             self.stop_all()
 
     # -- where each rank is ------------------------------------------------------------------
@@ -362,7 +277,7 @@ class Supervisor:
         picture = {}
         for rank_process in self.ranks:
             rank = rank_process.rank
-            if self._cell is not None and rank not in self._cell_waiting():
+            if self._resting(rank):
                 where = stacks.RankStack(note=self._outside(rank))
             elif rank in dumps:
                 where = stacks.rank_stack(dumps[rank])
@@ -373,9 +288,11 @@ class Supervisor:
             picture[rank] = where
         return picture
 
+    def _resting(self, rank: int) -> bool:
+        """Not asked, and nothing to ask: a warm rank outside the command (cell.py)."""
+        return False
+
     def _outside(self, rank: int) -> str:
-        if self._cell is not None and rank not in self._cell_waiting():
-            return "idle (between cells)" if rank not in self._cell else "returned"
         return "outside the function (starting, or returned)"
 
     def _unasked(self, rank_process: RankProcess) -> str:
@@ -390,11 +307,11 @@ class Supervisor:
     def stop_all(self) -> None:
         """SIGTERM the ranks still working; ranks that already reported get the grace period to
         exit by themselves (their own exit code is the truthful one) before SIGKILL."""
-        self.stopping = True
+        self._stopping = True
         for rank_process in self.ranks:
             request_stop(rank_process, terminate=rank_process.rank not in self._reported)
 
-    def _emit_event(self, event: Event, process_rank: int) -> None:
+    def _emit_event(self, process_rank: int, event: Event) -> None:
         self._active()
         if isinstance(event, (Paused, Resumed)) and event.rank in self._reported:
             self._post_mortem_event(event, process_rank)
@@ -403,9 +320,7 @@ class Supervisor:
             return
         if isinstance(event, Display):
             # Its marks are in the stdout and stderr pipes already (written before it).
-            for stream in self._streams.values():
-                if stream.rank == process_rank and stream.kind != "events":
-                    self._pump(stream, budget=READ_BUDGET)
+            self._pipes.read_rank(process_rank, outputs_only=True)
             self._order.display(process_rank, event)
             return
         rank_process = self._processes[process_rank]
@@ -416,23 +331,14 @@ class Supervisor:
         if isinstance(event, (Finished, Failed, Stopped)):
             self.prompts.forget(event.rank)
             self._reported.add(event.rank)
-            self._done_for[process_rank].add(event.rank)
-            if isinstance(event, Finished) and event.lingering:
-                self._lingering[process_rank] = event.lingering
+            names = event.lingering if isinstance(event, Finished) else ()
+            self._lingering.reported(process_rank, event.rank, names)
         elif isinstance(event, Started):
             self._started.add(event.rank)
-            self._speaks_for[process_rank].add(event.rank)
-        done = self._done_for[process_rank]
-        # (a process that reported nothing yet, only a start-up phase, is not done)
-        if done and self._speaks_for[process_rank] <= done:
-            self._done_at.setdefault(process_rank, time.monotonic())
-        else:
-            self._done_at.pop(process_rank, None)  # an XLA host: another ordinal started
+            self._lingering.started(process_rank, event.rank)
         self._emit(event)
 
     def _wait_time(self, deadline: float | None) -> float:
-        if self._cell is not None and (self._grace_from is not None or self._dumps is not None):
-            return TICK
         if deadline is None:
             return TICK
         if self._dumps is not None and self._final:
@@ -443,9 +349,7 @@ class Supervisor:
         observed = now()  # when the death was seen: reading the pipes below takes time
         # Everything the rank wrote before it died is already in its pipes: read it first, so
         # its Finished/Failed event is known before its exit is.
-        for stream in self._streams.values():
-            if stream.rank == rank_process.rank:
-                self._pump(stream)
+        self._pipes.read_rank(rank_process.rank)
         self._order.release(rank_process.rank)
         exitcode = reap(rank_process)
         self.prompts.forget(rank_process.rank)
@@ -463,74 +367,25 @@ class Supervisor:
 
     def drain(self) -> None:
         """Read what is left in every pipe and flush partial lines (after all ranks ended)."""
-        for stream in self._streams.values():
-            self._pump(stream)
-            if stream.kind != "events":
-                for line in stream.splitter.flush():
-                    self._order.line(stream.rank, Output(stream.rank, stream.kind, line))
+        self._pipes.drain()
         self._order.release()
 
-    def _pump(self, stream: _Stream, budget: int | None = None) -> None:
-        """Read what the pipe holds (at most ``budget`` bytes; all of it when None)."""
-        taken = 0
-        while stream.open and (budget is None or taken < budget):
-            try:
-                chunk = _read(stream.fd)
-            except BlockingIOError:
-                return
-            except OSError:
-                chunk = b""
-            if not chunk:
-                stream.open = False
-                if stream.kind != "events":
-                    for line in stream.splitter.flush():
-                        self._order.line(stream.rank, Output(stream.rank, stream.kind, line))
-                return
-            taken += len(chunk)
-            if stream.kind == "events":
-                self._decode(stream, chunk)
-            else:
-                self._lines(stream, stream.splitter.feed(chunk))
-
-    def _lines(self, stream: _Stream, lines: list[str]) -> None:
-        asked = self._dumps is not None and stream.kind == "stderr" and stream.rank in self._dumps
+    def _lines(self, rank: int, kind: str, lines: list[str]) -> None:
+        asked = self._dumps is not None and kind == "stderr" and rank in self._dumps
         for line in lines:
             dump = asked and stacks.is_dump_line(line)
             if dump:
                 assert self._dumps is not None
-                self._dumps[stream.rank].append(line)
+                self._dumps[rank].append(line)
             else:
                 self._active()
             # A timeout's dumps are shown in the cell; where()'s only in the rank's log.
-            output = Output(stream.rank, stream.kind, line, dump=dump and self._final,
+            output = Output(rank, kind, line, dump=dump and self._final,
                             aside=dump and not self._final)
-            self._order.line(stream.rank, output)
-
-    def _decode(self, stream: _Stream, chunk: bytes) -> None:
-        for event in stream.decoder.feed(chunk):
-            self._emit_event(event, stream.rank)
-        for problem in stream.decoder.take_problems():  # the frames after it still count
-            self._emit(Output(stream.rank, "stderr", f"[nbtrain] protocol error: {problem}"))
+            self._order.line(rank, output)
 
 
 def _after_stop(event: Failed, rank_process: RankProcess) -> bool:
     """Was this failure raised after the launcher signalled the rank to stop?"""
     sent = rank_process.stop_signalled_at
     return sent is not None and event.time >= sent
-
-
-def _read(fd: int) -> bytes:
-    return os.read(fd, READ_SIZE)
-
-
-def _load() -> float:
-    try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):  # no load average here (Windows)
-        return 0.0
-
-
-def _load_factor() -> float:
-    """How much slower than idle this machine runs: load per core, 1 at most idle."""
-    cores = os.cpu_count() or 1
-    return min(MAX_LOAD_FACTOR, max(1.0, _load() / cores))

@@ -15,9 +15,9 @@ import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from nbtrain.kernel.group.ending import Ending, How
 from nbtrain.kernel.host import environment
 from nbtrain.kernel.options.config import LaunchConfig
 from nbtrain.kernel.run.lifecycle import Run
@@ -25,7 +25,6 @@ from nbtrain.kernel.specs.rendezvous import open_local
 from nbtrain.shared.events import CallbackSink, Event, Exited, Finished, Started, Stopped
 from nbtrain.shared.serialization import unpack
 from nbtrain.shared.specs import RankInfo
-from nbtrain.shared.stacks import RankStack
 from nbtrain.shared.stopping import TrainingStopped
 
 if TYPE_CHECKING:
@@ -51,17 +50,6 @@ class InProcess:
         return run_in_process(options.config, *call)
 
 
-@dataclass
-class _Ended:
-    """How the call ended, read by ``Run.finish`` as it reads a Supervisor's flags."""
-
-    timed_out: bool = False
-    stop_asked: bool = False  # (a graceful stop ends the call with TrainingStopped)
-
-    def stuck_frames(self) -> dict[int, RankStack]:
-        return {}  # where the function was is in its own traceback, in this process
-
-
 def run_in_process(
     config: LaunchConfig, function: Callable[..., Any], args: tuple, kwargs: dict[str, Any]
 ) -> Any:
@@ -80,7 +68,7 @@ def run_in_process(
     rank_runtime = runtime.Runtime(RankInfo(0, 0, 1, 1), CallbackSink(emit), precision,
                                    in_kernel=True, stopping=config.stopping)
     emit(Started(0, os.getpid(), _device(), socket.gethostname()))
-    ended = _Ended()
+    how = How.SUCCEEDED  # how the call ended (no stacks: its own traceback says where)
     raised: BaseException | None = None
     values: dict[int, Any] | None = None  # the call's value, once it returned
     try:
@@ -93,9 +81,10 @@ def run_in_process(
         ):
             value = _call(function, args, kwargs)
     except TrainingStopped as stop:
+        how = How.STOPPED
         emit(Stopped(0, stop.step, stop.path))
     except _Expired:
-        ended.timed_out = True
+        how = How.TIMED_OUT
     except KeyboardInterrupt as exc:
         run.abandon(exc)
         raise
@@ -103,13 +92,13 @@ def run_in_process(
         if isinstance(exc, SystemExit) and _exit_code(exc) == 0:
             values = {0: None}  # sys.exit() / sys.exit(0): a clean end without a value
         else:
-            raised = _failed(exc, config, emit)
+            how, raised = How.FAILED, _failed(exc, config, emit)
     else:
         values = {0: _to_cpu(value)}
     if values is not None:
         emit(Finished(0, None))
-    emit(_exit(ended, raised))
-    return run.finish(ended, values=values, raised=raised)
+    emit(_exit(how, raised))
+    return run.finish(Ending(how), values=values, raised=raised)
 
 
 def _call(function: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
@@ -147,9 +136,9 @@ def _exit_code(exc: BaseException | None) -> int:
     return exit_code_of(exc) if isinstance(exc, SystemExit) else 1
 
 
-def _exit(ended: _Ended, raised: BaseException | None) -> Exited:
+def _exit(how: How, raised: BaseException | None) -> Exited:
     """Rank 0's exit, as a process's would be seen: stopped by the launcher at a timeout."""
-    if ended.timed_out:
+    if how is How.TIMED_OUT:
         return Exited(0, None, None, stopped_by_launcher=True)
     return Exited(0, _exit_code(raised), None, stopped_by_launcher=False)
 

@@ -133,7 +133,7 @@ def _run_xla(config: LaunchConfig, call: PreparedCall) -> Any:
         before=lambda: call.commit(run.say, len(ordinals)),  # big data into shared memory
     )
     # (fan_out reads run.outcome when called: it is the run's, for the whole launch)
-    supervisor = run.supervise(
+    ending = run.supervise(
         RankGroup(backend), emit=fan_out(ordinals, lambda: run.outcome, run.emit)
     )
-    return run.finish(supervisor)
+    return run.finish(ending)

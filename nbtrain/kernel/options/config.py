@@ -6,7 +6,6 @@ value it got, and what to pass instead.
 
 from __future__ import annotations
 
-import inspect
 import math
 import numbers
 import re
@@ -83,74 +82,6 @@ def whole(name: str, value: object, minimum: int, fix: str = "") -> int:
     if value < minimum:
         raise ValueError(f"{setting(name, value)} must be >= {minimum}.{fix}")
     return int(value)
-
-
-def check_function(function: object, args: object, kwargs: object) -> tuple[tuple, dict]:
-    """The function is callable and (args, kwargs) bind to its signature."""
-    if not callable(function):
-        raise TypeError(
-            f"function={function!r} is not callable. Pass the function itself, e.g. "
-            "notebook_launcher(train, args=(...)), not the result of calling it (train())."
-        )
-    if inspect.iscoroutinefunction(function):
-        raise TypeError(
-            f"function={function!r} is an async function (async def): each rank calls it "
-            "without an event loop, so it would only create a coroutine. Define it with def."
-        )
-    if not isinstance(args, (tuple, list)):
-        raise TypeError(_args_message(args))
-    if kwargs is not None and not isinstance(kwargs, dict):
-        hint = ""
-        if isinstance(kwargs, numbers.Integral) and not isinstance(kwargs, bool):
-            # Accelerate's notebook_launcher(function, args, num_processes): here the third
-            # positional parameter is kwargs.
-            hint = (
-                f" The third positional parameter of notebook_launcher is kwargs (in "
-                f"Accelerate it is num_processes): pass num_processes={kwargs!r} by name."
-            )
-        raise TypeError(f"kwargs={kwargs!r} must be a dict of keyword arguments or None.{hint}")
-    args, kwargs = tuple(args), dict(kwargs or {})
-    try:
-        signature = inspect.signature(function)
-    except (TypeError, ValueError):  # builtins without a signature: let the call decide
-        return args, kwargs
-    try:
-        signature.bind(*args, **kwargs)
-    except TypeError as exc:
-        name = getattr(function, "__name__", repr(function))
-        raise TypeError(
-            f"args={args!r}, kwargs={kwargs!r} do not fit {name}{signature}: {exc}."
-            + _rank_parameter_hint(signature)
-        ) from None
-    return args, kwargs
-
-
-def _args_message(args: object) -> str:
-    if isinstance(args, dict):
-        return (
-            f"args={args!r} is a dict: pass keyword arguments as kwargs={args!r} (args= takes "
-            "a tuple of positional arguments)."
-        )
-    if isinstance(args, str):
-        return (
-            f"args={args!r} is a string, not a tuple: a one-element tuple needs a trailing "
-            f"comma, args=({args!r},)."
-        )
-    return (
-        f"args={args!r} must be a tuple of positional arguments, e.g. args=({args!r},) "
-        "for a single argument."
-    )
-
-
-def _rank_parameter_hint(signature: inspect.Signature) -> str:
-    params = list(signature.parameters)
-    if params and params[0] in {"rank", "local_rank", "process_index", "index", "i"}:
-        return (
-            f" nbtrain does not pass the rank as the first argument (torch.multiprocessing.spawn"
-            f" does): drop the '{params[0]}' parameter and read it inside the function with "
-            "Accelerator().process_index or int(os.environ['RANK'])."
-        )
-    return " Pass args=(...) and kwargs={...} matching the function's parameters."
 
 
 def _check_gpu_ids(gpu_ids: object) -> tuple[int, ...] | None:
@@ -316,11 +247,7 @@ def build_config(
 ) -> LaunchConfig:
     output_mode = choice("output", output, OutputMode)
     progress_mode = choice("progress", progress, ProgressMode)
-    precision = (
-        None
-        if mixed_precision is None
-        else parse_mixed_precision(mixed_precision, setting("mixed_precision", mixed_precision))
-    )  # the Accelerator's parser: the same message for 'fp8' from either
+    precision = _check_precision(mixed_precision)
     if not isinstance(return_all, bool):
         raise TypeError(f"return_all={return_all!r} must be True or False.")
     nodes, rank_of_node, endpoint = _check_nodes(num_nodes, node_rank, rdzv_endpoint)
@@ -329,12 +256,7 @@ def build_config(
     xla = _xla_target(allow_xla, ids)
     processes = _check_num_processes(num_processes, ids, xla)
     start = _start_for(start_method, ids, xla)
-    counted = ""
-    if xla is not None:
-        mode = precision.value if precision else None
-        counted = tpu.check_launch(
-            xla, processes, nodes, restarts, mode, environment.variables()
-        )
+    counted = _xla_counted(xla, processes, nodes, restarts, precision)
     return LaunchConfig(
         num_processes=processes,
         start=start,
@@ -353,6 +275,24 @@ def build_config(
         xla_device=xla.device if xla is not None else "",
         xla_counted=counted,
     )
+
+
+def _check_precision(mixed_precision: object) -> MixedPrecision | None:
+    """The Accelerator's parser: the same message for 'fp8' from either."""
+    if mixed_precision is None:
+        return None
+    return parse_mixed_precision(mixed_precision, setting("mixed_precision", mixed_precision))
+
+
+def _xla_counted(
+    xla: tpu.XlaTarget | None, processes: int, nodes: int, restarts: int,
+    precision: MixedPrecision | None,
+) -> str:
+    """An XLA launch's checks (shared/tpu.py); what they counted, for the view."""
+    if xla is None:
+        return ""
+    mode = precision.value if precision else None
+    return tpu.check_launch(xla, processes, nodes, restarts, mode, environment.variables())
 
 
 def _check_nodes(

@@ -23,7 +23,7 @@ from nbtrain.kernel.options.requested import Requested
 
 
 class UserCall(NamedTuple):
-    """What a launch runs: ``function(*args, **kwargs)`` (config.check_function checked it);
+    """What a launch runs: ``function(*args, **kwargs)`` (function.check_function checked it);
     a tuple, so ``prepare_call(*call, method)`` takes it as it is."""
 
     function: Callable[..., Any]

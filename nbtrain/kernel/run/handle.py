@@ -197,8 +197,7 @@ class Run:
             supervisor.ask_where(self._got_where)
         asked, self._stop = self._stop, None
         if asked == "checkpoint" and supervisor is not None:
-            if not supervisor.stop_asked:
-                supervisor.ask_to_stop()
+            if supervisor.ask_to_stop():  # (False: asked already)
                 lifecycle.say("run.stop(checkpoint=True): stopping at the next optimizer step "
                               "to save a checkpoint…")
         elif asked is not None and self.holds is not None and supervisor is not None:

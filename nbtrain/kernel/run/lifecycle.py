@@ -21,8 +21,8 @@ The interface, in the order a launch uses it::
 
     run = Run(config, ranks, title)     # shows the view at once
     run.emit(event)                     # every event, from a Supervisor or in process
-    run.supervise(group)                # start the group, watch until every rank exited
-    value = run.finish(supervisor)      # deliver, or raise the root cause / TimeoutError /
+    ending = run.supervise(group)       # start the group, watch until every rank exited
+    value = run.finish(ending)          # deliver, or raise the root cause / TimeoutError /
                                         # the graceful stop (in process: finish(ending, ...))
 
 plus ``tick()`` (a throttled redraw), ``say(text)`` (a node-level status), ``interrupts()``
@@ -36,7 +36,7 @@ import contextlib
 import io
 import time
 from collections.abc import Callable
-from typing import Any, NoReturn, Protocol, TextIO, cast
+from typing import Any, NoReturn, TextIO, cast
 
 from nbtrain.display import View, make_view
 from nbtrain.display.background import Pane, PaneDisplay, PaneStream, Recorded
@@ -46,8 +46,8 @@ from nbtrain.display.groups import is_wide
 from nbtrain.display.runstate import RunState, Verdict
 from nbtrain.display.text import TextView
 from nbtrain.kernel.group import Interrupts, RankGroup
+from nbtrain.kernel.group.ending import Ending, How
 from nbtrain.kernel.group.outcome import Outcome
-from nbtrain.kernel.group.supervisor import Supervisor
 from nbtrain.kernel.host import cellnames
 from nbtrain.kernel.options.config import LaunchConfig, ProgressMode
 from nbtrain.kernel.options.names import given, to_raise
@@ -59,20 +59,7 @@ from nbtrain.shared.events import Display, Event, Status, Stopped
 
 REFRESH = 0.1  # seconds between redraws of the view (about 10 per second)
 
-__all__ = ["REFRESH", "Ending", "Run", "open_view"]
-
-
-class Ending(Protocol):
-    """How a launch's watch ended, as ``Run.finish`` reads it: a Supervisor's flags, or the
-    in-process path's own (inprocess.py: no processes, no stacks to ask)."""
-
-    @property
-    def stop_asked(self) -> bool: ...
-
-    @property
-    def timed_out(self) -> bool: ...
-
-    def stuck_frames(self) -> dict[int, stacks.RankStack]: ...
+__all__ = ["REFRESH", "Run", "open_view"]
 
 
 def open_view(config: LaunchConfig) -> View:
@@ -260,23 +247,23 @@ class Run:
 
     def supervise(
         self, group: RankGroup, *, emit: Callable[[Event], None] | None = None
-    ) -> Supervisor:
+    ) -> Ending:
         """Start the group's ranks and watch them until every one exited (``emit``: how events
-        reach the run; the XLA host fans its exit out to ordinals). Whatever interrupts it
-        (Ctrl-C, an error here) stops every rank first, ends the view, closes the group and
-        re-raises."""
+        reach the run; the XLA host fans its exit out to ordinals): how the watch ended.
+        Whatever interrupts it (Ctrl-C, an error here) stops every rank first, ends the view,
+        closes the group and re-raises."""
         __tracebackhide__ = True
         self.start_clock()
         self.watching(group)
         try:
             with group.stopped_on_error(self.abandon):
-                supervisor = group.start(emit or self.emit, self.outcome.has_failure)
-                group.watch(self.deadline, self.tick, self.interrupts(), redraw=self.redraw)
+                group.start(emit or self.emit, self.outcome.has_failure)
+                ending = group.wait(self.deadline, self.tick, self.interrupts(), redraw=self.redraw)
         except KeyboardInterrupt:
             # Where the watch loop was is no news to the user: the cell line and this.
             raise KeyboardInterrupt(f"every rank was stopped{self._kept()}") from None
         group.close()
-        return supervisor
+        return ending
 
     def interrupts(self, *, keep: bool = False) -> Interrupts:
         """This run's Ctrl-C policy (group/interrupts.py); ``keep``: warm ranks stay."""
@@ -309,7 +296,7 @@ class Run:
 
     def _interrupted_early(self, ending: Ending | None) -> bool:
         """A stop was asked for, and the ranks ended as interrupted (no place to stop at yet)."""
-        if ending is None or not ending.stop_asked:
+        if ending is None or ending.how is not How.STOPPED:
             return False
         failures = [self.outcome.records[rank].failure for rank in self.outcome.failed_ranks()]
         return all(f is not None and f.type_name == "KeyboardInterrupt" for f in failures)
@@ -323,7 +310,7 @@ class Run:
         values: dict[int, Any] | None = None,
         raised: BaseException | None = None,
     ) -> Any:
-        """The ranks ended (``ending``: how their watch ended, a Supervisor's flags): raise the
+        """The ranks ended (``ending``: how their watch ended, group/ending.py): raise the
         root cause, or TimeoutError, or the graceful stop, or return the values. The same
         order for every launch kind; in process, ``values`` and ``raised`` are the function's
         own value and exception (nothing was pickled)."""
@@ -337,8 +324,8 @@ class Run:
             )
         if self.outcome.has_failure():
             self.fail(self.outcome.error(node=self.config.node_rank), raised=raised)
-        if ending is not None and ending.timed_out:
-            self.time_out(ending.stuck_frames())
+        if ending is not None and ending.how is How.TIMED_OUT:
+            self.time_out(dict(ending.stacks))
         stops = self.outcome.stops()
         if stops:
             self.stopped(stops)

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from nbtrain.shared import sharedmem
+from nbtrain.shared import sharedmem, shmclean
 from nbtrain.shared.options import StartMethod
 from nbtrain.shared.serialization import PayloadError, describe_payload_error, find_path
 
@@ -61,7 +61,7 @@ class PreparedCall:
         if self.registry_key is not None:
             sharedmem.FORK_REGISTRY.pop(self.registry_key, None)
         if self.prefix:
-            sharedmem.remove_names(self.prefix + "*")
+            shmclean.remove_names(self.prefix + "*")
 
 
 def as_prepared(payload: bytes | PreparedCall) -> PreparedCall:
@@ -89,7 +89,7 @@ def prepare_call(
 ) -> PreparedCall:
     """Pickle ``function(*args, **kwargs)`` for ranks started with ``method``; ``local``
     False: ranks on other machines (a cluster), whose /dev/shm is not this one's: all inline."""
-    sharedmem.sweep_orphans()
+    shmclean.sweep_orphans()
     launch = secrets.token_hex(6)
     shared = local and sharedmem.available()
     prefix = f"{sharedmem.PREFIX}{os.getpid()}_{launch}_" if shared else ""
@@ -123,7 +123,7 @@ def share(value: Any, label: str = "value", *, local: bool = True) -> PreparedCa
     before it existed). ``commit``, send ``data``; each rank reads it with
     ``sharedmem.loads(data, private=True)``; ``release`` once every rank has (their mappings
     outlive the name). PayloadError, naming ``label``'s part, if it cannot fit."""
-    sharedmem.sweep_orphans()
+    shmclean.sweep_orphans()
     if not (local and sharedmem.available()):  # the value travels whole in the pickle
         return PreparedCall(sharedmem.dumps(value))
     prefix = f"{sharedmem.PREFIX}{os.getpid()}_{secrets.token_hex(6)}_"

@@ -2,12 +2,12 @@
 its ``Run``, the group's watch loop, and how it ends.
 
 Every command is one ``run.Run`` (its own view, cell output, root cause and timeout), fed by the
-world's ``RankGroup``: ``begin`` names the command's ranks, ``watch`` sends the command under
-the warm Ctrl-C policy (``Interrupts(keep=True)``) and returns once each rank reported it. How
-it ends:
+world's ``RankGroup``: ``begin`` names the command's ranks, ``wait`` sends the command under
+the warm Ctrl-C policy (``Interrupts(keep=True)``) and returns once each rank reported it, with
+how the watch ended (group/ending.py). How it ends:
 
 - a failure on some ranks while the others finish (or fail too): raised, state kept;
-- ranks still busy STUCK_GRACE after another failed or after an interrupt (supervisor.py), or a
+- ranks still busy STUCK_GRACE after another failed or after an interrupt (group/cell.py), or a
   rank that died: a new world is started (``Worlds``), and the error says every rank's state
   is gone;
 - Ctrl-C: KeyboardInterrupt in the command on every rank; kept if they all return in time;
@@ -25,13 +25,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from nbtrain.display.runstate import Verdict
-from nbtrain.kernel.group.supervisor import Supervisor
+from nbtrain.kernel.group.ending import Ending, How
 from nbtrain.kernel.host import cellnames
 from nbtrain.kernel.options.config import LaunchConfig
 from nbtrain.kernel.run import handle
 from nbtrain.kernel.run.lifecycle import Run
 from nbtrain.kernel.warm.world import World, Worlds
-from nbtrain.shared import sharedmem, stacks
+from nbtrain.shared import sharedmem, shmclean, stacks
 from nbtrain.shared.commands import Command
 from nbtrain.shared.errors import WorkerError
 from nbtrain.shared.options import ProgressMode
@@ -76,12 +76,12 @@ def execute(
         run.abandon(exc)
 
     with group.stopped_on_error(lost):
-        group.watch(
+        ending = group.wait(
             run.deadline, run.tick, run.interrupts(keep=True), first=send, redraw=run.redraw
         )
     if keep_failures:  # (before a restart below, which forgets them again)
         worlds.failures.record(ranks, run.outcome)
-    return _ended(worlds, world, run, group.channel)
+    return _ended(worlds, world, run, ending)
 
 
 def _config(
@@ -103,14 +103,14 @@ def _config(
     return config
 
 
-def _ended(worlds: Worlds, world: World, run: Run, supervisor: Supervisor) -> Any:
+def _ended(worlds: Worlds, world: World, run: Run, ending: Ending) -> Any:
     """The command's ending, in the order of the module docstring."""
     __tracebackhide__ = True
-    if supervisor.stopping:
-        _restart_after(worlds, run, supervisor)
-    if supervisor.timed_out:
+    if ending.broken:
+        _restart_after(worlds, run, ending)
+    if ending.how is How.TIMED_OUT:
         _time_out(run, restarted=False)
-    if supervisor.interrupted:
+    if ending.how is How.INTERRUPTED:
         # Not a failure, and nothing was stopped: the dashboard says what the error says.
         run.end(
             f"Interrupted after {run.state.elapsed:.1f}s: every rank is idle again, "
@@ -124,16 +124,16 @@ def _ended(worlds: Worlds, world: World, run: Run, supervisor: Supervisor) -> An
     if stops and not run.outcome.has_failure():
         run.stopped(stops, "Every rank is idle again with its state as of that step.")
     try:
-        return run.finish(supervisor)
+        return run.finish(ending)
     except WorkerError as error:  # (its cause: the rank's traceback, shown in the cell)
         raise world.named(error) from error.__cause__
 
 
-def _restart_after(worlds: Worlds, run: Run, supervisor: Supervisor) -> None:
+def _restart_after(worlds: Worlds, run: Run, ending: Ending) -> None:
     """The world is broken (a rank died, or some stayed stuck): start a new one, then raise what
     happened, saying which rank failed, where the others were, that state is gone."""
     __tracebackhide__ = True
-    stuck = stacks.describe(supervisor.stuck_frames(), cellnames.place)  # (the group's stacks)
+    stuck = stacks.describe(dict(ending.stacks), cellnames.place)
     worlds.stop(grace=0.0)
     worlds.start()
     note = (
@@ -142,9 +142,9 @@ def _restart_after(worlds: Worlds, run: Run, supervisor: Supervisor) -> None:
     )
     if stuck:
         note = f"Ranks that stayed busy (stuck, typically in a collective):\n{stuck}\n{note}"
-    if supervisor.timed_out:
+    if ending.how is How.TIMED_OUT:
         _time_out(run, restarted=True, note=note)
-    if supervisor.interrupted:
+    if ending.how is How.INTERRUPTED:
         run.abandon(KeyboardInterrupt())
         raise KeyboardInterrupt(f"not every rank returned to idle in time. {note}") from None
     if run.outcome.has_failure():
@@ -176,7 +176,7 @@ def results_segments(local: bool) -> Iterator[str | None]:
     try:
         yield prefix
     finally:
-        sharedmem.remove_names(prefix + "*")
+        shmclean.remove_names(prefix + "*")
 
 
 __all__ = ["VIEW_AFTER", "execute", "results_segments"]

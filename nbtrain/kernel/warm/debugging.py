@@ -53,7 +53,7 @@ def where(worlds: Worlds) -> Where:
     group.begin(set(), drop, lambda: False)  # no command: what the ranks write is dropped
     group.channel.ask_where(got.append)
     while not got and not group.exited():
-        group.step(None)
+        group.turn(None)
     return Where(got[0] if got else group.stacks())
 
 

@@ -18,7 +18,8 @@ from typing import Any
 from nbtrain.kernel.host import environment
 from nbtrain.kernel.launch.cluster import resolve
 from nbtrain.kernel.launch.cluster.spec import RayCluster
-from nbtrain.kernel.options.config import LaunchConfig, StartChoice, check_function
+from nbtrain.kernel.options.config import LaunchConfig, StartChoice
+from nbtrain.kernel.options.function import check_function
 from nbtrain.kernel.options.requested import Requested
 from nbtrain.kernel.options.stopping import StopOptions, build_policy
 from nbtrain.kernel.run import handle, tracebacks

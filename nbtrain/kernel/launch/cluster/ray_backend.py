@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nbtrain.kernel.group import RankGroup
+from nbtrain.kernel.group.ending import How
 from nbtrain.kernel.launch.cluster.checks import check_shared, check_versions, shared_paths
 from nbtrain.kernel.launch.cluster.ray_node import installed
 from nbtrain.kernel.launch.cluster.relay import Node, Relay, RemoteRank, local_pipes
@@ -55,8 +56,9 @@ def run_on_ray(
     run = Run(config, ranks, title=f"{len(ranks)} ranks on a Ray cluster")
     for attempt in range(max_restarts + 1):
         backend = RayRanks(config, cluster, payload, say=run.say, started=_clock(run))
-        supervisor = run.supervise(RankGroup(backend))
-        if not _restartable(run, supervisor) or attempt == max_restarts:
+        ending = run.supervise(RankGroup(backend))
+        # (restarted: a failure of the ranks' own, not a stop, an interrupt or a timeout)
+        if ending.how is not How.FAILED or attempt == max_restarts:
             break
         error = backend.named(run.outcome.error())
         run.say(f"restarting every rank (restart {attempt + 1} of {max_restarts}): "
@@ -65,7 +67,7 @@ def run_on_ray(
         run.config = config
         run.new_attempt()
     try:
-        return run.finish(supervisor)
+        return run.finish(ending)
     except WorkerError as error:  # the root cause's node, by name; its traceback kept
         raise backend.named(error) from error.__cause__
 
@@ -79,14 +81,6 @@ def _clock(run: Run) -> Callable[[], None]:
         run.start_clock()
 
     return restart
-
-
-def _restartable(run: Run, supervisor: Any) -> bool:
-    """A failure of the ranks' own (not a stop, an interrupt or a timeout)."""
-    return (
-        run.outcome.has_failure() and not supervisor.stop_asked and not supervisor.timed_out
-        and not supervisor.interrupted
-    )
 
 
 class RayRanks:

@@ -1,8 +1,9 @@
 """How the nodes of one launch meet and agree: torch's elastic rendezvous, plus a verdict.
 
-torch's elastic agent (``agent.py``) runs the attempt loop; this package gives it a
-rendezvous handler and what nbtrain adds on top of it, all kept in the store of torch's own
-rendezvous round (so nothing here is a cluster layer of its own):
+torch's elastic agent (``agent.py``; the verdict every node agrees on: ``verdicts.py``) runs
+the attempt loop; this package gives it a rendezvous handler and what nbtrain adds on top of
+it, all kept in the store of torch's own rendezvous round (so nothing here is a cluster layer
+of its own):
 
 1. Node 0 hosts the c10d rendezvous store on ``rdzv_endpoint``'s port; the other nodes wait
    until it answers ("waiting for node 0 at HOST:PORT"). Every node counts itself in (the

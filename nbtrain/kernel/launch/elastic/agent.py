@@ -28,7 +28,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, NoReturn
+from typing import Any
 
 from torch.distributed.elastic.agent.server.api import (
     RunResult,
@@ -40,18 +40,16 @@ from torch.distributed.elastic.agent.server.api import (
 )
 
 from nbtrain.display.runstate import Verdict
-from nbtrain.kernel.group import Interrupts, LocalProcesses, RankGroup, sigint_deferred
-from nbtrain.kernel.group.outcome import Outcome
+from nbtrain.kernel.group import Interrupts, LocalProcesses, RankGroup
+from nbtrain.kernel.group.ending import Ending, How
 from nbtrain.kernel.launch.elastic.endings import (
     AttemptEnded,
     forget_locals,
     quiet_agent_log,
-    stopped_error,
     title_of,
 )
 from nbtrain.kernel.launch.elastic.network import check_endpoint_here
 from nbtrain.kernel.launch.elastic.news import (
-    COLLATERAL_GRACE,
     RUN_ID,
     Coordinator,
     News,
@@ -61,19 +59,18 @@ from nbtrain.kernel.launch.elastic.news import (
 )
 from nbtrain.kernel.launch.elastic.node import NodeCoordinator
 from nbtrain.kernel.launch.elastic.one_node import LocalCoordinator
+from nbtrain.kernel.launch.elastic.verdicts import SLICE, Verdicts
 from nbtrain.kernel.options.config import LaunchConfig
-from nbtrain.kernel.run import tracebacks
 from nbtrain.kernel.run.lifecycle import Run
 from nbtrain.kernel.specs.payload import PreparedCall, released
 from nbtrain.kernel.specs.rankspec import rank_specs
 from nbtrain.kernel.specs.rendezvous import LocalRendezvous
 from nbtrain.rank import rank_entry
-from nbtrain.shared.errors import LaunchError, WorkerError
+from nbtrain.shared.errors import LaunchError
 from nbtrain.shared.events import Event, Failed
 from nbtrain.shared.specs import RankSpec
 
 MONITOR_INTERVAL = 0.01  # torch's loop sleeps this between monitor calls; the slice does the wait
-SLICE = 0.25  # seconds one monitor call supervises the ranks before torch's loop looks around
 
 
 def run_elastic(config: LaunchConfig, payload: bytes | PreparedCall) -> Any:
@@ -103,7 +100,10 @@ def _run_elastic(config: LaunchConfig, payload: bytes) -> Any:
         coordinator.close()
 
 
-class NodeAgent(SimpleElasticAgent):
+class NodeAgent(Verdicts, SimpleElasticAgent):
+    """torch's agent with nbtrain's ranks, watch and view (module docstring); how the attempt
+    ends on every node alike: verdicts.py."""
+
     def __init__(self, config: LaunchConfig, payload: bytes, coordinator: Coordinator) -> None:
         spec = WorkerSpec(
             role="nbtrain",
@@ -129,6 +129,8 @@ class NodeAgent(SimpleElasticAgent):
     def _begin_attempt(self) -> None:
         self.failures: list[Failed] = []  # every Failed event of the attempt, collateral too
         self.group: RankGroup | None = None  # this attempt's ranks
+        self._stopping = False  # this attempt's ranks are being stopped
+        self._ending: Ending | None = None  # how this attempt's watch ended
         self._published = False
         self._done = False
 
@@ -259,51 +261,38 @@ class NodeAgent(SimpleElasticAgent):
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         assert self.group is not None
-        group, supervisor = self.group, self.group.channel
+        group = self.group
         end = time.monotonic() + SLICE
-        while supervisor.running:
-            group.step(self.lifecycle.deadline)
-            self._interrupted()
-            self._tick()
-            supervisor.prompts.turn()  # a rank at breakpoint(): the terminal's prompt
+        ending = self._ending  # (torch calls this again while the other nodes finish)
+        while ending is None:
+            # (each turn: the Ctrl-C check, the view; a rank at breakpoint(): its prompt)
+            ending = group.turn(self.lifecycle.deadline, self._turned)
             # Once stopping began, finish it here: torch's loop must not see HEALTHY meanwhile.
-            if supervisor.stopping or time.monotonic() < end:
+            self._stopping = self._stopping or self._stop_wanted() or self._past_deadline()
+            if ending is not None or self._stopping or time.monotonic() < end:
                 continue
             if self._round_abandoned():
-                supervisor.stop_all()  # then FAILED below, the restart counted like the others
+                group.channel.stop_all()  # then FAILED below, the restart counted like the others
+                self._stopping = True
                 continue
             return RunResult(state=WorkerState.HEALTHY)
-        self._close_ranks()
-        if supervisor.timed_out:
+        self._ending = ending
+        self._stop_ranks()  # (all exited: what they wrote last is read, the group closed)
+        if ending.how is How.TIMED_OUT:
             self._time_out(group)
         if not self._failed() and self.coordinator.news(fresh=True) is None:
             return self._await_other_nodes()
         return self._settle()
 
-    def _round_abandoned(self) -> bool:
-        """Before torch's loop sees HEALTHY: has another node failed? It publishes the news
-        first, then joins torch's wait list for a new round, which torch would take for a
-        membership change and restart every rank without counting a restart; so a node that
-        looks at both first ends this attempt as FAILED instead, like every other node. (With
-        min_nodes == max_nodes a waiting node is always one whose attempt ended.)"""
-        if self.coordinator.news(fresh=True) is not None:
-            return True
-        try:
-            return bool(self.coordinator.handler.num_nodes_waiting())
-        except Exception:  # node 0 gone: the next store operation says so properly
-            return False
-
-    def _tick(self) -> None:
+    def _turned(self) -> None:
+        self._interrupted()
         self.lifecycle.tick()
         self._publish_root_cause()
 
-    def _close_ranks(self) -> None:
-        group = self.group  # (kept: torch calls _monitor_workers again while others finish)
-        if group is None or group.closed:
-            return
-        if group.supervisor is not None:  # (None: interrupted before it existed)
-            group.supervisor.drain()
-        group.close()
+    def _past_deadline(self) -> bool:
+        """The timeout passed: the ranks are being asked where they are, then stopped."""
+        deadline = self.lifecycle.deadline
+        return deadline is not None and time.monotonic() >= deadline
 
     def _exit_barrier(self) -> None:
         """torch's exit barrier (a blocking store wait, deaf to Ctrl-C) is already done:
@@ -317,138 +306,10 @@ class NodeAgent(SimpleElasticAgent):
         self._stop_ranks()
 
     def _stop_ranks(self) -> None:
-        group = self.group
-        if group is None or group.closed:
-            return
-        with sigint_deferred():
-            group.stop()  # (and reads what they wrote last)
-            group.close()
-
-    # -- verdicts -------------------------------------------------------------------------------
-
-    def _publish_root_cause(self) -> None:
-        """A rank that failed on its own account is news for every node, at once."""
-        rank = self.outcome.root_cause()
-        if self._published or rank is None:
-            return
-        failure = self.outcome.records[rank].failure
-        if failure is not None and failure.collateral:
-            return  # maybe only the echo of another node's failure: see _settle
-        self._published = True
-        self.coordinator.publish(
-            News.failure(self.outcome.error(node=self.config.node_rank), collateral=False)
-        )
-
-    def _settle(self) -> RunResult:
-        """The local ranks ended and something failed: the verdict every node agrees on. A
-        failure ends the attempt as FAILED on every node (torch restarts while it may)."""
-        self._publish_root_cause()
-        news = self.coordinator.news(fresh=True)
-        if news is None and self.config.multi_node:
-            # Only peer-loss failures here (or none: another node left the round): give the
-            # node with the real cause time to speak.
-            until = time.monotonic() + COLLATERAL_GRACE
-            while news is None and time.monotonic() < until:
-                time.sleep(0.1)
-                news = self.coordinator.news(fresh=True)
-        if news is None and self._failed():
-            news = self.coordinator.publish(News.failure(self._local_error(), collateral=True))
-        if news is None:
-            reason = "another node left the round without saying why"
-            news = self.coordinator.publish(News.stop(self.config.node_rank, reason))
-        if news.kind == "stopped":
-            self._fail(news)
-        self.verdict = news
-        if self._remaining_restarts > 0:
-            restart = self._attempt() + 1
-            self.say(
-                f"restarting every rank (restart {restart} of {self.config.max_restarts}): "
-                f"{news.summary()}"
-            )
-        return RunResult(state=WorkerState.FAILED)
-
-    def _await_other_nodes(self) -> RunResult:
-        """This node's ranks succeeded: report it, and succeed once every node has. Until
-        then a failure elsewhere still fails (or restarts) this node too."""
-        if not self._done:
-            self._done = True
-            self.coordinator.mark_done()
-        total = self.config.num_nodes
-        end = time.monotonic() + SLICE
-        while True:
-            deadline = self.lifecycle.deadline
-            expired = deadline is not None and time.monotonic() > deadline
-            done = self.coordinator.done_count()
-            if done >= total:
-                return self._succeeded()
-            if self._round_abandoned():
-                return self._settle()
-            if expired:
-                self._stop_waiting("timeout")
-            silent = self.coordinator.silent_nodes()
-            if silent:
-                self._stop_waiting(f"node {silent[0]} stopped responding before its ranks finished")
-            self.say(f"finished; waiting for the other nodes ({done} of {total} done)")
-            if time.monotonic() > end:
-                return RunResult(state=WorkerState.HEALTHY)
-            time.sleep(0.1)
-
-    def _succeeded(self) -> RunResult:
-        # The values themselves stay packed in the Outcome until launch() returns them.
-        placeholders: dict[int, Any] = dict.fromkeys(self.ranks)
-        return RunResult(state=WorkerState.SUCCEEDED, return_values=placeholders)
-
-    def _stop_waiting(self, reason: str) -> None:
-        """End the wait at the end with ``reason``, unless the last node finished meanwhile
-        (then every node succeeds alike: one must not time out while another returns)."""
-        news = self.coordinator.publish(News.stop(self.config.node_rank, reason))
-        if news.kind == "stopped" and self.coordinator.done_count() >= self.config.num_nodes:
-            return
-        self._fail(news)
-
-    def _time_out(self, group: RankGroup) -> NoReturn:
-        self.coordinator.publish(News.stop(self.config.node_rank, "timeout"))
-        self._end(f"Timed out after {self.config.timeout:g}s", Verdict.TIMED_OUT)
-        raise AttemptEnded(TimeoutError(self.lifecycle.timeout_message(group.stacks())))
-
-    # -- endings -----------------------------------------------------------------------------
-
-    def _succeed(self) -> Any:
-        return self.lifecycle.deliver()  # ends the view, also when it raises ResultError
-
-    def _fail(self, news: News) -> NoReturn:
-        if news.kind == "stopped":
-            verdict = Verdict.TIMED_OUT if news.reason == "timeout" else Verdict.STOPPED
-            elapsed = self.lifecycle.state.elapsed
-            self._end(f"Stopped after {elapsed:.1f}s: {news.summary()}", verdict)
-            raise AttemptEnded(stopped_error(news, self.config, finished=self._done))
-        local = news.node == self.config.node_rank and self.outcome.root_cause() == news.rank
-        error = self._local_error() if local else news.error(others=self._local_failures())
-        self._end(self.lifecycle.state.failed_summary(error), Verdict.FAILED)
-        cause = tracebacks.rank_cause(error)
-        raise AttemptEnded(error, cause)
-
-    def _failed(self) -> bool:
-        # Outcome forgets a peer-loss failure of a rank the launcher then stopped; here that
-        # may be the only failure on this node (the cause is elsewhere, or nobody could connect).
-        return self.outcome.has_failure() or bool(self.failures)
-
-    def _local_error(self) -> WorkerError:
-        if self.outcome.root_cause() is not None:
-            return self.outcome.error(node=self.config.node_rank)
-        first = min(self.failures, key=lambda failure: failure.time)
-        return WorkerError(
-            first.rank, type_name=first.type_name, message=first.message,
-            exitcode=first.exitcode, remote_traceback=first.traceback,
-            node=self.config.node_rank, other_failures=self._local_failures(first.rank),
-        )
-
-    def _local_failures(self, besides: int | None = None) -> dict[int, str]:
-        ranks = set(self.outcome.failed_ranks()) | {failure.rank for failure in self.failures}
-        return {
-            rank: self.lifecycle.state.ranks[rank].failure or "failed"
-            for rank in sorted(ranks - {besides})
-        }
+        """The group's one shutdown (kept after it: torch calls _monitor_workers again while
+        the other nodes finish)."""
+        if self.group is not None:
+            self.group.shutdown()
 
     def _abandon(self, exc: BaseException) -> None:
         """Interrupted, or the rendezvous failed: tell the other nodes, close the view."""
@@ -463,16 +324,3 @@ class NodeAgent(SimpleElasticAgent):
             else Verdict.FAILED
         )
         self.lifecycle.abandon(exc, verdict)
-
-    def _end(self, summary: str, verdict: Verdict | None = None) -> None:
-        self.lifecycle.end(summary, verdict)
-
-    # -- node-level status -------------------------------------------------------------------
-
-    def say(self, text: str) -> None:
-        """A node-level status ("waiting for nodes (1 of 2 joined)", "restarting ...")."""
-        self.lifecycle.say(text)
-
-    @property
-    def outcome(self) -> Outcome:
-        return self.lifecycle.outcome

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import math
 import socket
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -24,6 +22,7 @@ from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRen
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 
 from nbtrain.kernel.host import environment
+from nbtrain.kernel.launch.elastic.blocking import every, quiet_rendezvous_log
 from nbtrain.kernel.launch.elastic.network import interface_of, split_endpoint
 from nbtrain.kernel.launch.elastic.news import (
     KEY_PREFIX,
@@ -175,7 +174,7 @@ class NodeCoordinator:
             self._store.add(arrived, 1)
             self._store.append(f"{KEY_PREFIX}arrived_nodes/{attempt}", f"{self.node},")
             try:
-                with _every(POLL, status):
+                with every(POLL, status):
                     yield
             except BaseException:
                 with contextlib.suppress(Exception):  # no longer waiting: not counted in
@@ -346,7 +345,7 @@ class NodeCoordinator:
         if self._handler is not None and self._formed:
             if self.is_host and self._round is not None:
                 self._await_leavers()
-            with _quiet_rendezvous_log(), contextlib.suppress(Exception):
+            with quiet_rendezvous_log(), contextlib.suppress(Exception):
                 self._handler.shutdown()  # stops heartbeats; marks the rendezvous closed
             if not self.is_host and self._round is not None:
                 with contextlib.suppress(RuntimeError, OSError, ValueError):
@@ -374,38 +373,3 @@ class NodeCoordinator:
             f"lost contact with node 0's rendezvous store at {self.config.rdzv_endpoint} "
             f"({type(exc).__name__}: {first_line(exc)}); node 0 stopped or is unreachable"
         )
-
-
-@contextlib.contextmanager
-def _every(seconds: float, action: Callable[[], None]) -> Iterator[None]:
-    """Run ``action`` every ``seconds`` in a helper thread while the block blocks."""
-    stop = threading.Event()
-
-    def loop() -> None:
-        while not stop.is_set():
-            with contextlib.suppress(Exception):  # a status line must never break a launch
-                action()
-            stop.wait(seconds)
-
-    thread = threading.Thread(target=loop, name="nbtrain-rendezvous-status", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
-
-
-@contextlib.contextmanager
-def _quiet_rendezvous_log() -> Iterator[None]:
-    # A peer that already closed the store makes torch log a warning on shutdown; the launch
-    # result says what happened, the warning would only confuse.
-    log = logging.getLogger("torch.distributed.elastic.rendezvous.dynamic_rendezvous")
-    previous = log.level
-    log.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        log.setLevel(previous)
-
-
