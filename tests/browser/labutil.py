@@ -169,6 +169,14 @@ def _settings(server: Server) -> Path:
     return server.home / "config" / "lab" / "user-settings" / "@jupyterlab"
 
 
+def save_and_shut_down(page: Any, server: Server) -> None:
+    """Save the page's notebook, then shut its kernel down: reopened, it gets a fresh one (or,
+    untrusted, none)."""
+    page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+    time.sleep(1.5)  # the save reaches the disk
+    shut_down_kernels(server)
+
+
 def render_every_cell(server: Server) -> None:
     """Every cell in the DOM (JupyterLab leaves cells out of view unrendered by default), for
     the pages this test opens next (the server reads its settings at each page load)."""

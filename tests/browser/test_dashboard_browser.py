@@ -34,7 +34,7 @@ from labutil import (
     api,
     chromium,
     open_notebook,
-    shut_down_kernels,
+    save_and_shut_down,
 )
 from test_live_view_browser import MISSING, _browser_required
 
@@ -207,9 +207,7 @@ def test_rows_fit_their_columns_stop_cleanly_and_survive_save_and_reopen(server:
             _scroll_to(page, ".nbtrain-static", 1)
             _shot(page, frontend, f"stopped_{width}")
         page.set_viewport_size({"width": 1400, "height": 1000})
-        page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
-        time.sleep(1.0)
-        shut_down_kernels(server)  # a fresh kernel on reopen
+        save_and_shut_down(page, server)  # a fresh kernel on reopen
         fresh = open_notebook(browser, server, name)
         fresh.wait_for_selector(".nbtrain-static", timeout=60_000)
         time.sleep(1.0)

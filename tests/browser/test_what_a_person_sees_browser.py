@@ -27,7 +27,7 @@ from labutil import (
     Server,
     chromium,
     open_notebook,
-    shut_down_kernels,
+    save_and_shut_down,
 )
 from test_live_view_browser import MISSING, _browser_required
 
@@ -173,9 +173,7 @@ def test_labels_charts_order_and_an_untrusted_reopen(lab: Server) -> None:
             "() => document.querySelectorAll('.jp-Cell')[2]"
             ".querySelector('.jp-Cell-outputWrapper').innerText"
         )
-        page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
-        time.sleep(1.5)
-        shut_down_kernels(lab)  # no kernel for the copy
+        save_and_shut_down(page, lab)  # no kernel for the copy
 
         # A copy nobody signed: JupyterLab opens it untrusted and sanitises its HTML.
         saved = nbformat.read(lab.root / name, as_version=4)
