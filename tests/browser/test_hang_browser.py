@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import time
 
-import nbformat
 import pytest
-from test_dashboard_browser import APPS, READY_JS, _browser_present, server
-from test_live_view_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, MISSING, _browser_required
-
-__all__ = ["_browser_present", "server"]  # fixtures used here
+from labutil import ARTIFACTS, RUN_ALL_JS, Server, chromium, open_notebook
+from test_live_view_browser import MISSING, _browser_required
 
 pytestmark = [
     pytest.mark.skipif(MISSING is not None and not _browser_required(), reason=str(MISSING)),
@@ -56,45 +53,28 @@ STATUS_JS = """() => Array.from(
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("server", ["lab"], indirect=True)
-def test_the_rank_others_wait_for_is_marked_in_its_row(server) -> None:
-    from playwright.sync_api import sync_playwright
-
-    _, url, token, root = server
-    name = "hang.ipynb"
-    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(LATE_BARRIER)])
-    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                       "language": "python"}
-    nbformat.write(notebook, root / name)
-    ARTIFACTS.mkdir(exist_ok=True)
-    _, route = APPS["lab"]
+@pytest.mark.parametrize("jupyter", ["lab"], indirect=True)
+def test_the_rank_others_wait_for_is_marked_in_its_row(server: Server) -> None:
     seen: dict[int, list[dict]] = {}
     note = ""
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.goto(f"{url}/{route}/{name}?token={token}")
-            page.wait_for_function(READY_JS, arg=name, timeout=120_000)
-            page.evaluate("() => { window.jupyterapp.commands.execute("
-                          "'notebook:run-all-cells'); }")
-            page.wait_for_function(
-                "() => Array.from(document.querySelectorAll('.nbtrain-status'))"
-                ".some(s => s.innerText.includes('the others wait for it'))",
-                timeout=120_000,
-            )
-            time.sleep(0.5)
-            for width in (1400, 900):
-                page.set_viewport_size({"width": width, "height": 900})
-                time.sleep(0.7)
-                seen[width] = page.evaluate(STATUS_JS)
-                page.screenshot(path=str(ARTIFACTS / f"hang_{width}.png"))
-            note = page.evaluate(
-                "() => document.querySelector('.jp-Cell-outputWrapper').innerText"
-            )
-            page.wait_for_selector(".nbtrain-static", timeout=120_000)
-        finally:
-            browser.close()
+    with chromium() as browser:
+        page = open_notebook(browser, server, "hang.ipynb", [LATE_BARRIER], height=900)
+        page.evaluate(RUN_ALL_JS)
+        page.wait_for_function(
+            "() => Array.from(document.querySelectorAll('.nbtrain-status'))"
+            ".some(s => s.innerText.includes('the others wait for it'))",
+            timeout=120_000,
+        )
+        time.sleep(0.5)
+        for width in (1400, 900):
+            page.set_viewport_size({"width": width, "height": 900})
+            time.sleep(0.7)
+            seen[width] = page.evaluate(STATUS_JS)
+            page.screenshot(path=str(ARTIFACTS / f"hang_{width}.png"))
+        note = page.evaluate(
+            "() => document.querySelector('.jp-Cell-outputWrapper').innerText"
+        )
+        page.wait_for_selector(".nbtrain-static", timeout=120_000)
 
     for width, rows in seen.items():
         assert len(rows) == 2, (width, rows)

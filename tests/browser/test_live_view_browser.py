@@ -8,8 +8,8 @@ the bars' widths are read from the DOM every half second: both ranks must advanc
 (several distinct widths mid-run) and end at 100% in green. A second notebook debugs a rank
 from the cell as a user does: ``breakpoint()`` in rank 1 opens a ``(Pdb) rank 1>`` prompt in
 the kernel's input box, where ``p x`` and ``c`` are typed; then a post-mortem (``debug=True``)
-of a failed rank. Both notebooks share one JupyterLab server. Screenshots go to
-tests/artifacts/ (live_view_<moment>.png, debug_<moment>.png); look at them.
+of a failed rank. Both notebooks share the session's JupyterLab server (conftest.py).
+Screenshots go to tests/artifacts/ (live_view_<moment>.png, debug_<moment>.png); look at them.
 
 Needs: ``apt-get install -y chromium`` and ``pip install jupyterlab playwright`` (Playwright
 cannot download its own browser here; Debian's is used). Skips when those are missing, except in
@@ -20,34 +20,12 @@ out (skipped), and ``.ci/test.sh`` then installs no Chromium.
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import secrets
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
-from collections.abc import Iterator
-from pathlib import Path
 
-import nbformat
 import pytest
-
-CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+from labutil import ARTIFACTS, CHROMIUM, READY_JS, RUN_ALL_JS, Server, chromium, open_notebook
 
 TRAIN = """
 import os, time
@@ -98,14 +76,6 @@ RECORD_ROWS_JS = """() => {
         {subtree: true, childList: true, characterData: true, attributes: true});
 }"""
 
-# The notebook is the current widget and its kernel is idle: run-all will act on it.
-NOTEBOOK_READY_JS = """(path) => {
-    const app = window.jupyterapp;
-    const widget = app && app.shell.currentWidget;
-    const session = widget && widget.sessionContext && widget.sessionContext.session;
-    return Boolean(widget && widget.context && widget.context.path === path
-                   && session && session.kernel && session.kernel.status === 'idle');
-}"""
 
 
 def _skipped() -> bool:
@@ -139,150 +109,9 @@ pytestmark = [
         MISSING is not None and not _browser_required(), reason=str(MISSING)
     ),
     pytest.mark.slow,
+    pytest.mark.parametrize("jupyter", ["lab"], indirect=True),  # conftest.py's server
 ]
 
-
-@pytest.fixture(autouse=True)
-def _browser_present() -> None:
-    if MISSING is not None:  # only reached when required (CI): otherwise the test is skipped
-        pytest.fail(f"CI or NBTRAIN_REQUIRE_BROWSER=1 requires the browser test: {MISSING}")
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-@pytest.fixture(scope="module")
-def lab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, Path]]:
-    """A JupyterLab server on a free port, with its own config, data and kernelspec: one per
-    module (its tests open their own notebooks, each with its own kernel)."""
-    if MISSING is not None:  # required (CI) but missing: say so, not jupyterlab's ImportError
-        pytest.fail(f"CI or NBTRAIN_REQUIRE_BROWSER=1 requires the browser test: {MISSING}")
-    tmp_path = tmp_path_factory.mktemp("lab")
-    root, home = tmp_path / "root", tmp_path / "jupyter"
-    root.mkdir()
-    env = dict(os.environ)
-    for name, sub in (
-        ("JUPYTER_CONFIG_DIR", "config"),
-        ("JUPYTER_DATA_DIR", "data"),
-        ("JUPYTER_RUNTIME_DIR", "runtime"),
-        ("IPYTHONDIR", "ipython"),
-    ):
-        env[name] = str(home / sub)
-        (home / sub).mkdir(parents=True)
-    env.pop("JUPYTER_PATH", None)
-    # The python3 kernel is this interpreter, whatever other kernelspecs the machine has.
-    spec = home / "data" / "kernels" / "python3"
-    spec.mkdir(parents=True)
-    (spec / "kernel.json").write_text(
-        json.dumps(
-            {
-                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-                "display_name": "Python 3",
-                "language": "python",
-            }
-        )
-    )
-    # No news pop-up over the notebook.
-    labconfig = home / "config" / "labconfig"
-    labconfig.mkdir()
-    (labconfig / "page_config.json").write_text(
-        json.dumps({"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}})
-    )
-    # Every cell in the DOM (JupyterLab leaves cells out of view unrendered by default).
-    tracker = home / "config" / "lab" / "user-settings" / "@jupyterlab" / "notebook-extension"
-    tracker.mkdir(parents=True)
-    (tracker / "tracker.jupyterlab-settings").write_text('{"windowingMode": "none"}')
-    port, token = _free_port(), secrets.token_hex(16)
-    url = f"http://127.0.0.1:{port}"
-    log = tmp_path / "lab.log"
-    with open(log, "wb") as log_file:
-        server = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "jupyterlab",
-                "--no-browser",
-                "--ip=127.0.0.1",
-                f"--port={port}",
-                f"--IdentityProvider.token={token}",
-                f"--ServerApp.root_dir={root}",
-                "--LabApp.expose_app_in_browser=True",
-                "--allow-root",
-            ],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=log_file,
-        )
-        try:
-            _wait_for(url, token, server, log)
-            yield url, token, root
-        finally:
-            server.send_signal(signal.SIGTERM)  # also shuts down its kernels
-            try:
-                server.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
-
-
-@pytest.fixture
-def lab(lab_server: tuple[str, str, Path]) -> Iterator[tuple[str, str, Path]]:
-    """(url, token, root) of the module's JupyterLab server; the kernels the test started are
-    shut down after it (before the leak guard looks for processes left behind)."""
-    yield lab_server
-    url, token, _ = lab_server
-    for session in _api(url, token, "sessions") or []:
-        _api(url, token, f"sessions/{session['id']}", "DELETE")  # returns once it is gone
-
-
-def _api(url: str, token: str, path: str, method: str = "GET") -> object:
-    request = urllib.request.Request(
-        f"{url}/api/{path}", method=method, headers={"Authorization": f"token {token}"}
-    )
-    with urllib.request.urlopen(request, timeout=60) as answer:
-        body = answer.read()
-    return json.loads(body) if body else None
-
-
-def _open(browser, url: str, token: str, root: Path, name: str, cells: list[str],
-          script: str | None = None):
-    """A page showing a new notebook ``name`` of ``cells``, its kernel idle (``script``: run
-    in the page before JupyterLab's own)."""
-    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
-    notebook.metadata["kernelspec"] = {
-        "name": "python3",
-        "display_name": "Python 3",
-        "language": "python",
-    }
-    nbformat.write(notebook, root / name)
-    ARTIFACTS.mkdir(exist_ok=True)
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    if script is not None:
-        page.add_init_script(script)
-    # reset: a fresh workspace, not the one an earlier test left (its notebook would reopen)
-    page.goto(f"{url}/lab/tree/{name}?reset&token={token}")
-    page.wait_for_function(NOTEBOOK_READY_JS, arg=name, timeout=90_000)
-    return page
-
-
-def _wait_for(url: str, token: str, server: subprocess.Popen, log: Path) -> None:
-    request = urllib.request.Request(
-        f"{url}/api/status", headers={"Authorization": f"token {token}"}
-    )
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"jupyter lab exited:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(request, timeout=2) as answer:
-                if answer.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.3)
-    raise RuntimeError(f"jupyter lab did not answer in 90 s:\n{log.read_text()[-3000:]}")
 
 
 def _rank_of(label: str) -> int:
@@ -297,29 +126,21 @@ PHASE_SECONDS = re.compile(r"\((\d+)s\)$")  # 'importing torch (3s)'
 
 
 @pytest.mark.timeout(300)
-def test_ranks_say_how_they_start_then_advance_live_and_end_green(lab) -> None:
-    from playwright.sync_api import sync_playwright
-
-    url, token, root = lab
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = _open(browser, url, token, root, "live.ipynb", [TRAIN])
-            page.evaluate(RECORD_ROWS_JS)
-            # Fire and forget: the command's promise resolves only when the cell is done.
-            page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
-            # attached, not visible: a starting rank's bar is empty (0 wide)
-            page.wait_for_selector(
-                ".nbtrain-dashboard .progress-bar", state="attached", timeout=120_000
-            )
-            # 900 px (JupyterLab's side bar open): a long phase is wider than its row
-            page.set_viewport_size({"width": 900, "height": 1000})
-            starting_shots, seconds = _watch_start(page)
-            page.set_viewport_size({"width": 1400, "height": 1000})
-            widths, final, mid_shot = _watch(page)
-            shown = page.evaluate("() => Array.from(window.nbtrainRows)")
-        finally:
-            browser.close()
+def test_ranks_say_how_they_start_then_advance_live_and_end_green(lab: Server) -> None:
+    with chromium() as browser:
+        page = open_notebook(browser, lab, "live.ipynb", [TRAIN])
+        page.evaluate(RECORD_ROWS_JS)
+        page.evaluate(RUN_ALL_JS)
+        # attached, not visible: a starting rank's bar is empty (0 wide)
+        page.wait_for_selector(
+            ".nbtrain-dashboard .progress-bar", state="attached", timeout=120_000
+        )
+        # 900 px (JupyterLab's side bar open): a long phase is wider than its row
+        page.set_viewport_size({"width": 900, "height": 1000})
+        starting_shots, seconds = _watch_start(page)
+        page.set_viewport_size({"width": 1400, "height": 1000})
+        widths, final, mid_shot = _watch(page)
+        shown = page.evaluate("() => Array.from(window.nbtrainRows)")
 
     # While they started, the rows said what each rank was busy with, then for how long.
     phases = [status for label, status in (row.split("\t", 1) for row in shown)
@@ -475,44 +296,37 @@ LATE_STDIN_REMOVAL = """(() => {
 
 
 @pytest.mark.timeout(300)
-def test_a_rank_is_debugged_from_the_cells_input_box(lab) -> None:
-    from playwright.sync_api import sync_playwright
+def test_a_rank_is_debugged_from_the_cells_input_box(lab: Server) -> None:
+    with chromium() as browser:
+        page = open_notebook(
+            browser, lab, "debug.ipynb", [DEBUG_SETUP, BREAKPOINT, POST_MORTEM],
+            script=LATE_STDIN_REMOVAL,
+        )
+        page.evaluate(RUN_ALL_JS)
+        cell = page.locator(".jp-Notebook .jp-Cell").nth(1)
+        # breakpoint() in rank 1: the cell shows where it stopped and asks for a command
+        stopped = _prompted(cell, "(Pdb) rank 1>", "----> 6         x = x * 2")
+        _shows(cell, "paused in pdb")
+        paused = _rows(cell, ".nbtrain-dashboard .widget-hbox")  # the live rows
+        _shot(cell, "debug_prompt.png")
+        printed = _answer(cell, "rank 1", "p x", "tensor([2.])")
+        _type(cell, "c")
+        _shows(cell, "result [5.0, 5.0]")  # rank 0's all_reduce got 2 * 2 + 1
+        cell.locator(".nbtrain-static").wait_for(timeout=60_000)
+        _shot(cell, "debug_continued.png")
+        # (the echo of `c` can reach the page after the result: wait for both)
+        ended = _shows(cell, "result [5.0, 5.0]", "(Pdb) rank 1>  c")
 
-    url, token, root = lab
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = _open(
-                browser, url, token, root, "debug.ipynb", [DEBUG_SETUP, BREAKPOINT, POST_MORTEM],
-                script=LATE_STDIN_REMOVAL,
-            )
-            page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
-            cell = page.locator(".jp-Notebook .jp-Cell").nth(1)
-            # breakpoint() in rank 1: the cell shows where it stopped and asks for a command
-            stopped = _prompted(cell, "(Pdb) rank 1>", "----> 6         x = x * 2")
-            _shows(cell, "paused in pdb")
-            paused = _rows(cell, ".nbtrain-dashboard .widget-hbox")  # the live rows
-            _shot(cell, "debug_prompt.png")
-            printed = _answer(cell, "rank 1", "p x", "tensor([2.])")
-            _type(cell, "c")
-            _shows(cell, "result [5.0, 5.0]")  # rank 0's all_reduce got 2 * 2 + 1
-            cell.locator(".nbtrain-static").wait_for(timeout=60_000)
-            _shot(cell, "debug_continued.png")
-            # (the echo of `c` can reach the page after the result: wait for both)
-            ended = _shows(cell, "result [5.0, 5.0]", "(Pdb) rank 1>  c")
-
-            # debug=True: the failed rank's frames, before the error is raised
-            cell = page.locator(".jp-Notebook .jp-Cell").nth(2)
-            failed = _prompted(cell, "(Pdb) rank 1>", 'raise RuntimeError("diverged")')
-            _shot(cell, "debug_post_mortem.png")
-            local = _answer(cell, "rank 1", "p lr", "0.5")
-            _type(cell, "c")
-            page.wait_for_function(NOTEBOOK_READY_JS, arg="debug.ipynb", timeout=60_000)
-            error = _shows(cell, "WorkerError")
-            _shot(cell, "debug_post_mortem_end.png")
-            after = _rows(cell, ".nbtrain-static .nbtrain-row")
-        finally:
-            browser.close()
+        # debug=True: the failed rank's frames, before the error is raised
+        cell = page.locator(".jp-Notebook .jp-Cell").nth(2)
+        failed = _prompted(cell, "(Pdb) rank 1>", 'raise RuntimeError("diverged")')
+        _shot(cell, "debug_post_mortem.png")
+        local = _answer(cell, "rank 1", "p lr", "0.5")
+        _type(cell, "c")
+        page.wait_for_function(READY_JS, arg="debug.ipynb", timeout=60_000)
+        error = _shows(cell, "WorkerError")
+        _shot(cell, "debug_post_mortem_end.png")
+        after = _rows(cell, ".nbtrain-static .nbtrain-row")
 
     # the cell's lines (its first is def train), the cell named as in the kernel's tracebacks
     assert "> Cell In[2], line 6, in train()" in stopped, stopped

@@ -16,16 +16,9 @@ from __future__ import annotations
 
 import time
 
-import nbformat
 import pytest
-from test_dashboard_browser import (  # noqa: F401 (server: the JupyterLab fixture)
-    APPS,
-    JUPYTER_BROWSER_MARKS,
-    NOTEBOOK_MISSING,
-    READY_JS,
-    server,
-)
-from test_live_view_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, MISSING
+from labutil import ARTIFACTS, READY_JS, Server, chromium, open_notebook
+from test_dashboard_browser import JUPYTER_BROWSER_MARKS
 
 pytestmark = JUPYTER_BROWSER_MARKS
 
@@ -64,19 +57,6 @@ RUN_CELL_JS = """(index) => {
 }"""
 
 
-@pytest.fixture(autouse=True)
-def _browser_present() -> None:
-    if (MISSING or NOTEBOOK_MISSING) is not None:
-        pytest.fail(f"CI or NBTRAIN_REQUIRE_BROWSER=1 requires the browser test: "
-                    f"{MISSING or NOTEBOOK_MISSING}")
-
-
-def _notebook(root, name: str, cells: list[str]) -> None:
-    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
-    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                       "language": "python"}
-    nbformat.write(notebook, root / name)
-
 
 def _shot(page, frontend: str, moment: str) -> None:
     page.screenshot(path=str(ARTIFACTS / f"long_runs_{frontend}_{moment}.png"))
@@ -87,62 +67,51 @@ def _cell(index: int) -> str:
 
 
 @pytest.mark.timeout(420)
-def test_a_background_run_survives_a_reload_and_ends_done(server) -> None:  # noqa: F811
-    from playwright.sync_api import sync_playwright
-
-    frontend, url, token, root = server
-    route = APPS[frontend][1]
-    _notebook(root, "long.ipynb", [SETUP, BACKGROUND, AGAIN])
-    ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(f"{url}/{route}/long.ipynb?token={token}")
+def test_a_background_run_survives_a_reload_and_ends_done(server: Server) -> None:
+    frontend = server.app
+    with chromium() as browser:
+        page = open_notebook(browser, server, "long.ipynb", [SETUP, BACKGROUND, AGAIN])
+        for index in (0, 1):
+            page.evaluate(RUN_CELL_JS, index)
             page.wait_for_function(READY_JS, arg="long.ipynb", timeout=120_000)
-            for index in (0, 1):
-                page.evaluate(RUN_CELL_JS, index)
-                page.wait_for_function(READY_JS, arg="long.ipynb", timeout=120_000)
-            # the launching cell shows the live view; the kernel is idle meanwhile
-            page.wait_for_function(
-                "(root) => Array.from(document.querySelectorAll(root + "
-                "' .nbtrain-dashboard .progress-bar')).some(b => parseFloat(b.style.width) > 5)",
-                arg=_cell(1), timeout=120_000,
-            )
-            page.wait_for_function(READY_JS, arg="long.ipynb", timeout=10_000)
-            _shot(page, frontend, "before_reload")
+        # the launching cell shows the live view; the kernel is idle meanwhile
+        page.wait_for_function(
+            "(root) => Array.from(document.querySelectorAll(root + "
+            "' .nbtrain-dashboard .progress-bar')).some(b => parseFloat(b.style.width) > 5)",
+            arg=_cell(1), timeout=120_000,
+        )
+        page.wait_for_function(READY_JS, arg="long.ipynb", timeout=10_000)
+        _shot(page, frontend, "before_reload")
 
-            # saved with the live view in it, then reloaded: the kernel and the run go on
-            page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
-            time.sleep(1.0)
-            page.reload()
-            page.wait_for_function(READY_JS, arg="long.ipynb", timeout=120_000)
-            page.wait_for_selector(f"{_cell(1)} .nbtrain-dashboard .progress-bar",
-                                   timeout=60_000)
-            saved_cell = []
-            for _ in range(4):  # the launching cell's saved dashboard is live again
-                saved_cell.append(tuple(page.evaluate(BARS_JS, _cell(1))))
-                time.sleep(0.5)
-            page.evaluate(RUN_CELL_JS, 2)
-            page.wait_for_selector(f"{_cell(2)} .nbtrain-dashboard .progress-bar",
-                                   timeout=60_000)
-            widths = []
-            for sample in range(8):  # the reopened dashboard moves on
-                widths.append(tuple(page.evaluate(BARS_JS, _cell(2))))
-                if sample == 1:
-                    _shot(page, frontend, "shown_again")
-                time.sleep(0.5)
-            pane = page.evaluate(
-                "(root) => (document.querySelector(root + ' .nbtrain-run-output') || {})"
-                ".innerText || ''", _cell(2),
-            )
-            page.wait_for_selector(f"{_cell(2)} .nbtrain-static", timeout=120_000)
+        # saved with the live view in it, then reloaded: the kernel and the run go on
+        page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+        time.sleep(1.0)
+        page.reload()
+        page.wait_for_function(READY_JS, arg="long.ipynb", timeout=120_000)
+        page.wait_for_selector(f"{_cell(1)} .nbtrain-dashboard .progress-bar",
+                               timeout=60_000)
+        saved_cell = []
+        for _ in range(4):  # the launching cell's saved dashboard is live again
+            saved_cell.append(tuple(page.evaluate(BARS_JS, _cell(1))))
             time.sleep(0.5)
-            final = page.evaluate(CELL_TEXT_JS, 2)
-            launching_at_end = page.evaluate(CELL_TEXT_JS, 1)
-            _shot(page, frontend, "done")
-        finally:
-            browser.close()
+        page.evaluate(RUN_CELL_JS, 2)
+        page.wait_for_selector(f"{_cell(2)} .nbtrain-dashboard .progress-bar",
+                               timeout=60_000)
+        widths = []
+        for sample in range(8):  # the reopened dashboard moves on
+            widths.append(tuple(page.evaluate(BARS_JS, _cell(2))))
+            if sample == 1:
+                _shot(page, frontend, "shown_again")
+            time.sleep(0.5)
+        pane = page.evaluate(
+            "(root) => (document.querySelector(root + ' .nbtrain-run-output') || {})"
+            ".innerText || ''", _cell(2),
+        )
+        page.wait_for_selector(f"{_cell(2)} .nbtrain-static", timeout=120_000)
+        time.sleep(0.5)
+        final = page.evaluate(CELL_TEXT_JS, 2)
+        launching_at_end = page.evaluate(CELL_TEXT_JS, 1)
+        _shot(page, frontend, "done")
 
     assert len(set(saved_cell)) >= 3, saved_cell
     (ARTIFACTS / f"long_runs_{frontend}_launching_cell_at_end.txt").write_text(launching_at_end)
@@ -154,47 +123,36 @@ def test_a_background_run_survives_a_reload_and_ends_done(server) -> None:  # no
 
 
 @pytest.mark.timeout(420)
-def test_what_a_reload_during_a_blocking_launch_shows(server) -> None:  # noqa: F811
-    from playwright.sync_api import sync_playwright
-
-    frontend, url, token, root = server
-    route = APPS[frontend][1]
-    _notebook(root, "blocking.ipynb", [SETUP, BLOCKING, AGAIN])
-    ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(f"{url}/{route}/blocking.ipynb?token={token}")
-            page.wait_for_function(READY_JS, arg="blocking.ipynb", timeout=120_000)
-            page.evaluate(RUN_CELL_JS, 0)
-            page.wait_for_function(READY_JS, arg="blocking.ipynb", timeout=120_000)
-            page.evaluate(RUN_CELL_JS, 1)
-            page.wait_for_function(
-                "(root) => Array.from(document.querySelectorAll(root + "
-                "' .nbtrain-dashboard .progress-bar')).some(b => parseFloat(b.style.width) > 5)",
-                arg=_cell(1), timeout=120_000,
-            )
-            page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
-            time.sleep(1.0)
-            page.reload()
-            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
-            time.sleep(3.0)
-            during = page.evaluate(CELL_TEXT_JS, 1)
-            bars_during = page.evaluate(BARS_JS, _cell(1))
-            _shot(page, frontend, "blocking_reloaded")
-            page.wait_for_function(READY_JS, arg="blocking.ipynb", timeout=180_000)
-            time.sleep(1.0)
-            after = page.evaluate(CELL_TEXT_JS, 1)
-            bars_after = page.evaluate(BARS_JS, _cell(1))
-            _shot(page, frontend, "blocking_ended")
-            page.evaluate(RUN_CELL_JS, 2)  # nbtrain.runs()[-1]: the final view and the lines
-            page.wait_for_selector(f"{_cell(2)} .nbtrain-static", timeout=60_000)
-            page.wait_for_selector(f"{_cell(2)} .nbtrain-run-output", timeout=10_000)
-            shown = page.evaluate(CELL_TEXT_JS, 2)
-            _shot(page, frontend, "blocking_shown_again")
-        finally:
-            browser.close()
+def test_what_a_reload_during_a_blocking_launch_shows(server: Server) -> None:
+    frontend = server.app
+    with chromium() as browser:
+        page = open_notebook(browser, server, "blocking.ipynb", [SETUP, BLOCKING, AGAIN])
+        page.evaluate(RUN_CELL_JS, 0)
+        page.wait_for_function(READY_JS, arg="blocking.ipynb", timeout=120_000)
+        page.evaluate(RUN_CELL_JS, 1)
+        page.wait_for_function(
+            "(root) => Array.from(document.querySelectorAll(root + "
+            "' .nbtrain-dashboard .progress-bar')).some(b => parseFloat(b.style.width) > 5)",
+            arg=_cell(1), timeout=120_000,
+        )
+        page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+        time.sleep(1.0)
+        page.reload()
+        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+        time.sleep(3.0)
+        during = page.evaluate(CELL_TEXT_JS, 1)
+        bars_during = page.evaluate(BARS_JS, _cell(1))
+        _shot(page, frontend, "blocking_reloaded")
+        page.wait_for_function(READY_JS, arg="blocking.ipynb", timeout=180_000)
+        time.sleep(1.0)
+        after = page.evaluate(CELL_TEXT_JS, 1)
+        bars_after = page.evaluate(BARS_JS, _cell(1))
+        _shot(page, frontend, "blocking_ended")
+        page.evaluate(RUN_CELL_JS, 2)  # nbtrain.runs()[-1]: the final view and the lines
+        page.wait_for_selector(f"{_cell(2)} .nbtrain-static", timeout=60_000)
+        page.wait_for_selector(f"{_cell(2)} .nbtrain-run-output", timeout=10_000)
+        shown = page.evaluate(CELL_TEXT_JS, 2)
+        _shot(page, frontend, "blocking_shown_again")
     record = (f"{frontend}: during={during!r} bars={bars_during} | after={after!r} "
               f"bars={bars_after}")
     (ARTIFACTS / f"long_runs_{frontend}_blocking.txt").write_text(record)

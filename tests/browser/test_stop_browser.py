@@ -13,22 +13,15 @@ from __future__ import annotations
 import re
 import time
 
-import nbformat
 import pytest
-from test_dashboard_browser import LIVE_ROWS, READY_JS, ROWS_JS, STATIC_ROWS
-from test_live_view_browser import (
-    ARTIFACTS,
-    CHROMIUM,
-    CHROMIUM_ARGS,
-    MISSING,
-    _browser_required,
-    lab,  # noqa: F401  (the JupyterLab server fixture)
-    lab_server,  # noqa: F401  (lab's module-wide server)
-)
+from labutil import ARTIFACTS, RUN_ALL_JS, Server, chromium, open_notebook
+from test_dashboard_browser import LIVE_ROWS, ROWS_JS, STATIC_ROWS
+from test_live_view_browser import MISSING, _browser_required
 
 pytestmark = [
     pytest.mark.skipif(MISSING is not None and not _browser_required(), reason=str(MISSING)),
     pytest.mark.slow,
+    pytest.mark.parametrize("jupyter", ["lab"], indirect=True),  # conftest.py's server
 ]
 
 TRAIN = """
@@ -64,58 +57,39 @@ notebook_launcher(train, num_processes=2, start_method="fork", on_interrupt="che
 STOP_BUTTON = '[data-command="notebook:interrupt-kernel"]'
 
 
-@pytest.fixture(autouse=True)
-def _browser_present() -> None:
-    if MISSING is not None:  # only reached when required (CI): otherwise the test is skipped
-        pytest.fail(f"CI or NBTRAIN_REQUIRE_BROWSER=1 requires the browser test: {MISSING}")
-
 
 @pytest.mark.timeout(300)
-def test_the_stop_button_saves_then_every_row_says_where_it_stopped(lab) -> None:  # noqa: F811
-    from playwright.sync_api import sync_playwright
+def test_the_stop_button_saves_then_every_row_says_where_it_stopped(lab: Server) -> None:
 
-    url, token, root = lab
-    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(TRAIN)])
-    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                       "language": "python"}
-    nbformat.write(notebook, root / "stop.ipynb")
-    ARTIFACTS.mkdir(exist_ok=True)
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(f"{url}/lab/tree/stop.ipynb?token={token}")
-            page.wait_for_function(READY_JS, arg="stop.ipynb", timeout=90_000)
-            page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
-            page.wait_for_function(  # training, with a step count shown
-                "() => /batch \\d+\\/\\d+/.test((document.querySelector('.nbtrain-dashboard')"
-                " || {}).innerText || '')",
-                timeout=120_000,
-            )
-            time.sleep(1.0)
-            page.locator(STOP_BUTTON).first.click()  # JupyterLab's own ■ button
-            page.wait_for_function(
-                "() => (((document.querySelector('.nbtrain-dashboard') || {}).innerText || '')"
-                ".match(/saving checkpoint/g) || []).length === 2",  # both rows
-                timeout=60_000,
-            )
-            saving = page.evaluate("() => document.querySelector('.nbtrain-dashboard').innerText")
-            saving_rows = page.evaluate(ROWS_JS, LIVE_ROWS)
-            page.screenshot(path=str(ARTIFACTS / "stop_saving.png"))
-            page.wait_for_selector(".nbtrain-static", timeout=120_000)
-            time.sleep(0.5)
-            rows = page.evaluate(ROWS_JS, STATIC_ROWS)
-            summary = page.evaluate(
-                "() => document.querySelector('.nbtrain-static').innerText"
-            )
-            error = page.evaluate(
-                "() => Array.from(document.querySelectorAll('.jp-RenderedText'))"
-                ".map(e => e.innerText).join('\\n')"
-            )
-            page.screenshot(path=str(ARTIFACTS / "stop_stopped.png"))
-        finally:
-            browser.close()
+    with chromium() as browser:
+        page = open_notebook(browser, lab, "stop.ipynb", [TRAIN])
+        page.evaluate(RUN_ALL_JS)
+        page.wait_for_function(  # training, with a step count shown
+            "() => /batch \\d+\\/\\d+/.test((document.querySelector('.nbtrain-dashboard')"
+            " || {}).innerText || '')",
+            timeout=120_000,
+        )
+        time.sleep(1.0)
+        page.locator(STOP_BUTTON).first.click()  # JupyterLab's own ■ button
+        page.wait_for_function(
+            "() => (((document.querySelector('.nbtrain-dashboard') || {}).innerText || '')"
+            ".match(/saving checkpoint/g) || []).length === 2",  # both rows
+            timeout=60_000,
+        )
+        saving = page.evaluate("() => document.querySelector('.nbtrain-dashboard').innerText")
+        saving_rows = page.evaluate(ROWS_JS, LIVE_ROWS)
+        page.screenshot(path=str(ARTIFACTS / "stop_saving.png"))
+        page.wait_for_selector(".nbtrain-static", timeout=120_000)
+        time.sleep(0.5)
+        rows = page.evaluate(ROWS_JS, STATIC_ROWS)
+        summary = page.evaluate(
+            "() => document.querySelector('.nbtrain-static').innerText"
+        )
+        error = page.evaluate(
+            "() => Array.from(document.querySelectorAll('.jp-RenderedText'))"
+            ".map(e => e.innerText).join('\\n')"
+        )
+        page.screenshot(path=str(ARTIFACTS / "stop_stopped.png"))
 
     assert "stopping at the next optimizer step" in saving, saving
     assert [cols[-1]["text"] for cols in saving_rows] == ["saving checkpoint…"] * 2, saving_rows
@@ -129,5 +103,5 @@ def test_the_stop_button_saves_then_every_row_says_where_it_stopped(lab) -> None
     assert f"Stopped at step {where.pop()} (saved): checkpoint in" in summary, summary
     assert "KeyboardInterrupt" in error and "stopped at step" in error, error[-2000:]
     assert "stop-run/checkpoints/checkpoint_0" in error and "resume=True" in error
-    saved = root / "stop-run" / "checkpoints" / "checkpoint_0"
+    saved = lab.root / "stop-run" / "checkpoints" / "checkpoint_0"
     assert (saved / "nbtrain_checkpoint.json").is_file()

@@ -20,10 +20,16 @@ import time
 
 import nbformat
 import pytest
-from test_dashboard_browser import APPS, READY_JS, _api, _browser_present, server
-from test_live_view_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, MISSING, _browser_required
-
-__all__ = ["_browser_present", "server"]  # fixtures used here
+from labutil import (
+    ARTIFACTS,
+    READY_JS,
+    RUN_ALL_JS,
+    Server,
+    chromium,
+    open_notebook,
+    save_and_shut_down,
+)
+from test_live_view_browser import MISSING, _browser_required
 
 pytestmark = [
     pytest.mark.skipif(MISSING is not None and not _browser_required(), reason=str(MISSING)),
@@ -137,85 +143,59 @@ def _shot(page, moment: str, selector: str | None = None, index: int = -1) -> No
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("server", ["lab"], indirect=True)
-def test_labels_charts_order_and_an_untrusted_reopen(server) -> None:
-    from playwright.sync_api import sync_playwright
-
-    _, url, token, root = server
+@pytest.mark.parametrize("jupyter", ["lab"], indirect=True)
+def test_labels_charts_order_and_an_untrusted_reopen(lab: Server) -> None:
     name = "person.ipynb"
-    notebook = nbformat.v4.new_notebook(
-        cells=[nbformat.v4.new_code_cell(code) for code in (LABELS, FINISHED, LAUNCH)]
-    )
-    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                       "language": "python"}
-    nbformat.write(notebook, root / name)
-    # Every cell in the DOM (JupyterLab leaves cells out of view unrendered by default).
-    settings = root.parent / "jupyter" / "config" / "lab" / "user-settings" / "@jupyterlab"
-    (settings / "notebook-extension").mkdir(parents=True)
-    (settings / "notebook-extension" / "tracker.jupyterlab-settings").write_text(
-        '{"windowingMode": "none"}'
-    )
-    ARTIFACTS.mkdir(exist_ok=True)
-    _, route = APPS["lab"]
     problems: dict[str, list[str]] = {}
 
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(f"{url}/{route}/{name}?token={token}")
-            page.wait_for_function(READY_JS, arg=name, timeout=120_000)
-            page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
-            page.wait_for_function(
-                "() => document.querySelectorAll('.nbtrain-static').length === 2", timeout=180_000
-            )
-            page.wait_for_function(READY_JS, arg=name, timeout=120_000)
-            time.sleep(1.0)
-            for width in (1400, 900):
-                page.set_viewport_size({"width": width, "height": 1000})
-                time.sleep(0.7)
-                live = page.evaluate(ROWS_JS, ".nbtrain-dashboard .widget-hbox")
-                ended = page.evaluate(ROWS_JS, ".nbtrain-static .nbtrain-row")
-                assert len(live) == 12 and len(ended) == 12 + 2, (len(live), len(ended))
-                problems[f"live {width}"] = _row_problems(live)
-                problems[f"ended {width}"] = _row_problems(ended[:12])
-                _shot(page, f"live_{width}", ".nbtrain-dashboard", 0)
-                _shot(page, f"ended_{width}", ".nbtrain-static", 0)
-                _shot(page, f"launch_{width}", ".nbtrain-static", 1)
-            page.set_viewport_size({"width": 1400, "height": 1000})
-            charts = page.evaluate(CHART_POINTS_JS)
-            cell = page.evaluate(
-                "() => document.querySelectorAll('.jp-Cell')[2]"
-                ".querySelector('.jp-Cell-outputWrapper').innerText"
-            )
-            page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
-            time.sleep(1.5)
-            for session in _api(url, token, "sessions") or []:  # no kernel for the copy
-                _api(url, token, f"sessions/{session['id']}", "DELETE")
+    with chromium() as browser:
+        page = open_notebook(browser, lab, name, [LABELS, FINISHED, LAUNCH])
+        page.evaluate(RUN_ALL_JS)
+        page.wait_for_function(
+            "() => document.querySelectorAll('.nbtrain-static').length === 2", timeout=180_000
+        )
+        page.wait_for_function(READY_JS, arg=name, timeout=120_000)
+        time.sleep(1.0)
+        for width in (1400, 900):
+            page.set_viewport_size({"width": width, "height": 1000})
+            time.sleep(0.7)
+            live = page.evaluate(ROWS_JS, ".nbtrain-dashboard .widget-hbox")
+            ended = page.evaluate(ROWS_JS, ".nbtrain-static .nbtrain-row")
+            assert len(live) == 12 and len(ended) == 12 + 2, (len(live), len(ended))
+            problems[f"live {width}"] = _row_problems(live)
+            problems[f"ended {width}"] = _row_problems(ended[:12])
+            _shot(page, f"live_{width}", ".nbtrain-dashboard", 0)
+            _shot(page, f"ended_{width}", ".nbtrain-static", 0)
+            _shot(page, f"launch_{width}", ".nbtrain-static", 1)
+        page.set_viewport_size({"width": 1400, "height": 1000})
+        charts = page.evaluate(CHART_POINTS_JS)
+        cell = page.evaluate(
+            "() => document.querySelectorAll('.jp-Cell')[2]"
+            ".querySelector('.jp-Cell-outputWrapper').innerText"
+        )
+        save_and_shut_down(page, lab)  # no kernel for the copy
 
-            # A copy nobody signed: JupyterLab opens it untrusted and sanitises its HTML.
-            saved = nbformat.read(root / name, as_version=4)
-            saved.metadata.pop("signature", None)
-            saved.cells[0].source += "\n# a copy"  # its digest is not in the server's trust db
-            nbformat.write(saved, root / "untrusted.ipynb")
-            fresh = browser.new_page(viewport={"width": 1400, "height": 1000})
-            fresh.goto(f"{url}/{route}/untrusted.ipynb?token={token}")
-            fresh.wait_for_selector(".nbtrain-static", timeout=120_000)
-            time.sleep(1.5)
-            untrusted = fresh.evaluate(
-                "() => ({trusted: window.jupyterapp.shell.currentWidget.content.model"
-                ".cells.get(2).trusted,"
-                " images: Array.from(window.jupyterapp.shell.currentWidget.node"
-                ".querySelectorAll('.nbtrain-static img'))"
-                ".map(img => ({width: img.naturalWidth, shown: img.getBoundingClientRect().width}))"
-                ", svg: document.querySelectorAll('.nbtrain-static svg').length})"
-            )
-            untrusted_rows = fresh.evaluate(ROWS_JS, ".nbtrain-static .nbtrain-row")
-            problems["untrusted"] = _row_problems(untrusted_rows[:12])
-            _shot(fresh, "untrusted_labels", ".nbtrain-static", 0)
-            _shot(fresh, "untrusted_launch", ".nbtrain-static", 1)
-        finally:
-            browser.close()
+        # A copy nobody signed: JupyterLab opens it untrusted and sanitises its HTML.
+        saved = nbformat.read(lab.root / name, as_version=4)
+        saved.metadata.pop("signature", None)
+        saved.cells[0].source += "\n# a copy"  # its digest is not in the server's trust db
+        nbformat.write(saved, lab.root / "untrusted.ipynb")
+        fresh = browser.new_page(viewport={"width": 1400, "height": 1000})
+        fresh.goto(f"{lab.url}/{lab.route}/untrusted.ipynb?token={lab.token}")
+        fresh.wait_for_selector(".nbtrain-static", timeout=120_000)
+        time.sleep(1.5)
+        untrusted = fresh.evaluate(
+            "() => ({trusted: window.jupyterapp.shell.currentWidget.content.model"
+            ".cells.get(2).trusted,"
+            " images: Array.from(window.jupyterapp.shell.currentWidget.node"
+            ".querySelectorAll('.nbtrain-static img'))"
+            ".map(img => ({width: img.naturalWidth, shown: img.getBoundingClientRect().width}))"
+            ", svg: document.querySelectorAll('.nbtrain-static svg').length})"
+        )
+        untrusted_rows = fresh.evaluate(ROWS_JS, ".nbtrain-static .nbtrain-row")
+        problems["untrusted"] = _row_problems(untrusted_rows[:12])
+        _shot(fresh, "untrusted_labels", ".nbtrain-static", 0)
+        _shot(fresh, "untrusted_launch", ".nbtrain-static", 1)
 
     assert {moment: found for moment, found in problems.items() if found} == {}
     # Every logged point is drawn: 8 logs per rank, none coalesced away.

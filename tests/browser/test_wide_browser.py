@@ -3,25 +3,17 @@
 Live: 8 rows of groups (not 64 rows), the selector shows any one rank's own row while the cell
 is busy. At the end, at 1400 and at 900 px: the static dashboard's rows keep inside their columns,
 the failed rank stands out on its own red row with its error, the chart is a band. Screenshots
-go to tests/artifacts/ (wide_lab_<moment>.png). Server and helpers: test_dashboard_browser.py.
+go to tests/artifacts/ (wide_lab_<moment>.png). Helpers: test_dashboard_browser.py;
+the server: conftest.py.
 """
 
 from __future__ import annotations
 
 import time
 
-import nbformat
 import pytest
-from test_dashboard_browser import (
-    APPS,
-    JUPYTER_BROWSER_MARKS,
-    READY_JS,
-    ROWS_JS,
-    _overlaps,
-    _scroll_to,
-)
-from test_dashboard_browser import server as server  # the JupyterLab server fixture
-from test_live_view_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS
+from labutil import ARTIFACTS, READY_JS, RUN_ALL_JS, Server, chromium, open_notebook
+from test_dashboard_browser import JUPYTER_BROWSER_MARKS, ROWS_JS, _overlaps, _scroll_to
 
 pytestmark = JUPYTER_BROWSER_MARKS
 
@@ -55,64 +47,46 @@ def _shot(page, moment: str) -> None:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("server", ["lab"], indirect=True)
-def test_64_ranks_are_8_rows_and_the_failed_rank_stands_out(server) -> None:
-    from playwright.sync_api import sync_playwright
-
-    _, url, token, root = server
+@pytest.mark.parametrize("jupyter", ["lab"], indirect=True)
+def test_64_ranks_are_8_rows_and_the_failed_rank_stands_out(server: Server) -> None:
     name = "wide.ipynb"
-    notebook = nbformat.v4.new_notebook(
-        cells=[nbformat.v4.new_code_cell(code) for code in (SETUP, LAUNCH)]
-    )
-    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                       "language": "python"}
-    nbformat.write(notebook, root / name)
-    ARTIFACTS.mkdir(exist_ok=True)
-    _, route = APPS["lab"]
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(f"{url}/{route}/{name}?token={token}")
-            page.wait_for_function(READY_JS, arg=name, timeout=120_000)
-            page.evaluate("() => { window.jupyterapp.commands.execute("
-                          "'notebook:run-all-cells'); }")
-            page.wait_for_function(
-                f"() => document.querySelectorAll('{GROUPS}').length === 8 && "
-                "document.querySelector('.nbtrain-dashboard').innerText.includes('train ')",
-                timeout=240_000,
-            )
-            live_groups = page.evaluate(f"() => document.querySelectorAll('{GROUPS}').length")
-            page.select_option(".nbtrain-rank-selector select", label="rank 5")
-            page.wait_for_selector(".nbtrain-selected [data-rank='5']", timeout=30_000)
-            _scroll_to(page, ".nbtrain-dashboard")
-            _shot(page, "live_1400")
-            page.wait_for_selector(".nbtrain-static", timeout=300_000)
-            page.wait_for_function(READY_JS, arg=name, timeout=120_000)
-            ended = {}
-            for width in (1400, 900):
-                page.set_viewport_size({"width": width, "height": 1000})
-                time.sleep(0.7)  # the layout settles
-                ended[width] = {
-                    "rows": page.evaluate(ROWS_JS, STATIC_ROWS),
-                    "failed": page.evaluate(
-                        "() => { const row = document.querySelector("
-                        "'.nbtrain-static .nbtrain-row[data-status=\"failed\"]');"
-                        " if (!row) return null;"
-                        " const status = row.querySelector('.nbtrain-status span[title]');"
-                        " return {rank: row.dataset.rank, text: status.innerText,"
-                        " color: getComputedStyle(status).color}; }"
-                    ),
-                    "bands": page.evaluate(
-                        "() => document.querySelectorAll('.nbtrain-static img.nbtrain-band-chart')"
-                        ".length"
-                    ),
-                }
-                _scroll_to(page, ".nbtrain-static")
-                _shot(page, f"ended_{width}")
-            text = page.evaluate("() => document.body.innerText")
-        finally:
-            browser.close()
+    with chromium() as browser:
+        page = open_notebook(browser, server, name, [SETUP, LAUNCH])
+        page.evaluate(RUN_ALL_JS)
+        page.wait_for_function(
+            f"() => document.querySelectorAll('{GROUPS}').length === 8 && "
+            "document.querySelector('.nbtrain-dashboard').innerText.includes('train ')",
+            timeout=240_000,
+        )
+        live_groups = page.evaluate(f"() => document.querySelectorAll('{GROUPS}').length")
+        page.select_option(".nbtrain-rank-selector select", label="rank 5")
+        page.wait_for_selector(".nbtrain-selected [data-rank='5']", timeout=30_000)
+        _scroll_to(page, ".nbtrain-dashboard")
+        _shot(page, "live_1400")
+        page.wait_for_selector(".nbtrain-static", timeout=300_000)
+        page.wait_for_function(READY_JS, arg=name, timeout=120_000)
+        ended = {}
+        for width in (1400, 900):
+            page.set_viewport_size({"width": width, "height": 1000})
+            time.sleep(0.7)  # the layout settles
+            ended[width] = {
+                "rows": page.evaluate(ROWS_JS, STATIC_ROWS),
+                "failed": page.evaluate(
+                    "() => { const row = document.querySelector("
+                    "'.nbtrain-static .nbtrain-row[data-status=\"failed\"]');"
+                    " if (!row) return null;"
+                    " const status = row.querySelector('.nbtrain-status span[title]');"
+                    " return {rank: row.dataset.rank, text: status.innerText,"
+                    " color: getComputedStyle(status).color}; }"
+                ),
+                "bands": page.evaluate(
+                    "() => document.querySelectorAll('.nbtrain-static img.nbtrain-band-chart')"
+                    ".length"
+                ),
+            }
+            _scroll_to(page, ".nbtrain-static")
+            _shot(page, f"ended_{width}")
+        text = page.evaluate("() => document.body.innerText")
 
     assert live_groups == 8
     assert "raised WorkerError" in text

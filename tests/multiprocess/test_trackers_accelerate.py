@@ -40,8 +40,11 @@ CONFIG = {"num_iterations": 12, "learning_rate": 1e-2, "some_boolean": False, "s
 @pytest.fixture(autouse=True)
 def offline(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> str:
     """Every library local and offline (the ranks inherit the environment); no registration
-    outlives its test."""
+    outlives its test. The working directory is a temporary one outside the repository (the
+    ranks inherit it too): DVCLive's Live() inside a git checkout runs ``dvc init`` at its root
+    (this is how ``.dvc/`` and ``.dvcignore`` once got committed)."""
     root = tmp_path_factory.mktemp("stores")
+    monkeypatch.chdir(root)
     uri = f"sqlite:///{root}/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")

@@ -357,3 +357,25 @@ def _function_lengths(tree: ast.AST, prefix: str = "") -> list[tuple[str, int]]:
         else:
             found += _function_lengths(node, prefix)
     return found
+
+
+# The repository's top level is fixed (README: Layout). A test run writes nothing there: tools
+# that write into the working directory (DVCLive runs ``dvc init`` at a git checkout's root) run
+# in a temporary one. Committed files and untracked, unignored ones both count.
+TOP_LEVEL = {
+    ".ci", ".gitignore", "README.md", "benchmarks", "binder", "constraints.txt",
+    "constraints-xla.txt", "nbtrain", "notebooks", "pyproject.toml", "tests",
+}
+
+
+def test_the_repository_root_holds_only_the_fixed_layout():
+    root = PACKAGE.parent
+    if not (root / ".git").exists():
+        pytest.skip("not a git checkout (an installed copy)")
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=root, capture_output=True, text=True, check=True,
+    ).stdout.splitlines()
+    top = {path.split("/", 1)[0] for path in listed}
+    assert top - TOP_LEVEL == set(), "unexpected at the repository root; see README: Layout"
+    assert {"nbtrain", "tests", "pyproject.toml"} <= top  # it listed the checkout
