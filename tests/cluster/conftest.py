@@ -37,6 +37,11 @@ def cluster() -> Iterator[Cluster]:
     # Its own temp dir (sessions, sockets, logs): another Ray on this machine keeps /tmp/ray.
     # Short, under /tmp: Ray's Unix socket paths must stay within 107 characters.
     folder = tempfile.mkdtemp(prefix="nbray-", dir="/tmp")
+    # cluster_utils also writes the head's address to $RAY_TMPDIR/ray/ray_current_cluster:
+    # by default /tmp/ray, absent on a fresh machine (the start fails) and read by another
+    # cluster's `ray.init()`; ours goes into our folder (os.environ is restored below).
+    os.environ["RAY_TMPDIR"] = folder
+    os.makedirs(os.path.join(folder, "ray"), exist_ok=True)
     cluster = _start_cluster(folder)
     try:
         ray.init(address=cluster.address, log_to_driver=False)
