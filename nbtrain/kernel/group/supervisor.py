@@ -50,6 +50,7 @@ from nbtrain.shared.lines import LineSplitter
 from nbtrain.shared.stopping import STOP_SIGNAL
 
 TICK = 0.05  # seconds: the loop wakes at least this often to refresh the view and check limits
+MIN_PASS = 0.02  # seconds: a pass that read something is followed by the next no sooner
 READ_SIZE = 1 << 16  # bytes per read
 READ_BUDGET = 4 * READ_SIZE  # bytes read from one pipe per pass of the loop (unbounded at the end)
 # Seconds a rank that reported Finished/Failed may take to exit by itself. Interpreter shutdown
@@ -99,6 +100,8 @@ class Supervisor:
         self.timed_out = False
         self.stopping = False
         self._started: set[int] = set()
+        self._swept = 0.0  # when step() last looked at every rank
+        self._busy_until = 0.0  # the next pass after one that read something: not before then
         # Where each rank is (stacks.py): the stderr of each asked rank since the last request,
         # until when the answers are awaited, whether the request came before stopping the
         # ranks (a timeout: the dumps are shown in the cell) or from where() (only the picture
@@ -234,16 +237,29 @@ class Supervisor:
         watched = [s.fd for s in self._streams.values() if s.open] + list(by_sentinel)
         if self.stop_asked:
             self._ask_pending()
-        for ready in self._poller.wait(watched, self._wait_time(deadline)):
-            if ready in self._streams:
-                self._pump(self._streams[ready], budget=READ_BUDGET)
+        # Many ranks keep a pipe ready nearly all the time: a busy loop waits out MIN_PASS
+        # between passes, so each pass reads what several ranks sent (issue 44).
+        if (rest := self._busy_until - time.monotonic()) > 0:
+            time.sleep(rest)
+        ready = self._poller.wait(watched, self._wait_time(deadline))
+        if ready:
+            self._busy_until = time.monotonic() + MIN_PASS
+        for fd in ready:
+            if fd in self._streams:
+                self._pump(self._streams[fd], budget=READ_BUDGET)
         self._order.expire()
         # A failure that arrived as an event stops the others before exits are collected, so a
         # rank that reported it and already exited still counts as asked to stop (the view shows
         # a peer-loss rank as stopped, not failed).
         if self._cell is None and not self.stopping and self._failed():
             self.stop_all()
-        for rank_process in by_sentinel.values():
+        # What looks at every rank runs at most once a TICK, not on every pass: with 64 ranks
+        # logging, events wake the loop ~100 times a second (issue 44). A rank whose sentinel
+        # woke it is looked at at once.
+        sweep = time.monotonic() - self._swept >= TICK
+        if sweep:
+            self._swept = time.monotonic()
+        for rank_process in by_sentinel.values() if sweep else _woken(by_sentinel, ready):
             # Not the sentinel alone: a rank's forked DataLoader workers hold it open. Nor
             # process.exitcode, which would reap the rank before reap() could use its pid.
             if has_exited(rank_process):
@@ -251,14 +267,15 @@ class Supervisor:
         self._answer_where()
         if self._cell is not None:
             self._watch_cell(deadline)
+        else:
+            if not self.stopping and self._failed():
+                self.stop_all()
+            if deadline is not None and not self.stopping and time.monotonic() >= deadline:
+                self._time_out()
+            if sweep:
+                self._stop_lingering()
+        if sweep:
             kill_overdue(self._killable(), self._grace)
-            return
-        if not self.stopping and self._failed():
-            self.stop_all()
-        if deadline is not None and not self.stopping and time.monotonic() >= deadline:
-            self._time_out()
-        self._stop_lingering()
-        kill_overdue(self._killable(), self._grace)
 
     def _killable(self) -> list[RankProcess]:
         """Not a failed rank at its post-mortem prompt (debug=True): its stop waits for it."""
@@ -284,10 +301,11 @@ class Supervisor:
         that named nothing is only slow to shut down (a busy machine): its wait grows with the
         machine's load, and the note blames nothing of the user's."""
         now = time.monotonic()
+        load_factor = _load_factor() if self._done_at else 1.0  # (one system call, not one a rank)
         for rank, done_at in list(self._done_at.items()):
             rank_process = self._processes[rank]
             names = self._lingering.get(rank, ())
-            wait = self._exit_wait * (1.0 if names else _load_factor())
+            wait = self._exit_wait * (1.0 if names else load_factor)
             if now - done_at < wait or rank_process.reaped or rank_process.stop_requested_at:
                 continue
             del self._done_at[rank]
@@ -511,6 +529,10 @@ class Supervisor:
             self._emit_event(event, stream.rank)
         for problem in stream.decoder.take_problems():  # the frames after it still count
             self._emit(Output(stream.rank, "stderr", f"[nbtrain] protocol error: {problem}"))
+
+
+def _woken(by_sentinel: dict[int, RankProcess], ready: list[int]) -> list[RankProcess]:
+    return [by_sentinel[fd] for fd in ready if fd in by_sentinel]
 
 
 def _after_stop(event: Failed, rank_process: RankProcess) -> bool:
