@@ -63,10 +63,12 @@ def __getattr__(name: str) -> Any:
 
 def warm_up() -> None:
     """Make what the first launch needs ready while the kernel is idle, once the current cell
-    has ended (nbtrain/kernel/procs/warmup.py): the forkserver with torch imported, and the kernel's
-    own imports for a fork launch. ``import nbtrain`` in a Jupyter kernel does it already,
-    unless ``NBTRAIN_WARM_UP=0`` is set (then this call does it). Elsewhere (a script, terminal
-    IPython) it does nothing: a launch imports what it needs itself."""
+    has ended (nbtrain/kernel/procs/warmup.py): the forkserver with torch imported (where
+    launches use it: CUDA visible, or torch_xla; on a CPU machine warm ranks start it when
+    asked for), and the kernel's own imports for a fork launch. ``import nbtrain`` in a Jupyter
+    kernel does it already, unless ``NBTRAIN_WARM_UP=0`` is set (then this call does it).
+    Elsewhere (a script, terminal IPython) it does nothing: a launch imports what it needs
+    itself."""
     if _in_a_kernel():
         import_module("nbtrain.kernel.procs.warmup").start()
 

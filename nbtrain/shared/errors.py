@@ -45,6 +45,7 @@ class WorkerError(RuntimeError, ChildFailedError):
     :param node: the node (machine) number of the root cause in a multi-node launch.
     :param other_failures: other ranks that failed on their own account: rank -> summary.
     :param host: the root cause's machine name, where a cluster placed it.
+    :param stopped: how many other ranks were still running and were stopped because of it.
     """
 
     name = "notebook_launcher"  # ChildFailedError's entrypoint name
@@ -62,6 +63,7 @@ class WorkerError(RuntimeError, ChildFailedError):
         node: int = 0,
         other_failures: dict[int, str] | None = None,
         host: str = "",
+        stopped: int = 0,
     ) -> None:
         self.rank = rank
         self.type_name = type_name
@@ -73,6 +75,7 @@ class WorkerError(RuntimeError, ChildFailedError):
         self.node = node
         self.host = host  # the root cause's machine, where a cluster placed it
         self.other_failures = dict(other_failures or {})
+        self.stopped = stopped
         # (not ChildFailedError.__init__: ``name`` and ``failures`` are derived, not stored)
         RuntimeError.__init__(self, self._summary())
 
@@ -100,6 +103,9 @@ class WorkerError(RuntimeError, ChildFailedError):
         others = {r: s for r, s in self.other_failures.items() if r not in same}
         if others:
             text += "\n  then, as a consequence: " + _consequences(others)
+        stopped = getattr(self, "stopped", 0)  # (pickled before it existed)
+        if stopped:  # at width, the one line that stands for every collateral rank
+            text += f"\n  {stopped} other rank{'s were' if stopped > 1 else ' was'} stopped"
         return text
 
     def __str__(self) -> str:

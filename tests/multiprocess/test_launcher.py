@@ -985,3 +985,27 @@ def test_at_width_ranks_at_the_same_place_share_one_line(capsys):
     )
     hang = capsys.readouterr().err
     assert "ranks 0-6 are in " in hang and "the others wait for rank 7." in hang, hang
+
+
+def last_rank_raises(ranks):
+    if int(os.environ["RANK"]) == ranks - 1:
+        time.sleep(0.5)  # (the others are up by then)
+        raise ValueError(f"rank {ranks - 1} failed on purpose")
+    while True:
+        time.sleep(0.05)
+
+
+def test_at_width_one_failure_is_shown_in_full_and_the_stopped_ranks_in_one_line():
+    # 32 real ranks, one raises, 31 are stopped (issue 44): the root cause's own traceback in
+    # full, the others one line, not 31 tracebacks or summaries.
+    ranks = 32
+    with pytest.raises(WorkerError) as info:
+        notebook_launcher(last_rank_raises, (ranks,), num_processes=ranks, start_method="fork",
+                          **QUIET)
+    err = info.value
+    assert err.rank == ranks - 1 and err.other_failures == {} and err.stopped == ranks - 1
+    assert str(err) == (
+        "rank 31 failed with ValueError: rank 31 failed on purpose\n  31 other ranks were stopped"
+    )
+    assert "in last_rank_raises" in err.remote_traceback
+    assert 'raise ValueError(f"rank {ranks - 1} failed on purpose")' in err.remote_traceback

@@ -43,6 +43,26 @@ def test_ranks_stopped_by_the_launcher_are_not_failures():
     outcome.apply(Exited(1, 1, None, stopped_by_launcher=False))
     outcome.apply(Exited(0, -15, "SIGTERM", stopped_by_launcher=True))
     assert outcome.failed_ranks() == [1]
+    assert outcome.all_exited and outcome.has_failure()
+    error = outcome.error()
+    assert error.stopped == 1 and str(error).endswith("\n  1 other rank was stopped")
+
+
+def test_failures_are_known_as_events_come_and_go():
+    # has_failure() is kept as events arrive (the watch loop asks it every pass): a rank that
+    # exits badly fails, and one whose later report explains the exit stops failing.
+    outcome = Outcome([0, 1, 2])
+    assert not outcome.has_failure() and not outcome.all_exited
+    outcome.apply(Exited(2, 0, None, stopped_by_launcher=False))
+    assert outcome.has_failure() and outcome.failed_ranks() == [2]  # exit 0 without a result
+    outcome.apply(Finished(2, pack_result(None)))
+    assert not outcome.has_failure()
+    outcome.apply(Exited(2, 0, None, stopped_by_launcher=False))  # (a second exit counts once)
+    outcome.apply(failed(0, 1.0))
+    outcome.apply(Exited(0, 1, None, stopped_by_launcher=False))
+    outcome.apply(Exited(1, -15, "SIGTERM", stopped_by_launcher=True))
+    assert outcome.all_exited and outcome.failed_ranks() == [0]
+    assert outcome.error().stopped == 1  # rank 1; rank 2 had returned
 
 
 def test_exit_zero_without_result_is_a_failure():

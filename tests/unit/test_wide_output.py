@@ -71,3 +71,5 @@ def test_62_consequences_of_one_failure_are_summarised() -> None:
     few = WorkerError(3, type_name="ValueError", message="boom",
                       other_failures={0: "RuntimeError: lost"})
     assert "then, as a consequence: rank 0: RuntimeError: lost" in str(few)
+    stopped = WorkerError(31, type_name="ValueError", message="boom", stopped=31)
+    assert str(stopped) == "rank 31 failed with ValueError: boom\n  31 other ranks were stopped"

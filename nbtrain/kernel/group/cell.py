@@ -70,7 +70,7 @@ class CellSupervisor(Supervisor):
     def _stop_on_failure(self) -> None:
         """A failure gives the others the grace to report (``_watch``), not a stop."""
 
-    def _watch(self, deadline: float | None) -> None:
+    def _watch(self, deadline: float | None, *, sweep: bool) -> None:
         if self._stopping:
             return
         if any(rp.reaped for rp in self.ranks):

@@ -57,10 +57,11 @@ class Lingering:
         load, and the note blames nothing of the user's."""
         now = time.monotonic()
         due = []
+        load_factor = _load_factor() if self._done_at else 1.0  # (one system call, not one a rank)
         for rank, done_at in list(self._done_at.items()):
             rank_process = processes[rank]
             names = self._names.get(rank, ())
-            wait = self.exit_wait * (1.0 if names else _load_factor())
+            wait = self.exit_wait * (1.0 if names else load_factor)
             if now - done_at < wait or rank_process.reaped or rank_process.stop_requested_at:
                 continue
             del self._done_at[rank]

@@ -33,36 +33,37 @@ class RankRecord:
 class Outcome:
     def __init__(self, ranks: list[int]) -> None:
         self.records = {rank: RankRecord() for rank in ranks}
+        # Kept as events arrive: the watch loop asks has_failure() every pass, and a scan of
+        # every record made each pass cost more with every rank (issue 44).
+        self._failing: set[int] = set()
+        self._exited = 0
 
     def apply(self, event: Event) -> None:
         record = self.records.get(event.rank)
         if record is None:
             return
-        if isinstance(event, Finished):
-            record.finished, record.result = True, event.result
-        elif isinstance(event, Failed):
-            record.failure = event
-        elif isinstance(event, Stopped):
-            record.stopped = event
-        elif isinstance(event, Exited):
-            record.exit = event
-        elif isinstance(event, Output) and event.stream == "stderr":
-            record.stderr_tail.append(event.line)
-            if event.line.startswith(_FATAL_HEADER):
-                record.fatal_dump = [event.line]
-            elif record.fatal_dump and len(record.fatal_dump) < _FATAL_LINES:
-                record.fatal_dump.append(event.line)
+        if isinstance(event, Output):
+            if event.stream == "stderr":
+                _keep_stderr(record, event.line)
+            return
+        if isinstance(event, Exited) and record.exit is None:
+            self._exited += 1
+        _record(record, event)
+        if _failed(record):
+            self._failing.add(event.rank)
+        else:
+            self._failing.discard(event.rank)
 
     @property
     def all_exited(self) -> bool:
-        return all(record.exit is not None for record in self.records.values())
+        return self._exited == len(self.records)
 
     def failed_ranks(self) -> list[int]:
         """Ranks that failed on their own (not ones the launcher stopped)."""
-        return [rank for rank, record in self.records.items() if _failed(record)]
+        return [rank for rank in self.records if rank in self._failing]
 
     def has_failure(self) -> bool:
-        return any(_failed(record) for record in self.records.values())
+        return bool(self._failing)
 
     def stops(self) -> list[Stopped]:
         """The graceful stops reported, by rank."""
@@ -90,6 +91,10 @@ class Outcome:
             for other, rec in self.records.items()
             if other != rank and _failed(rec)
         }
+        stopped = sum(  # still running when it failed: the launcher stopped them
+            1 for other, rec in self.records.items()
+            if other != rank and other not in others and not rec.finished and rec.stopped is None
+        )
         exit_event = record.exit
         signal_name = exit_event.signal if exit_event else None
         exitcode = exit_event.exitcode if exit_event else None
@@ -108,6 +113,7 @@ class Outcome:
                 remote_traceback=failure.traceback,
                 node=node,
                 other_failures=others,
+                stopped=stopped,
             )
         message = "" if signal_name else _exit_hint(exitcode)
         return WorkerError(
@@ -118,6 +124,7 @@ class Outcome:
             remote_traceback="\n".join(record.fatal_dump) or _tail(record.stderr_tail),
             node=node,
             other_failures=others,
+            stopped=stopped,
         )
 
     def results(self) -> dict[int, object]:
@@ -127,6 +134,25 @@ class Outcome:
             for rank, record in self.records.items()
             if record.result is not None
         }
+
+
+def _record(record: RankRecord, event: Event) -> None:
+    if isinstance(event, Finished):
+        record.finished, record.result = True, event.result
+    elif isinstance(event, Failed):
+        record.failure = event
+    elif isinstance(event, Stopped):
+        record.stopped = event
+    elif isinstance(event, Exited):
+        record.exit = event
+
+
+def _keep_stderr(record: RankRecord, line: str) -> None:
+    record.stderr_tail.append(line)
+    if line.startswith(_FATAL_HEADER):
+        record.fatal_dump = [line]
+    elif record.fatal_dump and len(record.fatal_dump) < _FATAL_LINES:
+        record.fatal_dump.append(line)
 
 
 def _load_result(rank: int, data: bytes) -> object:

@@ -48,6 +48,9 @@ class OutputOrder:
     def __init__(self, emit: Callable[[Output | Display], None]) -> None:
         self._emit = emit
         self._processes: dict[int, _Process] = {}
+        # The processes holding something back: expire() runs every pass of the watch loop and
+        # looks at these alone, not at every rank (issue 44).
+        self._holding: set[int] = set()
 
     def line(self, process: int, line: Output) -> None:
         """A whole line read from a process's stdout or stderr pipe."""
@@ -57,6 +60,7 @@ class OutputOrder:
             return
         self._take(state, line)
         self._advance(state)
+        self._note(process, state)
 
     def display(self, process: int, event: Display) -> None:
         state = self._process(process)
@@ -65,26 +69,40 @@ class OutputOrder:
             return
         state.displays[event.mark] = (event, time.monotonic())
         self._advance(state)
+        self._note(process, state)
 
     def expire(self) -> None:
         """Let through what waited more than PATIENCE seconds for its other half."""
+        if not self._holding:
+            return
         limit = time.monotonic() - PATIENCE
-        for state in self._processes.values():
+        for process in list(self._holding):
+            state = self._processes[process]
             late = [mark for mark, (_, since) in state.displays.items() if since < limit]
             late += [s.waiting for s in state.streams.values()
                      if s.waiting is not None and s.since < limit]
             for mark in sorted(late):
                 self._show(state, mark)
             self._advance(state)
+            self._note(process, state)
 
     def release(self, process: int | None = None) -> None:
         """Let everything held through (of ``process``, or of all): no more is coming."""
-        for key, state in self._processes.items():
-            if process is not None and key != process:
+        keys = list(self._processes) if process is None else [process]
+        for key in keys:
+            state = self._processes.get(key)
+            if state is None:
                 continue
             while marks := [*state.displays, *(s.waiting for s in state.streams.values()
                                                if s.waiting is not None)]:
                 self._show(state, min(marks))
+            self._holding.discard(key)
+
+    def _note(self, process: int, state: _Process) -> None:
+        if state.displays or any(s.waiting is not None for s in state.streams.values()):
+            self._holding.add(process)
+        else:
+            self._holding.discard(process)
 
     def _process(self, process: int) -> _Process:
         state = self._processes.get(process)

@@ -49,6 +49,7 @@ from nbtrain.shared.events import (
 from nbtrain.shared.stopping import STOP_SIGNAL
 
 TICK = 0.05  # seconds: the loop wakes at least this often to refresh the view and check limits
+MIN_PASS = 0.02  # seconds: a pass that read something is followed by the next no sooner
 
 __all__ = ["EXIT_WAIT", "TICK", "Supervisor"]
 
@@ -76,6 +77,8 @@ class Supervisor:
         # How the watch is ending (read through ending(), once it has).
         self._timed_out = self._stopping = self._interrupted = self._stop_asked = False
         self._started: set[int] = set()
+        self._swept = 0.0  # when step() last looked at every rank
+        self._busy_until = 0.0  # the next pass after one that read something: not before then
         # Where each rank is (stacks.py): the stderr of each asked rank since the last request,
         # until when the answers are awaited, whether the request came before stopping the
         # ranks (a timeout: the dumps are shown in the cell) or from where() (only the picture
@@ -171,33 +174,48 @@ class Supervisor:
         watched = self._pipes.open_fds() + list(by_sentinel)
         if self._stop_asked:
             self._ask_pending()
-        for ready in self._poller.wait(watched, self._wait_time(deadline)):
-            self._pipes.read(ready)
+        # Many ranks keep a pipe ready nearly all the time: a busy loop waits out MIN_PASS
+        # between passes, so each pass reads what several ranks sent (issue 44).
+        if (rest := self._busy_until - time.monotonic()) > 0:
+            time.sleep(rest)
+        ready = self._poller.wait(watched, self._wait_time(deadline))
+        if ready:
+            self._busy_until = time.monotonic() + MIN_PASS
+        for fd in ready:
+            self._pipes.read(fd)
         self._order.expire()
         # A failure that arrived as an event stops the others before exits are collected, so a
         # rank that reported it and already exited still counts as asked to stop (the view shows
         # a peer-loss rank as stopped, not failed).
         self._stop_on_failure()
-        for rank_process in by_sentinel.values():
+        # What looks at every rank runs at most once a TICK, not on every pass: with 64 ranks
+        # logging, events wake the loop ~100 times a second (issue 44). A rank whose sentinel
+        # woke it is looked at at once.
+        sweep = time.monotonic() - self._swept >= TICK
+        if sweep:
+            self._swept = time.monotonic()
+        for rank_process in by_sentinel.values() if sweep else _woken(by_sentinel, ready):
             # Not the sentinel alone: a rank's forked DataLoader workers hold it open. Nor
             # process.exitcode, which would reap the rank before reap() could use its pid.
             if has_exited(rank_process):
                 self._collect(rank_process)
         self._answer_where()
-        self._watch(deadline)
-        kill_overdue(self._killable(), self._grace)
+        self._watch(deadline, sweep=sweep)
+        if sweep:
+            kill_overdue(self._killable(), self._grace)
 
     def _stop_on_failure(self) -> None:
         if not self._stopping and self._failed():
             self.stop_all()
 
-    def _watch(self, deadline: float | None) -> None:
+    def _watch(self, deadline: float | None, *, sweep: bool) -> None:
         """A launch's rules: a failure stops every rank; so does the deadline, once the ranks
-        were asked where they are; a rank that returned but does not exit is stopped."""
+        were asked where they are; a rank that returned but does not exit is stopped (looked
+        for on a ``sweep``)."""
         self._stop_on_failure()
         if deadline is not None and not self._stopping and time.monotonic() >= deadline:
             self._time_out()
-        for rank_process, why in self._lingering.overdue(self._processes):
+        for rank_process, why in self._lingering.overdue(self._processes) if sweep else ():
             self._emit(Output(rank_process.rank, "stderr", why))
             request_stop(rank_process)
 
@@ -383,6 +401,10 @@ class Supervisor:
             output = Output(rank, kind, line, dump=dump and self._final,
                             aside=dump and not self._final)
             self._order.line(rank, output)
+
+
+def _woken(by_sentinel: dict[int, RankProcess], ready: list[int]) -> list[RankProcess]:
+    return [by_sentinel[fd] for fd in ready if fd in by_sentinel]
 
 
 def _after_stop(event: Failed, rank_process: RankProcess) -> bool:

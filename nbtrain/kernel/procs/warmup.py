@@ -4,7 +4,9 @@ soon as nbtrain is imported in a Jupyter kernel (benchmarks/startup.py measures 
 Without it, the first launch in a fresh kernel pays in its own cell for what every later one
 finds done: importing torch._dynamo (any optimizer imports it; a fork launch imports it once in
 the kernel so that ranks inherit it) and nbtrain's rank and kernel sides, and, for warm ranks
-and forkserver launches, starting the forkserver: a fresh Python importing torch.
+and forkserver launches, starting the forkserver: a fresh Python importing torch. The warm-up
+starts the forkserver only where launches use it by default (CUDA visible, or torch_xla): on a
+CPU machine they fork, and warm ranks start it when they are asked for.
 
 Each step runs in a thread of its own, but only while no cell runs: a cell's start
 (IPython's pre_execute) pauses the warm-up after its current step, and the cell's end resumes
@@ -31,6 +33,7 @@ from typing import Any
 
 from nbtrain.kernel.host import environment
 from nbtrain.kernel.procs import forkserver
+from nbtrain.shared import tpu
 
 # What a first launch imports into the kernel beyond what the rank inherits (forkserver.py
 # lists the rank's own modules): the launch paths, the warm-rank session and the views.
@@ -192,6 +195,15 @@ def _hide(handle: Any) -> None:
         clear_output()
 
 
+def _forkserver_serves() -> bool:
+    """Will a launch start from the forkserver here without asking for it? Where CUDA is
+    visible (ranks cannot fork a kernel that may use CUDA) or torch_xla is installed (its host
+    starts from it). On a CPU machine launches fork: the server would cost ~290 MB for nothing
+    (issue 44); warm ranks and forkserver launches start it when they come. (Asked after the
+    torch step: the CUDA count needs torch, and NVML answers without a CUDA context.)"""
+    return environment.cuda_device_count() > 0 or tpu.torch_xla_installed()
+
+
 def _shell() -> Any:
     with contextlib.suppress(Exception):
         from IPython import get_ipython
@@ -203,6 +215,7 @@ def _shell() -> Any:
 def _do(step: str) -> None:
     with contextlib.suppress(Exception):  # (ipywidgets missing, ...): the launch does it
         if step == _FORKSERVER:
-            forkserver.start()  # returns at once: the server imports in its own process
+            if _forkserver_serves():
+                forkserver.start()  # returns at once: the server imports in its own process
         else:
             importlib.import_module(step)
