@@ -3,7 +3,7 @@
 ``RankGroup`` (rankgroup.py) starts the ranks through a backend, opens the channel (the
 ``Supervisor`` that reads their pipes; ``CellSupervisor``, cell.py, for warm ranks), runs the one
 watch loop under the one Ctrl-C policy (interrupts.py) and returns how it ended (``Ending``,
-ending.py), answers where each rank is (stacks), stops them (terminate, grace, kill) and
+ending.py), answers where each rank is (stacks; whereabouts.py), stops them (terminate, grace, kill) and
 closes them. A backend (backend.py) says only where ranks are placed and how their bytes travel:
 ``LocalProcesses`` (processes of this machine, pipes and /dev/shm) serves the plain local launch,
 torch_xla's host process and the warm ranks; a cluster backend implements the same two methods.

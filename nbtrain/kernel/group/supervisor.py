@@ -23,6 +23,7 @@ from nbtrain.kernel.group.outorder import OutputOrder
 from nbtrain.kernel.group.pdbprompt import Prompts
 from nbtrain.kernel.group.pipes import Pipes
 from nbtrain.kernel.group.postmortem import FirstFailure
+from nbtrain.kernel.group.whereabouts import Whereabouts
 from nbtrain.kernel.procs.processes import (
     RankProcess,
     has_exited,
@@ -54,7 +55,7 @@ MIN_PASS = 0.02  # seconds: a pass that read something is followed by the next n
 __all__ = ["EXIT_WAIT", "TICK", "Supervisor"]
 
 
-class Supervisor:
+class Supervisor(Whereabouts):
     def __init__(
         self,
         ranks: list[RankProcess],
@@ -79,14 +80,7 @@ class Supervisor:
         self._started: set[int] = set()
         self._swept = 0.0  # when step() last looked at every rank
         self._busy_until = 0.0  # the next pass after one that read something: not before then
-        # Where each rank is (stacks.py): the stderr of each asked rank since the last request,
-        # until when the answers are awaited, whether the request came before stopping the
-        # ranks (a timeout: the dumps are shown in the cell) or from where() (only the picture
-        # is shown), and who waits for the picture.
-        self._dumps: dict[int, list[str]] | None = None
-        self._dump_until = 0.0
-        self._final = False
-        self._answers: list[Callable[[dict[int, stacks.RankStack]], None]] = []
+        self._dumps, self._dump_until, self._final, self._answers = None, 0.0, False, []  # where
         # Progress: when a rank last said anything (an event or a line of output; not the
         # stacks it was asked for), and the pdb prompt's time then (not the run's time).
         self.active_at = time.monotonic()
@@ -245,32 +239,6 @@ class Supervisor:
             self._timed_out = True
             self.stop_all()
 
-    # -- where each rank is ------------------------------------------------------------------
-
-    def ask_where(self, answer: Callable[[dict[int, stacks.RankStack]], None]) -> None:
-        """Ask every running rank for its stacks; ``answer(picture)`` is called from this loop
-        once they had stacks.WAIT seconds to answer (one request serves every asker)."""
-        self._answers.append(answer)
-        if self._dumps is None or time.monotonic() >= self._dump_until:
-            self._request_stacks(None, final=False)
-
-    def _request_stacks(self, ranks: set[int] | None, *, final: bool) -> None:
-        self._dumps = {
-            rp.rank: []
-            for rp in self.ranks
-            if (ranks is None or rp.rank in ranks) and self._ask_for_stack(rp)
-        }
-        self._dump_until = time.monotonic() + stacks.WAIT
-        self._final = final
-
-    def _answer_where(self) -> None:
-        if not self._answers or time.monotonic() < self._dump_until:
-            return
-        answers, self._answers = self._answers, []
-        picture = self.stuck_frames()
-        for answer in answers:
-            answer(picture)
-
     def _active(self) -> None:
         self.active_at, self.paused_then = time.monotonic(), self.prompts.paused_for
 
@@ -279,48 +247,6 @@ class Supervisor:
         prompt meanwhile (hang detection: a paused rank is not a hung one)."""
         paused = self.prompts.paused_for - self.paused_then
         return time.monotonic() - self.active_at - paused
-
-    def _ask_for_stack(self, rank_process: RankProcess) -> bool:
-        pid = rank_process.process.pid
-        if stacks.DUMP_SIGNAL is None or pid is None or rank_process.reaped:
-            return False
-        if rank_process.rank not in self._started:
-            return False  # its handler may not be registered yet: the signal would kill it
-        return send_signal(rank_process, stacks.DUMP_SIGNAL)
-
-    def stuck_frames(self) -> dict[int, stacks.RankStack]:
-        """Where each rank was at the last request for stacks (after a timeout, or for
-        where()): an asked rank's user frames and collective; the others, why not asked."""
-        dumps = self._dumps or {}
-        picture = {}
-        for rank_process in self.ranks:
-            rank = rank_process.rank
-            if self._resting(rank):
-                where = stacks.RankStack(note=self._outside(rank))
-            elif rank in dumps:
-                where = stacks.rank_stack(dumps[rank])
-                if not where.frames:
-                    where = stacks.RankStack(note=self._outside(rank))
-            else:
-                where = stacks.RankStack(note=self._unasked(rank_process))
-            picture[rank] = where
-        return picture
-
-    def _resting(self, rank: int) -> bool:
-        """Not asked, and nothing to ask: a warm rank outside the command (cell.py)."""
-        return False
-
-    def _outside(self, rank: int) -> str:
-        return "outside the function (starting, or returned)"
-
-    def _unasked(self, rank_process: RankProcess) -> str:
-        if rank_process.reaped:
-            return "exited"
-        if rank_process.rank in self._reported:
-            return "returned"
-        if rank_process.rank not in self._started:
-            return "starting"
-        return "did not answer"
 
     def stop_all(self) -> None:
         """SIGTERM the ranks still working; ranks that already reported get the grace period to
