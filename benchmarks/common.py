@@ -16,14 +16,21 @@ def free_port() -> int:
 
 def ray_head_args() -> dict[str, object]:
     """A Ray head's own free ports (dashboard, its agent, Ray Client) and own temp dir (short,
-    under /tmp: Unix socket paths), so a benchmark runs beside another Ray cluster."""
+    under /tmp: Unix socket paths; RAY_TMPDIR set to it), so a benchmark runs beside another Ray
+    cluster."""
+    import os
     import tempfile
 
+    folder = tempfile.mkdtemp(prefix="nbray-", dir="/tmp")
+    # ray.cluster_utils writes the head's address to $RAY_TMPDIR/ray/ray_current_cluster (by
+    # default /tmp/ray: absent on a fresh machine, and read by another cluster's ray.init()).
+    os.environ["RAY_TMPDIR"] = folder
+    os.makedirs(os.path.join(folder, "ray"), exist_ok=True)
     return {
         "dashboard_port": free_port(),
         "dashboard_agent_listen_port": free_port(),
         "ray_client_server_port": free_port(),
-        "temp_dir": tempfile.mkdtemp(prefix="nbray-", dir="/tmp"),
+        "temp_dir": folder,
     }
 
 
