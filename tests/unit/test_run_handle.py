@@ -3,13 +3,18 @@ the registry's bound, stop's checks (the real runs: tests/kernel/test_background
 
 from __future__ import annotations
 
+import gc
 import threading
+import traceback
+import weakref
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import pytest
 
 from nbtrain.display.runstate import OutputLine
 from nbtrain.kernel.run import handle
+from nbtrain.shared.errors import WorkerError
 from nbtrain.shared.events import Log
 
 
@@ -106,3 +111,44 @@ def test_the_registry_keeps_the_newest_finished_runs(monkeypatch):
     assert [run.name for run in handle.runs()] == ["r2", "r3", "r4"]
     handle.runs().clear()
     assert handle.runs() == []
+
+
+class Big:
+    """Stands for a failed call's big local (a model, a batch)."""
+
+
+def failing(seen: list[weakref.ref[Big]]) -> Callable[[], object]:
+    def train() -> object:
+        big = Big()
+        seen.append(weakref.ref(big))
+        raise WorkerError(1, type_name="ValueError", message="bad batch", remote_traceback="tb")
+
+    return train
+
+
+def test_a_failed_run_keeps_its_error_not_the_frames_of_the_failed_call(monkeypatch):
+    monkeypatch.setattr(handle, "_runs", [])
+    seen: list[weakref.ref[Big]] = []
+    background = handle.Run("bg", failing(seen), background=True)
+    background.pane = None
+    background.start()
+    with pytest.raises(WorkerError) as raised:
+        background.wait(timeout=10)
+    # wait() raises it with its traceback: every line of it still prints
+    assert "in train" in "".join(traceback.format_tb(raised.value.__traceback__))
+    del raised
+    blocking = handle.Run("blocking", failing(seen), background=False)
+    with pytest.raises(WorkerError) as raised:
+        handle.begin(blocking, block=True)
+    # the cell's error keeps its frames (%debug): the failing call's local is alive
+    assert seen[1]() is not None
+    del raised
+    gc.collect()
+    assert [ref() for ref in seen] == [None, None]  # both runs let go of the call's locals
+    for run in (background, blocking):
+        assert run.status == "failed" and isinstance(run.error, WorkerError)
+        assert (run.error.rank, run.error.message, run.error.remote_traceback) == (
+            1, "bad batch", "tb")
+        assert "raise WorkerError(1" in run.traceback and "in train" in run.traceback
+    with pytest.raises(WorkerError, match="rank 1"):
+        blocking.wait()

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from nbtrain.display.background import SHOWN, Pane, static_lines
 from nbtrain.display.runstate import OutputLine, RunState, Verdict
 from nbtrain.kernel.host import environment
-from nbtrain.kernel.run import where
+from nbtrain.kernel.run import frames, where
 from nbtrain.kernel.run.metrics import KEPT_METRICS, Metric, Metrics
 from nbtrain.shared import stacks
 from nbtrain.shared.events import Event, Log
@@ -110,6 +110,7 @@ class Run:
         self._folder: Path | None = None
         self._final_view: dict[str, Any] | None = None
         self._error: BaseException | None = None
+        self._traceback = ""
         self._finished = threading.Event()
         self._thread: threading.Thread | None = None
         self._stop: str | None = None  # "now" or "checkpoint": asked by stop(), served by turn()
@@ -128,7 +129,10 @@ class Run:
             try:
                 return self._body_fn()
             except BaseException as error:
-                self._error = error
+                # The cell gets the error as is (%debug needs its frames); the run keeps a copy
+                # without them (nbtrain.runs() would keep the failed call's locals alive).
+                self._error = frames.detached(error)
+                self._traceback = frames.formatted(error)
                 raise
             finally:
                 self._ended()
@@ -145,6 +149,8 @@ class Run:
             try:
                 self._value = self._body_fn()
             except BaseException as error:  # given to wait(), as the blocking launch raises it
+                self._traceback = frames.formatted(error)
+                frames.let_go(error)  # its traceback still prints; the frames' locals are gone
                 self._error = error
             finally:
                 self._ended()
@@ -254,6 +260,17 @@ class Run:
             return "stopped"
         verdict = self.state.verdict if self.state is not None else None
         return "timed out" if verdict is Verdict.TIMED_OUT else "failed"
+
+    @property
+    def error(self) -> BaseException | None:
+        """The exception the run ended with (None: it succeeded or is running), without the
+        frames of the failed call (their locals could be big); ``traceback`` has its text."""
+        return self._error
+
+    @property
+    def traceback(self) -> str:
+        """The failed run's traceback as the cell showed it first, as text ('' otherwise)."""
+        return self._traceback
 
     @property
     def result(self) -> Any:
