@@ -187,8 +187,8 @@ def test_stop_at_once_and_with_a_checkpoint_then_resume(kernel, tmp_path):
 
 def test_two_runs_on_the_same_gpus_are_refused(kernel):
     # Two GPUs, mocked: the runs claim GPU 0 and 1 (their ranks still run on this CPU).
-    ok(kernel, "from nbtrain.kernel.run import handle; real = handle.gpu_count; "
-               "handle.gpu_count = lambda: 2")
+    ok(kernel, "from nbtrain.kernel.run import registry; real = registry.gpu_count; "
+               "registry.gpu_count = lambda: 2")
     try:
         ok(kernel, "first = notebook_launcher(time.sleep, args=(60,), num_processes=2, "
                    "block=False)")
@@ -200,7 +200,7 @@ def test_two_runs_on_the_same_gpus_are_refused(kernel):
         ok(kernel, "first.stop()")
         assert kernel.run("first.wait()").error["ename"] == "KeyboardInterrupt"
         # CPU ranks (no GPU) run side by side
-        ok(kernel, "handle.gpu_count = lambda: 0")
+        ok(kernel, "registry.gpu_count = lambda: 0")
         ok(kernel, "a = notebook_launcher(time.sleep, args=(2,), num_processes=2, block=False)"
                    "; b = notebook_launcher(time.sleep, args=(2,), num_processes=2, "
                    "block=False)")
@@ -208,7 +208,7 @@ def test_two_runs_on_the_same_gpus_are_refused(kernel):
             None, None, "done", "done"
         )
     finally:
-        ok(kernel, "handle.gpu_count = real")
+        ok(kernel, "registry.gpu_count = real")
 
 
 def test_runs_keep_their_value_until_cleared(kernel):

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from nbtrain.display.runstate import OutputLine
-from nbtrain.kernel.run import handle
+from nbtrain.kernel.run import handle, registry
 from nbtrain.shared.errors import WorkerError
 from nbtrain.shared.events import Log
 
@@ -26,15 +26,15 @@ def options(**config: object) -> SimpleNamespace:
 
 
 def test_claims(monkeypatch):
-    monkeypatch.setattr(handle, "gpu_count", lambda: 0)
-    assert handle.claims(options()) == frozenset()  # CPU ranks hold nothing
-    monkeypatch.setattr(handle, "gpu_count", lambda: 8)
-    assert handle.claims(options()) == {"GPU 0", "GPU 1"}
-    assert handle.claims(options(gpu_ids=(3,))) == {"GPU 3"}
-    assert handle.claims(options(xla_device="TPU")) == {"the TPU cores"}
+    monkeypatch.setattr(registry, "gpu_count", lambda: 0)
+    assert registry.claims(options()) == frozenset()  # CPU ranks hold nothing
+    monkeypatch.setattr(registry, "gpu_count", lambda: 8)
+    assert registry.claims(options()) == {"GPU 0", "GPU 1"}
+    assert registry.claims(options(gpu_ids=(3,))) == {"GPU 3"}
+    assert registry.claims(options(xla_device="TPU")) == {"the TPU cores"}
     ray = options()
     ray.requested.cluster = "ray"
-    assert handle.claims(ray) == {"the Ray cluster's placement"}
+    assert registry.claims(ray) == {"the Ray cluster's placement"}
 
 
 def finished(name: str, value: object = None) -> handle.Run:
@@ -103,14 +103,14 @@ def test_stop_with_a_checkpoint_needs_on_interrupt():
 
 
 def test_the_registry_keeps_the_newest_finished_runs(monkeypatch):
-    monkeypatch.setattr(handle, "_runs", [])
-    monkeypatch.setattr(handle, "KEPT_RUNS", 3)
+    monkeypatch.setattr(registry, "_runs", [])
+    monkeypatch.setattr(registry, "KEPT_RUNS", 3)
     for i in range(5):
         run = handle.Run(f"r{i}", lambda: None, background=False)
-        handle.begin(run, block=True)
-    assert [run.name for run in handle.runs()] == ["r2", "r3", "r4"]
-    handle.runs().clear()
-    assert handle.runs() == []
+        registry.begin(run, block=True)
+    assert [run.name for run in registry.runs()] == ["r2", "r3", "r4"]
+    registry.runs().clear()
+    assert registry.runs() == []
 
 
 class Big:
@@ -127,7 +127,7 @@ def failing(seen: list[weakref.ref[Big]]) -> Callable[[], object]:
 
 
 def test_a_failed_run_keeps_its_error_not_the_frames_of_the_failed_call(monkeypatch):
-    monkeypatch.setattr(handle, "_runs", [])
+    monkeypatch.setattr(registry, "_runs", [])
     seen: list[weakref.ref[Big]] = []
     background = handle.Run("bg", failing(seen), background=True)
     background.pane = None
@@ -139,7 +139,7 @@ def test_a_failed_run_keeps_its_error_not_the_frames_of_the_failed_call(monkeypa
     del raised
     blocking = handle.Run("blocking", failing(seen), background=False)
     with pytest.raises(WorkerError) as raised:
-        handle.begin(blocking, block=True)
+        registry.begin(blocking, block=True)
     # the cell's error keeps its frames (%debug): the failing call's local is alive
     assert seen[1]() is not None
     del raised

@@ -18,12 +18,13 @@ never a background run: ``run.stop()`` or the view's summary says how), no comm 
 kernel delivers the "where?" click itself).
 
 The lifecycle object of each launch (lifecycle.Run) finds the handle it belongs to through
-``current()`` and reports to it (``attach``, ``record``, ``turn``).
+``current()`` and reports to it (``attach``, ``record``, ``turn``). registry.py makes, registers
+and starts the handles (``nbtrain.runs()``) and keeps two runs off the same devices; frames.py
+keeps a failed run's error without the frames of the failed call.
 """
 
 from __future__ import annotations
 
-import atexit
 import threading
 import time
 from collections.abc import Callable
@@ -32,7 +33,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from nbtrain.display.background import SHOWN, Pane, static_lines
 from nbtrain.display.runstate import OutputLine, RunState, Verdict
-from nbtrain.kernel.host import environment
 from nbtrain.kernel.run import frames, where
 from nbtrain.kernel.run.metrics import KEPT_METRICS, Metric, Metrics
 from nbtrain.shared import stacks
@@ -40,20 +40,14 @@ from nbtrain.shared.events import Event, Log
 
 if TYPE_CHECKING:
     from nbtrain.kernel.group import RankGroup
-    from nbtrain.kernel.options.interface import LaunchOptions, UserCall
     from nbtrain.kernel.run.cellout import CellOutput
     from nbtrain.shared.stopping import StopPolicy
 
 KEPT_LINES = 20_000  # rank lines a run keeps in memory for output(); every line is in its log
-KEPT_RUNS = 20  # finished runs nbtrain.runs() keeps (the oldest go first; running ones stay)
 STOP_WAIT = 10.0  # seconds the kernel's shutdown waits for each background run to stop
 WHERE_WAIT = 10.0  # seconds run.where() waits for the ranks' stacks
 
 _local = threading.local()
-_runs: list[Run] = []
-_runs_lock = threading.Lock()
-# The GPUs the machine has, read when a background launch checks for overlap (a test mocks it).
-gpu_count: Callable[[], int] = environment.cuda_device_count
 
 
 class Lifecycle(Protocol):
@@ -163,7 +157,6 @@ class Run:
         if self.pane is not None:
             self.pane.end()
         self._finished.set()
-        _prune()
 
     # -- what the lifecycle reports ----------------------------------------------------------
 
@@ -351,140 +344,11 @@ class Run:
             print(f"{self!r}")
         display(static_lines(self.output()[-SHOWN:]), raw=True)
 
-    def _stop_for_exit(self) -> None:
+    def stop_for_exit(self) -> None:
         """The kernel shuts down: stop the ranks now and wait (bounded) until they are gone."""
         self._stop = "now"
         if self._thread is not None:
             self._thread.join(STOP_WAIT)
-
-
-class Runs(list[Run]):
-    """This kernel's runs, oldest first; ``clear()`` forgets the finished ones."""
-
-    def clear(self) -> None:
-        with _runs_lock:
-            _runs[:] = [run for run in _runs if not run.done()]
-        super().clear()
-        self.extend(_runs)
-
-
-def runs() -> Runs:
-    """This kernel's runs, running and finished, newest last."""
-    with _runs_lock:
-        return Runs(_runs)
-
-
-def launch(options: LaunchOptions, call: UserCall, *, block: bool) -> Any:
-    """Run a launch: its value (blocking) or its handle (``block=False``, started)."""
-    __tracebackhide__ = True
-    run = Run(
-        getattr(call.function, "__name__", "run"),
-        lambda: options.launch.run(options, call),
-        background=not block,
-        stopping=options.config.stopping,
-        claims=claims(options) if not block else frozenset(),
-    )
-    return begin(run, block=block)
-
-
-def begin(run: Run, *, block: bool) -> Any:
-    """Register ``run`` and run it here (its value) or start it (the handle)."""
-    __tracebackhide__ = True
-    if not block:
-        _check_overlap(run)
-    with _runs_lock:
-        _runs.append(run)
-    _prune()
-    if block:
-        return run.run_here()
-    _stop_at_exit()
-    if run.pane is not None:
-        run.pane.show()  # the launching cell shows the view (its updates come from the thread)
-    run.start()
-    return run
-
-
-def check_background(options: LaunchOptions, block: object) -> None:
-    """``block`` is a bool, and False only where the launch's kind can run in the background."""
-    if not isinstance(block, bool):
-        raise TypeError(f"block={block!r} must be True or False.")
-    if block:
-        return
-    refused = options.launch.no_background
-    if refused:
-        raise ValueError(
-            f"block=False is not supported for a launch {refused} yet; launch it with "
-            "block=True (the default)."
-        )
-    if options.config.debug:
-        raise ValueError(
-            "block=False with debug=True: a failed rank's pdb prompt needs the cell's input "
-            "box, which a background run does not hold; launch with block=True to debug."
-        )
-
-
-# -- safety ------------------------------------------------------------------------------------
-
-
-def claims(options: LaunchOptions) -> frozenset[str]:
-    """What a run holds that another may not use at the same time: GPUs, TPU cores, a Ray
-    placement. CPU ranks hold nothing (they may run side by side)."""
-    config = options.config
-    if options.requested.cluster is not None:
-        return frozenset({"the Ray cluster's placement"})
-    if config.xla_device == "TPU":
-        return frozenset({"the TPU cores"})
-    if config.gpu_ids is not None:
-        return frozenset(f"GPU {i}" for i in config.gpu_ids)
-    count = gpu_count()
-    return frozenset(f"GPU {i}" for i in range(min(count, config.num_processes)))
-
-
-def _prune() -> None:
-    """Keep the newest KEPT_RUNS finished runs (and every running one)."""
-    with _runs_lock:
-        finished = [old for old in _runs if old.done()]
-        for old in finished[: max(0, len(finished) - KEPT_RUNS)]:
-            _runs.remove(old)  # the oldest finished runs go first
-
-
-def refuse_if_busy(ranks: object) -> None:
-    """A command for warm ``ranks`` while a background run holds them: a clear error."""
-    for other in runs():
-        if other.holds is ranks and not other.done() and other is not current():
-            raise RuntimeError(
-                f"the warm ranks are running {other!r} (nbtrain.runs()[{runs().index(other)}]) "
-                "in the background: wait for it (run.wait()) or stop it (run.stop()) first"
-            )
-
-
-def _check_overlap(new: Run) -> None:
-    for other in runs():
-        shared = sorted(new.claims & other.claims)
-        if shared and not other.done():
-            raise RuntimeError(
-                f"{other!r} (nbtrain.runs()[{runs().index(other)}]) is running on "
-                f"{', '.join(shared)}, which this launch of {new.name} would use too: wait for "
-                "it (run.wait()), stop it (run.stop()), or give this launch other devices "
-                "(gpu_ids=)"
-            )
-
-
-_registered = False
-
-
-def _stop_at_exit() -> None:
-    """The kernel's shutdown or restart stops every background run (nothing left behind)."""
-    global _registered
-    if not _registered:
-        _registered = True
-        atexit.register(_stop_all)
-
-
-def _stop_all() -> None:
-    for run in runs():
-        if run.background and not run.done():
-            run._stop_for_exit()
 
 
 class _as_current:
@@ -499,16 +363,7 @@ class _as_current:
         _local.run = self.previous
 
 
-__all__ = [
-    "KEPT_LINES",
-    "Run",
-    "begin",
-    "check_background",
-    "current",
-    "launch",
-    "refuse_if_busy",
-    "runs",
-]
+__all__ = ["KEPT_LINES", "Run", "current"]
 
 
 def _spent() -> Any:
