@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from nbtrain.display.background import SHOWN, Pane, static_lines
 from nbtrain.display.runstate import OutputLine, RunState, Verdict
 from nbtrain.kernel.run import frames, where
+from nbtrain.kernel.run.desk import Desk
 from nbtrain.kernel.run.metrics import KEPT_METRICS, Metric, Metrics
 from nbtrain.shared import stacks
 from nbtrain.shared.events import Event, Log
@@ -109,7 +110,10 @@ class Run:
         self._thread: threading.Thread | None = None
         self._stop: str | None = None  # "now" or "checkpoint": asked by stop(), served by turn()
         self._where_asked = False
-        self._unattended: object = None  # the supervisor whose pdb prompts were let go
+        # A background run's pdb prompts wait for run.wait() (desk.py); _handed: the
+        # supervisor whose prompts were handed to it (each attempt of a restart has its own).
+        self.desk = Desk(lambda: self._stop) if background else None
+        self._handed: object = None
         self._where: dict[int, stacks.RankStack] | None = None
         self._where_ready = threading.Event()
         self.started_at = time.time()
@@ -188,9 +192,10 @@ class Run:
     def turn(self, lifecycle: Lifecycle) -> None:
         """Each turn of the watch loop (its thread): serve stop() and where()."""
         supervisor = lifecycle.group.supervisor if lifecycle.group is not None else None
-        if self.background and supervisor is not None and supervisor is not self._unattended:
-            self._unattended = supervisor  # (each attempt of a restarted run has its own)
-            supervisor.prompts.unattended(lifecycle.output.note)
+        if self.desk is not None and supervisor is not None and supervisor is not self._handed:
+            self._handed = supervisor
+            self.desk.note = lifecycle.output.note
+            supervisor.prompts.handed(self.desk.ask, self.desk.say)
         if self._where_asked and supervisor is not None:
             self._where_asked = False
             supervisor.ask_where(self._got_where)
@@ -220,6 +225,8 @@ class Run:
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             while not self._finished.wait(0.05):
+                if self.desk is not None:
+                    self.desk.serve()  # a paused rank's prompt, in this cell
                 if deadline is not None and time.monotonic() >= deadline:
                     raise TimeoutError(
                         f"run.wait(timeout={timeout:g}): {self.name} is still {self.status} "
@@ -230,6 +237,8 @@ class Run:
                 f"stopped waiting; {self.name} goes on in the background "
                 "(run.stop() stops it)"
             ) from None
+        if self.desk is not None:
+            self.desk.serve()  # the ranks' last pdb output
         if self._error is not None:
             raise self._error
         if not self.background:

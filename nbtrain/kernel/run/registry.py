@@ -99,11 +99,6 @@ def check_background(options: LaunchOptions, block: object) -> None:
             f"block=False is not supported for a launch {refused} yet; launch it with "
             "block=True (the default)."
         )
-    if options.config.debug:
-        raise ValueError(
-            "block=False with debug=True: a failed rank's pdb prompt needs the cell's input "
-            "box, which a background run does not hold; launch with block=True to debug."
-        )
 
 
 # -- safety ------------------------------------------------------------------------------------
