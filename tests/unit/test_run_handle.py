@@ -152,3 +152,15 @@ def test_a_failed_run_keeps_its_error_not_the_frames_of_the_failed_call(monkeypa
         assert "raise WorkerError(1" in run.traceback and "in train" in run.traceback
     with pytest.raises(WorkerError, match="rank 1"):
         blocking.wait()
+
+    def waits() -> None:  # a caller's frame, with a big local of its own
+        mine = Big()
+        seen.append(weakref.ref(mine))
+        background.wait()
+
+    with pytest.raises(WorkerError) as raised:
+        waits()
+    assert raised.value is not background.error  # (a copy: the run's keeps no caller frame)
+    del raised
+    gc.collect()
+    assert seen[2]() is None

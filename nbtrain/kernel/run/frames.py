@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import traceback
 
-__all__ = ["detached", "formatted", "let_go"]
+__all__ = ["again", "detached", "formatted", "let_go"]
 
 
 def formatted(error: BaseException) -> str:
@@ -53,3 +53,17 @@ def detached(error: BaseException) -> BaseException:
     elif original is error:
         kept.original = None  # type: ignore[attr-defined]
     return kept
+
+
+def again(error: BaseException) -> BaseException:
+    """``error`` to raise once more (``run.wait()``): a copy with the same traceback, cause and
+    context, so that the frames the raise passes through (the waiting cell's, a function's
+    that waits) join the copy's traceback, never the one the run keeps. A type that cannot be
+    copied is raised as it is."""
+    try:
+        copied = copy.copy(error)
+    except Exception:
+        return error
+    copied.__cause__, copied.__context__ = error.__cause__, error.__context__
+    copied.__suppress_context__ = error.__suppress_context__
+    return copied.with_traceback(error.__traceback__)

@@ -240,7 +240,7 @@ class Run:
         if self.desk is not None:
             self.desk.serve()  # the ranks' last pdb output
         if self._error is not None:
-            raise self._error
+            raise frames.again(self._error)
         if not self.background:
             raise RuntimeError(
                 f"{self.name} was a blocking launch: its value was returned in its cell and "
