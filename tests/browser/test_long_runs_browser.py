@@ -5,7 +5,8 @@ appear under the launching cell while the kernel is idle. The notebook is saved 
 reloaded mid-run: the launching cell's saved dashboard is live again (its bars move). A new
 cell ``nbtrain.runs()[-1]`` shows the run again: the dashboard keeps moving (bars
 read from the DOM several times), the output pane has the ranks' lines so far, and the run ends
-"Done" (the static dashboard replaces the live one, the lines become static text).
+"Done" (the static dashboard replaces the live one, the lines become static text), in the new
+cell and in the reloaded launching cell alike.
 
 Then a BLOCKING launch, saved once its view appeared, and the page reloaded mid-run: what a
 person sees is recorded (the texts and screenshots under tests/artifacts/long_runs_*.png) and
@@ -137,10 +138,20 @@ def test_a_background_run_survives_a_reload_and_ends_done(server) -> None:  # no
                 ".innerText || ''", _cell(2),
             )
             page.wait_for_selector(f"{_cell(2)} .nbtrain-static", timeout=120_000)
+            # the launching cell, rendered from the saved notebook: the final view reaches it
+            # by its widgets' state (update_display's display id was never saved)
+            page.wait_for_selector(f"{_cell(1)} .nbtrain-static", timeout=30_000)
+            page.wait_for_function(
+                "(root) => !document.querySelector(root + ' .nbtrain-run-stop')", arg=_cell(1),
+                timeout=30_000,
+            )
             time.sleep(0.5)
             final = page.evaluate(CELL_TEXT_JS, 2)
             launching_at_end = page.evaluate(CELL_TEXT_JS, 1)
+            bars_at_end = page.evaluate(BARS_JS, _cell(1))
             _shot(page, frontend, "done")
+            page.locator(_cell(1)).scroll_into_view_if_needed()
+            _shot(page, frontend, "launching_cell_done")
         finally:
             browser.close()
 
@@ -151,6 +162,10 @@ def test_a_background_run_survives_a_reload_and_ends_done(server) -> None:  # no
     assert "[rank 0] rank 0 at step 0" in pane and "[rank 1] rank 1 at step 0" in pane, pane
     assert "Done in" in final, final
     assert "[rank 1] rank 1 at step 380" in final, final  # the lines, kept as static text
+    # the launching cell after the reload ends the same: the final dashboard and every line
+    assert "Done in" in launching_at_end, launching_at_end
+    assert "[rank 1] rank 1 at step 380" in launching_at_end, launching_at_end
+    assert not bars_at_end, bars_at_end  # the live bars are gone: the static rows replace them
 
 
 @pytest.mark.timeout(420)

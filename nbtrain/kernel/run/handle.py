@@ -353,6 +353,12 @@ class Run:
             print(f"{self!r}")
         display(static_lines(self.output()[-SHOWN:]), raw=True)
 
+    def release(self) -> None:
+        """``nbtrain.runs()`` let this finished run go: close the widgets its view kept for
+        pages reloaded mid-run (displayed again, it shows its static final view)."""
+        if self.pane is not None:
+            self.pane.release()
+
     def stop_for_exit(self) -> None:
         """The kernel shuts down: stop the ranks now and wait (bounded) until they are gone."""
         self._stop = "now"

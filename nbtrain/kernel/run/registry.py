@@ -45,7 +45,10 @@ class Runs(list[Run]):
 
     def clear(self) -> None:
         with _runs_lock:
+            gone = [run for run in _runs if run.done()]
             _runs[:] = [run for run in _runs if not run.done()]
+        for run in gone:
+            run.release()
         super().clear()
         self.extend(_runs)
 
@@ -122,8 +125,11 @@ def _prune() -> None:
     """Keep the newest KEPT_RUNS finished runs (and every running one)."""
     with _runs_lock:
         finished = [old for old in _runs if old.done()]
-        for old in finished[: max(0, len(finished) - KEPT_RUNS)]:
+        gone = finished[: max(0, len(finished) - KEPT_RUNS)]
+        for old in gone:
             _runs.remove(old)  # the oldest finished runs go first
+    for old in gone:
+        old.release()
 
 
 def refuse_if_busy(ranks: object) -> None:
