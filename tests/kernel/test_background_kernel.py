@@ -133,6 +133,12 @@ def test_output_in_order_exactly_once_and_in_no_other_cell(kernel):
     html = "".join(str(d["data"].get("text/html", "")) for d in shown.displays)
     assert "[rank 1] line 29" in html
     assert "application/vnd.jupyter.widget-view+json" not in str(shown.displays)
+    # the ended view's widgets stay open (a page reloaded mid-run draws the final view from
+    # them) until nbtrain.runs() lets the run go: then no widget (comm) is left
+    widgets = "len(__import__('ipywidgets').widgets.widget._instances)"
+    assert kernel.value(widgets) > 0
+    ok(kernel, "nbtrain.runs().clear()")
+    assert kernel.value(widgets) == 0
 
 
 def test_a_failure_is_raised_by_wait(kernel):

@@ -77,8 +77,8 @@ class Desk:
             prompt = self._asked
         for text in said:
             print(text, flush=True)
-        if prompt is None:
-            return
+        if prompt is None or self._stop_asked() is not None:
+            return  # (after run.stop(), ask() answers the rank itself: nobody is asked)
         try:
             line = builtins.input(prompt)  # ipykernel's stdin request in the waiting cell
         except BaseException as exc:
