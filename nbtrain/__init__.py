@@ -27,7 +27,7 @@ _LAZY = {
     "debug_launcher": "nbtrain.kernel.entry",
     "start_ranks": "nbtrain.kernel.warm.magics",
     "Run": "nbtrain.kernel.run.handle",
-    "runs": "nbtrain.kernel.run.handle",
+    "runs": "nbtrain.kernel.run.registry",
     "WorkerError": "nbtrain.shared.errors",
     "RayCluster": "nbtrain.kernel.launch.cluster.spec",
     "ResultError": "nbtrain.shared.errors",
@@ -48,7 +48,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     from nbtrain.integrations.transformers import NbtrainCallback
     from nbtrain.kernel.entry import debug_launcher, notebook_launcher
     from nbtrain.kernel.launch.cluster.spec import RayCluster
-    from nbtrain.kernel.run.handle import Run, runs
+    from nbtrain.kernel.run.handle import Run
+    from nbtrain.kernel.run.registry import runs
     from nbtrain.kernel.warm.magics import start_ranks
     from nbtrain.rank.reporting import log, progress
     from nbtrain.shared.errors import ResultError, SessionError, WorkerError

@@ -5,12 +5,18 @@ execute, so nothing of it may be written as "the current cell's" output: ipykern
 stream or a ``display()`` by the parent message of whatever cell runs at that moment. A pane
 therefore publishes only through two display ids of its own:
 
-- the dashboard (a WidgetView given ``PaneDisplay``): its bundle, then at the end the static
-  final HTML, both by ``update_display_data``, which frontends route by display id, whatever
-  cell happens to be executing;
-- the ranks' output: a ``widgets.Output`` whose ``outputs`` the pane sets (widget state, synced
-  over the widget's comm, so it too lands nowhere else), the newest SHOWN lines; at the end a
-  static copy of them replaces it.
+- the dashboard (a WidgetView given ``PaneDisplay``) inside a frame of the pane's own, a
+  ``widgets.Output`` whose ``outputs`` the pane sets (widget state, synced over the widget's
+  comm, so it lands nowhere else): the live dashboard, then its static final HTML;
+- the ranks' output: a ``widgets.Output`` whose ``outputs`` the pane sets, the newest SHOWN
+  lines, above it the stop buttons; at the end a static copy of the lines replaces both.
+
+At the end each part is written twice. By ``update_display_data`` (routed by display id,
+whatever cell executes): the pages that showed the run get static output, which a saved notebook
+keeps without widgets. And into the frame and the box, which stay open: a page reloaded mid-run
+renders the launching cell's saved output by its widget model id (the display id is never
+saved, so ``update_display`` cannot reach it), and the final state reaches it by comm. Those
+widgets are closed when ``nbtrain.runs()`` lets the run go (``release``).
 
 ``show()`` (from any cell, in the main thread) displays both with the same display ids, so every
 appearance of the run updates together, and one shown after a browser reload picks up the live
@@ -112,6 +118,8 @@ class Pane:
         self._ended = False
         self._out: Any = None
         self._box: Any = None
+        self._frame: Any = None  # the dashboard's frame (widgets.Output)
+        self._kept: tuple[Any, ...] = ()  # the ended pane's widgets, for reloaded pages
         if self.jupyter:
             self._build(on_stop, can_save)
 
@@ -135,13 +143,19 @@ class Pane:
                 buttons.append(button)
         self._controls = widgets.HBox([caption, *buttons], layout=widgets.Layout(width="100%"))
         self._box = widgets.VBox([self._controls, self._out], layout=widgets.Layout(width="100%"))
+        self._frame = widgets.Output(layout=widgets.Layout(width="100%"))
+        self._frame.outputs = (_display_data(self._dashboard),)
 
     # -- the run's side (its watch thread) ---------------------------------------------------
 
     def set_dashboard(self, bundle: dict[str, Any]) -> None:
         with self._lock:
             self._dashboard = dict(bundle)
-        self._update(self._ids[0], bundle)
+            frame = self._frame
+        if frame is not None:  # every page that renders the frame, a reloaded one too
+            frame.outputs = (_display_data(bundle),)
+        else:
+            self._update(self._ids[0], bundle)
 
     def add_text(self, stream: str, text: str) -> None:
         with self._lock:
@@ -165,20 +179,38 @@ class Pane:
         self._out.outputs = outputs
 
     def end(self) -> None:
-        """The run ended: the lines become static output (a saved notebook keeps them, no
-        widget state needed) and the widget is closed."""
+        """The run ended: the final dashboard and the lines become static output (a saved
+        notebook keeps them, no widget state needed); the frame and the box keep them too, for
+        a page reloaded mid-run (see the module docstring)."""
         self.publish()
         with self._lock:
             self._ended = True
-            bundle = self._static_output()
-        self._update(self._ids[1], bundle)
-        if self._box is not None:
-            for widget in (*self._controls.children, self._controls, self._out, self._box):
-                for part in (getattr(widget, "layout", None), getattr(widget, "style", None)):
-                    if part is not None and hasattr(part, "close"):
-                        part.close()
-                widget.close()
-            self._out = self._box = None
+            dashboard, lines = dict(self._dashboard), self._static_output()
+        self._update(self._ids[0], dashboard)
+        self._update(self._ids[1], lines)
+        if self._box is None:
+            return
+        import ipywidgets as widgets
+
+        from nbtrain.display.widgets import close_widget
+
+        final = widgets.HTML(lines["text/html"], layout=widgets.Layout(width="100%"))
+        self._box.children = (final,)
+        for widget in (*self._controls.children, self._controls, self._out):
+            close_widget(widget)
+        self._out = None
+        self._kept = (self._frame, self._box, final)
+
+    def release(self) -> None:
+        """Close the widgets kept for reloaded pages (the run is let go); idempotent."""
+        if not self._kept:
+            return
+        from nbtrain.display.widgets import close_widget
+
+        for widget in self._kept:
+            close_widget(widget)
+        self._kept = ()
+        self._frame = self._box = None
 
     # -- any cell --------------------------------------------------------------------------------
 
@@ -189,10 +221,17 @@ class Pane:
         from IPython.display import display
 
         with self._lock:
-            dashboard = dict(self._dashboard)
+            dashboard = self._dashboard_bundle()
             lines = self._output_bundle()
         display(dashboard, raw=True, display_id=self._ids[0])
         display(lines, raw=True, display_id=self._ids[1])
+
+    def _dashboard_bundle(self) -> dict[str, Any]:
+        if self._ended or self._frame is None:
+            return dict(self._dashboard)
+        bundle = dict(self._frame._repr_mimebundle_())
+        bundle["text/plain"] = self._dashboard.get("text/plain", WAITING)
+        return bundle
 
     def _output_bundle(self) -> dict[str, Any]:
         if self._ended or self._box is None:
@@ -219,6 +258,10 @@ class Pane:
         from IPython.display import update_display
 
         update_display(bundle, raw=True, display_id=display_id)
+
+
+def _display_data(bundle: dict[str, Any]) -> dict[str, Any]:
+    return {"output_type": "display_data", "data": dict(bundle), "metadata": {}}
 
 
 __all__ = ["SHOWN", "Pane", "PaneDisplay", "PaneStream", "Recorded", "static_lines"]

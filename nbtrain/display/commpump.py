@@ -8,6 +8,12 @@ the comms it was given (the button's click) at once, and keeps every other messa
 hands those back to ipykernel in their order, to be handled once the cell ends as they would
 have been (a queued cell runs after this one, or is aborted if this one fails).
 
+A page opened or reloaded while the cell runs asks for the widgets' state before it draws any
+(ipywidgets 8's manager: a comm_open of target CONTROL, a ``request_states`` message on it, an
+answer awaited for 4 s, then the comm closed); unanswered, it shows "Loading widget..." until
+the cell ends. The pump answers those too, through ipywidgets' own handler: the reloaded page
+draws the live dashboard and follows it.
+
 ipykernel 7 queues the main thread's messages on an inproc socket (SubshellManager's
 ``_shell_channel_to_main``): private, so ``for_kernel`` returns None wherever it is not there
 (another kernel, an older ipykernel, no kernel) and the dashboard shows no button.
@@ -24,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 Handles = Callable[[str], bool]  # is this comm id one of ours?
+CONTROL = "jupyter.widget.control"  # ipywidgets' comm target for a page's state request
 
 
 class CommPump:
@@ -34,6 +41,7 @@ class CommPump:
         self.socket = socket
         self.kept: list[Any] = []  # other messages, in order, for ipykernel after the cell
         self.closed = False
+        self._control: set[str] = set()  # the CONTROL comms pages opened meanwhile
 
     @staticmethod
     def for_kernel() -> CommPump | None:
@@ -72,18 +80,32 @@ class CommPump:
             idents, parts = session.feed_identities(frames, copy=False)
             # Header and content read without the signature check: deserialize() records each
             # signature it checks, and would refuse a kept message when ipykernel reads it.
-            header = session.unpack(parts[1].bytes)
-            if header.get("msg_type") != "comm_msg":
-                return False
-            if not ours(str(session.unpack(parts[4].bytes).get("comm_id", ""))):
+            kind = session.unpack(parts[1].bytes).get("msg_type")
+            content = session.unpack(parts[4].bytes)
+            handler = self._handler(str(kind), content, ours)
+            if handler is None:
                 return False
             msg = session.deserialize(parts, content=True, copy=False)
         except Exception:
             return False  # ipykernel reads it later and says what is wrong with it
         # The cell's output context (parent) stays this cell's: what the click prints goes
         # here, where the button is.
-        self.kernel.comm_manager.comm_msg(None, idents, msg)
+        handler(None, idents, msg)
         return True
+
+    def _handler(self, kind: str, content: dict[str, Any], ours: Handles) -> Any:
+        """The comm manager's handler for a message the pump answers now, else None."""
+        manager = self.kernel.comm_manager
+        comm_id = str(content.get("comm_id", ""))
+        if kind == "comm_open" and content.get("target_name") == CONTROL:
+            self._control.add(comm_id)
+            return manager.comm_open
+        if kind == "comm_msg" and (ours(comm_id) or comm_id in self._control):
+            return manager.comm_msg
+        if kind == "comm_close" and comm_id in self._control:
+            self._control.discard(comm_id)
+            return manager.comm_close
+        return None
 
     def close(self) -> None:
         """Hand every kept message back to ipykernel, in order (after this cell's own)."""

@@ -257,12 +257,12 @@ class WidgetView:
         for widget in [
             self.title, self.where_button, self.header, self.charts, self.summary, self.box
         ]:
-            _close(widget)
+            close_widget(widget)
         for row in self.rows.values():
             for widget in row.widgets():
-                _close(widget)
+                close_widget(widget)
         for widget in self.wide.widgets() if self.wide is not None else []:
-            _close(widget)
+            close_widget(widget)
         self.box = None
 
     # -- building -------------------------------------------------------------------------------
@@ -362,7 +362,7 @@ class WidgetView:
         self.summary.layout.display = ""
 
 
-def _close(widget: widgets.Widget) -> None:
+def close_widget(widget: widgets.Widget) -> None:
     # A widget's layout and style are models (comms) of their own; close() leaves them open.
     for part in (getattr(widget, "layout", None), getattr(widget, "style", None)):
         if isinstance(part, widgets.Widget):

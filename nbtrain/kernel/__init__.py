@@ -15,7 +15,8 @@ imports included (tests/unit/test_house.py: KERNEL_LAYERS)::
                turn; cell.py: warm commands' rules), wait() -> Ending (how the watch ended),
                interrupts, output order, pdb prompts, post-mortem, the outcome and its
                root-cause rule
-    run/       one launch as the cell sees it: lifecycle (Run), cell output, tracebacks, where
+    run/       one launch as the cell sees it: lifecycle (Run), its handle and runs() registry,
+               cell output, tracebacks, where
     launch/    the kinds side by side, none importing another (inprocess, local, xla,
                elastic/, cluster/), and the chooser above them (choose.py: check_options)
     warm/      warm ranks across cells (start_ranks) and the %%ranks magics

@@ -22,8 +22,8 @@ from nbtrain.kernel.options.config import OutputMode, ProgressMode
 from nbtrain.kernel.options.function import check_function
 from nbtrain.kernel.options.interface import UserCall
 from nbtrain.kernel.options.requested import Requested
-from nbtrain.kernel.run import handle, tracebacks
-from nbtrain.kernel.run.handle import check_background
+from nbtrain.kernel.run import registry, tracebacks
+from nbtrain.kernel.run.registry import check_background
 
 
 def notebook_launcher(
@@ -154,7 +154,7 @@ def notebook_launcher(
     requested = Requested.of(given)
     options = check_options(requested, getattr(function, "__name__", "run"))
     check_background(options, block)
-    return handle.launch(options, UserCall(function, args, kwargs), block=block)
+    return registry.launch(options, UserCall(function, args, kwargs), block=block)
 
 
 def debug_launcher(function: Callable[..., Any], args: tuple = (), num_processes: int = 2) -> Any:

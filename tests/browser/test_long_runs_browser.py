@@ -5,11 +5,14 @@ appear under the launching cell while the kernel is idle. The notebook is saved 
 reloaded mid-run: the launching cell's saved dashboard is live again (its bars move). A new
 cell ``nbtrain.runs()[-1]`` shows the run again: the dashboard keeps moving (bars
 read from the DOM several times), the output pane has the ranks' lines so far, and the run ends
-"Done" (the static dashboard replaces the live one, the lines become static text).
+"Done" (the static dashboard replaces the live one, the lines become static text), in the new
+cell and in the reloaded launching cell alike.
 
-Then a BLOCKING launch, saved once its view appeared, and the page reloaded mid-run: what a
-person sees is recorded (the texts and screenshots under tests/artifacts/long_runs_*.png) and
-checked against what the guide (notebooks/guides/long-runs.md) says survives.
+Then a BLOCKING launch, saved once its view appeared, and the page reloaded mid-run: the
+saved dashboard is live again while the kernel is busy (the launch's loop answers the page's
+widget-state request: display/commpump.py); what a person sees is recorded (the texts and
+screenshots under tests/artifacts/long_runs_*.png) and checked against what the guide
+(notebooks/guides/long-runs.md) says survives.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ BACKGROUND = (
     'block=False)'
 )
 AGAIN = "nbtrain.runs()[-1]"
-BLOCKING = 'notebook_launcher(train, (200, 0.05), num_processes=2, start_method="fork")'
+BLOCKING = 'notebook_launcher(train, (300, 0.05), num_processes=2, start_method="fork")'
 
 BARS_JS = """(root) => Array.from(document.querySelectorAll(
     root + ' .nbtrain-dashboard .progress-bar')).map(bar => bar.style.width)"""
@@ -108,10 +111,20 @@ def test_a_background_run_survives_a_reload_and_ends_done(server: Server) -> Non
             ".innerText || ''", _cell(2),
         )
         page.wait_for_selector(f"{_cell(2)} .nbtrain-static", timeout=120_000)
+        # the launching cell, rendered from the saved notebook: the final view reaches it
+        # by its widgets' state (update_display's display id was never saved)
+        page.wait_for_selector(f"{_cell(1)} .nbtrain-static", timeout=30_000)
+        page.wait_for_function(
+            "(root) => !document.querySelector(root + ' .nbtrain-run-stop')", arg=_cell(1),
+            timeout=30_000,
+        )
         time.sleep(0.5)
         final = page.evaluate(CELL_TEXT_JS, 2)
         launching_at_end = page.evaluate(CELL_TEXT_JS, 1)
+        bars_at_end = page.evaluate(BARS_JS, _cell(1))
         _shot(page, frontend, "done")
+        page.locator(_cell(1)).scroll_into_view_if_needed()
+        _shot(page, frontend, "launching_cell_done")
 
     assert len(set(saved_cell)) >= 3, saved_cell
     (ARTIFACTS / f"long_runs_{frontend}_launching_cell_at_end.txt").write_text(launching_at_end)
@@ -120,6 +133,10 @@ def test_a_background_run_survives_a_reload_and_ends_done(server: Server) -> Non
     assert "[rank 0] rank 0 at step 0" in pane and "[rank 1] rank 1 at step 0" in pane, pane
     assert "Done in" in final, final
     assert "[rank 1] rank 1 at step 380" in final, final  # the lines, kept as static text
+    # the launching cell after the reload ends the same: the final dashboard and every line
+    assert "Done in" in launching_at_end, launching_at_end
+    assert "[rank 1] rank 1 at step 380" in launching_at_end, launching_at_end
+    assert not bars_at_end, bars_at_end  # the live bars are gone: the static rows replace them
 
 
 @pytest.mark.timeout(420)
@@ -139,9 +156,15 @@ def test_what_a_reload_during_a_blocking_launch_shows(server: Server) -> None:
         time.sleep(1.0)
         page.reload()
         page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
-        time.sleep(3.0)
+        # the busy kernel's launch loop answers the page's widget-state request: the
+        # saved dashboard is drawn live again (not "Loading widget...") and moves on
+        page.wait_for_selector(f"{_cell(1)} .nbtrain-dashboard .progress-bar",
+                               timeout=30_000)
         during = page.evaluate(CELL_TEXT_JS, 1)
-        bars_during = page.evaluate(BARS_JS, _cell(1))
+        bars_during = []
+        for _ in range(4):
+            bars_during.append(tuple(page.evaluate(BARS_JS, _cell(1))))
+            time.sleep(0.5)
         _shot(page, frontend, "blocking_reloaded")
         page.wait_for_function(READY_JS, arg="blocking.ipynb", timeout=180_000)
         time.sleep(1.0)
@@ -156,10 +179,11 @@ def test_what_a_reload_during_a_blocking_launch_shows(server: Server) -> None:
     record = (f"{frontend}: during={during!r} bars={bars_during} | after={after!r} "
               f"bars={bars_after}")
     (ARTIFACTS / f"long_runs_{frontend}_blocking.txt").write_text(record)
-    # What a reload during a blocking launch shows (the guide says so): the saved lines, the
-    # dashboard not live (the busy kernel cannot answer the widget manager), and at the end
-    # neither the final dashboard nor the later lines in that cell (its messages are routed
-    # to the page that ran it). A new cell shows them: nbtrain.runs()[-1].
-    assert "[rank 0] rank 0 at step 0" in during and not bars_during, record
+    # What a reload during a blocking launch shows (the guide says so): the saved lines and
+    # the live dashboard moving on (the launch's loop answers the page's widget-state request),
+    # and at the end neither the final dashboard nor the later lines in that cell (its messages
+    # are routed to the page that ran it). A new cell shows them: nbtrain.runs()[-1].
+    assert "[rank 0] rank 0 at step 0" in during and "Loading widget" not in during, record
+    assert len({bars for bars in bars_during if bars}) >= 2, record  # live: the bars move
     assert "Done in" not in after and not bars_after, record
-    assert "Done in" in shown and "[rank 1] rank 1 at step 180" in shown, shown
+    assert "Done in" in shown and "[rank 1] rank 1 at step 280" in shown, shown

@@ -93,6 +93,30 @@ def _failed_on_second_node(
     assert any(f"Ray node {node[:12]})" in said for node in nodes), said
 
 
+def _in_the_background(kernel: Kernel, nodes: set[str]) -> None:
+    """block=False on the cluster: cells answer meanwhile, none of the ranks' output in them; a
+    second run on the same placement is refused, naming the first; the value is every node's;
+    run.stop() stops a run (what Ray held is checked after the test's warm ranks)."""
+    _ok(kernel, "def on_node(seconds):\n    import os, time\n    time.sleep(seconds)\n"
+                "    print('on node', os.environ['NODE_RANK'], flush=True)\n"
+                "    return os.environ['NBTRAIN_RAY_NODE_ID']\n"
+                "run = nbtrain.notebook_launcher(on_node, args=(2,), num_processes=2, "
+                f"return_all=True, progress='off', block=False, {SPREAD})")
+    meanwhile = _ok(kernel, "print(run.status)")
+    assert meanwhile.stdout == "running\n" and not meanwhile.stderr
+    refused = kernel.run("nbtrain.notebook_launcher(on_node, args=(0,), num_processes=2, "
+                         f"block=False, {SPREAD})")
+    assert refused.error is not None and "Ray cluster's placement" in refused.error["evalue"]
+    assert set(kernel.value("run.wait(timeout=90)")) == nodes
+    assert sorted(kernel.value("run.output()")) == ["[rank 0] on node 0", "[rank 1] on node 1"]
+    _ok(kernel, "run = nbtrain.notebook_launcher(on_node, args=(600,), num_processes=2, "
+                f"progress='off', block=False, {SPREAD})")
+    stopped = kernel.run("time.sleep(3); run.stop(); run.wait(timeout=60)")
+    assert stopped.error is not None and stopped.error["ename"] == "KeyboardInterrupt"
+    assert kernel.value("run.status") == "stopped"
+    _ok(kernel, "del run; nbtrain.runs().clear()")
+
+
 def test_ranks_cells_from_a_kernel_connected_by_address(kernel, cluster, nodes) -> None:
     """ray.init(address=...) in the kernel: a failing launch on the second node, then %%ranks
     on 3 warm ranks over the two nodes, and no actor, placement group or object left after
@@ -105,6 +129,7 @@ def test_ranks_cells_from_a_kernel_connected_by_address(kernel, cluster, nodes) 
             "        raise ValueError('bad batch on the second node')\n"
             f"nbtrain.notebook_launcher(fail_on_second_node, num_processes=2, progress='off', "
             f"{SPREAD})", 1, 4, set(nodes.values()))
+        _in_the_background(kernel, set(nodes.values()))
         out = _ok(kernel, f"ranks = nbtrain.start_ranks(3, progress='text', {SPREAD})")
         assert "3 warm ranks ready in" in out.stdout and "(on a Ray cluster)" in out.stdout
         _ok(kernel, "%%ranks\nimport os, torch, torch.distributed as dist\n"

@@ -12,6 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 from kernelutil import Kernel, Result, running_kernel
+from test_debugger_kernel import converse  # stdin requests answered as a frontend does
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -132,6 +133,12 @@ def test_output_in_order_exactly_once_and_in_no_other_cell(kernel):
     html = "".join(str(d["data"].get("text/html", "")) for d in shown.displays)
     assert "[rank 1] line 29" in html
     assert "application/vnd.jupyter.widget-view+json" not in str(shown.displays)
+    # the ended view's widgets stay open (a page reloaded mid-run draws the final view from
+    # them) until nbtrain.runs() lets the run go: then no widget (comm) is left
+    widgets = "len(__import__('ipywidgets').widgets.widget._instances)"
+    assert kernel.value(widgets) > 0
+    ok(kernel, "nbtrain.runs().clear()")
+    assert kernel.value(widgets) == 0
 
 
 def test_a_failure_is_raised_by_wait(kernel):
@@ -187,8 +194,8 @@ def test_stop_at_once_and_with_a_checkpoint_then_resume(kernel, tmp_path):
 
 def test_two_runs_on_the_same_gpus_are_refused(kernel):
     # Two GPUs, mocked: the runs claim GPU 0 and 1 (their ranks still run on this CPU).
-    ok(kernel, "from nbtrain.kernel.run import handle; real = handle.gpu_count; "
-               "handle.gpu_count = lambda: 2")
+    ok(kernel, "from nbtrain.kernel.run import registry; real = registry.gpu_count; "
+               "registry.gpu_count = lambda: 2")
     try:
         ok(kernel, "first = notebook_launcher(time.sleep, args=(60,), num_processes=2, "
                    "block=False)")
@@ -200,7 +207,7 @@ def test_two_runs_on_the_same_gpus_are_refused(kernel):
         ok(kernel, "first.stop()")
         assert kernel.run("first.wait()").error["ename"] == "KeyboardInterrupt"
         # CPU ranks (no GPU) run side by side
-        ok(kernel, "handle.gpu_count = lambda: 0")
+        ok(kernel, "registry.gpu_count = lambda: 0")
         ok(kernel, "a = notebook_launcher(time.sleep, args=(2,), num_processes=2, block=False)"
                    "; b = notebook_launcher(time.sleep, args=(2,), num_processes=2, "
                    "block=False)")
@@ -208,7 +215,7 @@ def test_two_runs_on_the_same_gpus_are_refused(kernel):
             None, None, "done", "done"
         )
     finally:
-        ok(kernel, "handle.gpu_count = real")
+        ok(kernel, "registry.gpu_count = real")
 
 
 def test_runs_keep_their_value_until_cleared(kernel):
@@ -295,9 +302,6 @@ def test_what_cannot_run_in_the_background_says_so(kernel):
     out = kernel.run("notebook_launcher(chatty, args=(1,), num_processes=1, block=False)")
     assert out.error is not None and "num_processes=1" in out.error["evalue"]
     assert "block=True" in out.error["evalue"]
-    out = kernel.run("notebook_launcher(chatty, args=(1,), num_processes=2, debug=True, "
-                     "block=False)")
-    assert out.error is not None and "debug=True" in out.error["evalue"]
     out = kernel.run("notebook_launcher(chatty, args=(1,), num_processes=2, block='no')")
     assert out.error is not None and out.error["ename"] == "TypeError"
 
@@ -314,16 +318,42 @@ def test_ctrl_c_while_waiting_stops_the_waiting_not_the_run(kernel):
     assert kernel.value("run.wait()") is None and kernel.value("run.status") == "done"
 
 
-def test_a_breakpoint_in_a_background_rank_is_let_go_and_said_in_its_view(kernel):
+def test_a_breakpoint_in_a_background_rank_waits_for_run_wait_and_is_debugged_there(kernel):
     ok(kernel, """
 def stops_in_pdb():
-    x = 41
+    x = 40 + int(os.environ["RANK"])
     breakpoint()
     return x + 1
-run = notebook_launcher(stops_in_pdb, num_processes=2, block=False)""")
+run = notebook_launcher(stops_in_pdb, num_processes=2, block=False, return_all=True)""")
     other = ok(kernel, "time.sleep(3); print('other cell')")
-    assert other.stdout == "other cell\n" and not other.stderr
-    assert kernel.value("run.wait()") == 42
-    shown = ok(kernel, "run")
+    assert other.stdout == "other cell\n" and not other.stderr  # no prompt, no pdb text here
+    assert kernel.value("run.status") == "running"  # the ranks wait at their breakpoints
+    talk = converse(kernel, "result = run.wait()", ["p x", "c", "p x", "c"])
+    assert talk.error is None, talk
+    assert sorted(talk.prompts) == ["(Pdb) rank 0> "] * 2 + ["(Pdb) rank 1> "] * 2
+    assert "40" in talk.stdout and "41" in talk.stdout  # each rank's own x, in this cell
+    assert kernel.value("result") == [41, 42]
+    shown = ok(kernel, "run")  # the view said where the prompt was, while nobody waited
     html = "".join(str(d["data"].get("text/html", "")) for d in shown.displays)
-    assert "stopped at breakpoint()" in html and "block=False" in html
+    assert "stopped at a breakpoint: call run.wait() to debug it" in html, html
+    # debug=True: a failed rank's post-mortem, at run.wait() too; then the error
+    ok(kernel, """
+def fails_in_rank_1():
+    lr = 0.5 + int(os.environ["RANK"])
+    if lr > 1:
+        raise ValueError("lr too high")
+    time.sleep(30)
+run = notebook_launcher(fails_in_rank_1, num_processes=2, block=False, debug=True)""")
+    talk = converse(kernel, "run.wait()", ["p lr", "c"])
+    assert talk.prompts == ["(Pdb) rank 1> ", "(Pdb) rank 1> "], talk
+    assert "1.5" in talk.stdout
+    assert talk.error is not None and talk.error["ename"] == "WorkerError"
+    # run.stop() at a prompt nobody answers: every rank stops
+    ok(kernel, "run = notebook_launcher(stops_in_pdb, num_processes=2, block=False)")
+    deadline = time.monotonic() + 60
+    while kernel.value("run.desk._asked") is None:  # a rank waits at its prompt
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    out = kernel.run("run.stop(); run.wait(timeout=30)")
+    assert out.error is not None and out.error["ename"] == "KeyboardInterrupt"
+    assert kernel.value("run.status") == "stopped"

@@ -300,7 +300,8 @@ def test_the_where_button_works_while_the_cell_is_busy(kernel):
     # Rank 0 waits in an all_reduce that rank 1 joins only after a while. A click on the live
     # dashboard's "where?" button, sent as a frontend sends it while the cell is busy, shows
     # where each rank is in that cell before the launch ends; a cell queued meanwhile runs
-    # after it, as without the button.
+    # after it, as without the button. A page reloaded meanwhile asks for the widgets' state
+    # (ipywidgets' control comm): answered while the cell is busy too, with the dashboard's.
     client = kernel.client
     cell = client.execute("""
 def late_peer():
@@ -315,7 +316,7 @@ def late_peer():
 print(notebook_launcher(late_peer, num_processes=2, progress="widgets", hang_after=None))
 """)
     button, stdout, stderr, clicked_at = None, "", "", None
-    queued, shown_early = None, None
+    queued, shown_early, states, control = None, None, None, "reloaded-page-control"
     deadline = time.monotonic() + 120
     while True:
         assert time.monotonic() < deadline, stdout + stderr
@@ -327,6 +328,9 @@ print(notebook_launcher(late_peer, num_processes=2, progress="widgets", hang_aft
             state = content["data"].get("state", {})
             if state.get("_model_name") == "ButtonModel" and state.get("description") == "where?":
                 button = content["comm_id"]
+        elif kind == "comm_msg" and content["comm_id"] == control:
+            assert content["data"]["method"] == "update_states", content
+            states = (content["data"]["states"], "joined" not in stdout)
         elif kind == "stream":
             if content["name"] == "stdout":
                 stdout += content["text"]
@@ -341,6 +345,14 @@ print(notebook_launcher(late_peer, num_processes=2, progress="widgets", hang_aft
                 client.session.msg("comm_msg", {"comm_id": button, "data": click})
             )
             queued = client.execute("print('queued cell ran')")
+            for kind, content, metadata in (  # as a reloaded page's widget manager asks
+                ("comm_open", {"target_name": "jupyter.widget.control", "data": {}},
+                 {"version": "1.0.0"}),
+                ("comm_msg", {"data": {"method": "request_states"}}, {}),
+                ("comm_close", {"data": {}}, {}),
+            ):
+                client.shell_channel.send(client.session.msg(
+                    kind, {"comm_id": control, **content}, metadata=metadata))
             clicked_at = time.monotonic()
         if shown_early is None and "[nbtrain] where each rank is:" in stderr:
             shown_early = "joined" not in stdout  # while the launch still ran
@@ -350,6 +362,8 @@ print(notebook_launcher(late_peer, num_processes=2, progress="widgets", hang_aft
     assert "rank 0 waits in all_reduce; rank 1 has not entered it" in stderr, stderr
     assert "in late_peer" in stderr
     assert "joined" in stdout
+    assert states is not None, "the widgets' state request was not answered"
+    assert button in states[0] and states[1], "not answered while the launch ran"
     assert queued is not None
     after = kernel.collect(queued)
     assert after.stdout.strip() == "queued cell ran", after

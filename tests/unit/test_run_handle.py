@@ -3,13 +3,18 @@ the registry's bound, stop's checks (the real runs: tests/kernel/test_background
 
 from __future__ import annotations
 
+import gc
 import threading
+import traceback
+import weakref
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import pytest
 
 from nbtrain.display.runstate import OutputLine
-from nbtrain.kernel.run import handle
+from nbtrain.kernel.run import handle, registry
+from nbtrain.shared.errors import WorkerError
 from nbtrain.shared.events import Log
 
 
@@ -21,15 +26,15 @@ def options(**config: object) -> SimpleNamespace:
 
 
 def test_claims(monkeypatch):
-    monkeypatch.setattr(handle, "gpu_count", lambda: 0)
-    assert handle.claims(options()) == frozenset()  # CPU ranks hold nothing
-    monkeypatch.setattr(handle, "gpu_count", lambda: 8)
-    assert handle.claims(options()) == {"GPU 0", "GPU 1"}
-    assert handle.claims(options(gpu_ids=(3,))) == {"GPU 3"}
-    assert handle.claims(options(xla_device="TPU")) == {"the TPU cores"}
+    monkeypatch.setattr(registry, "gpu_count", lambda: 0)
+    assert registry.claims(options()) == frozenset()  # CPU ranks hold nothing
+    monkeypatch.setattr(registry, "gpu_count", lambda: 8)
+    assert registry.claims(options()) == {"GPU 0", "GPU 1"}
+    assert registry.claims(options(gpu_ids=(3,))) == {"GPU 3"}
+    assert registry.claims(options(xla_device="TPU")) == {"the TPU cores"}
     ray = options()
     ray.requested.cluster = "ray"
-    assert handle.claims(ray) == {"the Ray cluster's placement"}
+    assert registry.claims(ray) == {"the Ray cluster's placement"}
 
 
 def finished(name: str, value: object = None) -> handle.Run:
@@ -98,11 +103,64 @@ def test_stop_with_a_checkpoint_needs_on_interrupt():
 
 
 def test_the_registry_keeps_the_newest_finished_runs(monkeypatch):
-    monkeypatch.setattr(handle, "_runs", [])
-    monkeypatch.setattr(handle, "KEPT_RUNS", 3)
+    monkeypatch.setattr(registry, "_runs", [])
+    monkeypatch.setattr(registry, "KEPT_RUNS", 3)
     for i in range(5):
         run = handle.Run(f"r{i}", lambda: None, background=False)
-        handle.begin(run, block=True)
-    assert [run.name for run in handle.runs()] == ["r2", "r3", "r4"]
-    handle.runs().clear()
-    assert handle.runs() == []
+        registry.begin(run, block=True)
+    assert [run.name for run in registry.runs()] == ["r2", "r3", "r4"]
+    registry.runs().clear()
+    assert registry.runs() == []
+
+
+class Big:
+    """Stands for a failed call's big local (a model, a batch)."""
+
+
+def failing(seen: list[weakref.ref[Big]]) -> Callable[[], object]:
+    def train() -> object:
+        big = Big()
+        seen.append(weakref.ref(big))
+        raise WorkerError(1, type_name="ValueError", message="bad batch", remote_traceback="tb")
+
+    return train
+
+
+def test_a_failed_run_keeps_its_error_not_the_frames_of_the_failed_call(monkeypatch):
+    monkeypatch.setattr(registry, "_runs", [])
+    seen: list[weakref.ref[Big]] = []
+    background = handle.Run("bg", failing(seen), background=True)
+    background.pane = None
+    background.start()
+    with pytest.raises(WorkerError) as raised:
+        background.wait(timeout=10)
+    # wait() raises it with its traceback: every line of it still prints
+    assert "in train" in "".join(traceback.format_tb(raised.value.__traceback__))
+    del raised
+    blocking = handle.Run("blocking", failing(seen), background=False)
+    with pytest.raises(WorkerError) as raised:
+        registry.begin(blocking, block=True)
+    # the cell's error keeps its frames (%debug): the failing call's local is alive
+    assert seen[1]() is not None
+    del raised
+    gc.collect()
+    assert [ref() for ref in seen] == [None, None]  # both runs let go of the call's locals
+    for run in (background, blocking):
+        assert run.status == "failed" and isinstance(run.error, WorkerError)
+        assert (run.error.rank, run.error.message, run.error.remote_traceback) == (
+            1, "bad batch", "tb")
+        assert "raise WorkerError(1" in run.traceback and "in train" in run.traceback
+    with pytest.raises(WorkerError, match="rank 1"):
+        blocking.wait()
+
+    def waits() -> None:  # a caller's frame, with a big local of its own
+        mine = Big()
+        seen.append(weakref.ref(mine))
+        background.wait()
+
+    with pytest.raises(WorkerError) as raised:
+        waits()
+    assert raised.value is not background.error  # (a copy: the run's keeps no caller frame)
+    del raised
+    gc.collect()
+    assert seen[2]() is None

@@ -191,3 +191,42 @@ bf16 = notebook_launcher(train, args=(6,), mixed_precision="bf16", progress="off
     full = kernel.run('fp32 = notebook_launcher(train, args=(1,), progress="off")')
     assert full.error is None, full.traceback_text
     assert kernel.value("fp32['inner']") == ["torch.float32"]
+
+
+def test_a_background_run_stops_with_nothing_left_and_trains_as_the_blocking_one(kernel):
+    """block=False on XLA: the host process is watched from a thread of the kernel like local
+    ranks; cells answer meanwhile with none of its output; run.stop() takes the host down; the
+    value equals the blocking launch's, bit for bit."""
+    out = kernel.run("""
+def counting():
+    x = torch.ones(1, device=Accelerator().device)
+    for i in range(10_000):
+        print(f"count {i}", flush=True)
+        x = x + 1
+        time.sleep(0.05)
+run = notebook_launcher(counting, progress="off", block=False)
+""")
+    assert out.error is None, out.traceback_text
+    assert "count" not in out.stdout
+    deadline = time.monotonic() + 90
+    while not kernel.value("len(run.output())"):
+        assert time.monotonic() < deadline, kernel.value("run.status")
+        time.sleep(0.2)
+    meanwhile = kernel.run("print('cell'); time.sleep(0.5); print(run.status)")
+    assert meanwhile.stdout == "cell\nrunning\n" and not meanwhile.stderr
+    assert hosts(kernel)
+    stopped = kernel.run("run.stop(); run.wait(timeout=60)")
+    assert stopped.error is not None and stopped.error["ename"] == "KeyboardInterrupt"
+    assert kernel.value("(run.status, run.output()[0])") == ("stopped", "[rank 0] count 0")
+    deadline = time.monotonic() + 10
+    while hosts(kernel) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert hosts(kernel) == []
+    trained = kernel.run("""
+background = notebook_launcher(train, args=(4,), progress="off", block=False).wait(120)
+blocking = notebook_launcher(train, args=(4,), progress="off")
+""")
+    assert trained.error is None, trained.traceback_text
+    assert kernel.value("same_bits(background['state'], blocking['state'])") is True
+    assert kernel.value("background['device']") == "xla:0"
+    kernel.run("import nbtrain; nbtrain.runs().clear()")  # the runs() registry lets go

@@ -25,13 +25,13 @@ from nbtrain.shared.events import Paused, Resumed
 
 NO_INPUT = (
     "[nbtrain] rank {rank} stopped at breakpoint() ({where}), but this run has no input to "
-    "type pdb commands in (a kernel run without stdin, such as nbclient's, a script whose "
-    "stdin is not a terminal, or a run in the background: block=False): the rank continues "
-    "and ignores its later breakpoints."
+    "type pdb commands in (a kernel run without stdin, such as nbclient's, or a script whose "
+    "stdin is not a terminal): the rank continues and ignores its later breakpoints."
 )
 
 
-def _no_stdin(exc: BaseException) -> bool:
+def no_stdin(exc: BaseException) -> bool:
+    """``input()`` failed for want of a stdin (not Ctrl-C)."""
     return isinstance(exc, EOFError) or type(exc).__name__ == "StdinNotImplementedError"
 
 
@@ -53,11 +53,11 @@ class Prompts:
         self.no_input = not can_ask()
         self.ready: Callable[[], None] = _nothing  # draws the view before the prompt blocks
 
-    def unattended(self, say: Callable[[str], None]) -> None:
-        """Nobody can type at this prompt (a background run: no cell holds the input box, and
-        a print from its thread would land in whatever cell runs): every breakpoint is let go,
-        said through ``say``."""
-        self.no_input, self._say = True, say
+    def handed(self, ask: Callable[[str], str], say: Callable[[str], None]) -> None:
+        """A background run: no cell holds the input box, and a print from its thread would
+        land in whatever cell runs; the prompt is asked and its output said through its desk
+        (run/desk.py: answered in the cell that calls run.wait())."""
+        self.ask, self._say, self.no_input = ask, say, False
 
     def take(self, event: object) -> bool:
         """A Paused / Resumed event (True), or not ours (False)."""
@@ -132,7 +132,7 @@ class Prompts:
         try:
             line = self.ask(f"(Pdb) rank {rank}> ")
         except BaseException as exc:
-            if not _no_stdin(exc):
+            if not no_stdin(exc):
                 self._send(rank, "q")  # Ctrl-C at the prompt: let the rank go, then stop
                 raise
             self.no_input = True

@@ -40,7 +40,7 @@ class XlaOrdinals:
     """The launch kind (launch.py) of XLA ordinals, in torch_xla's host process."""
 
     no_stop_resume = "on XLA/TPU"
-    no_background = "on XLA/TPU (torch_xla's host process is watched from the cell only)"
+    no_background = ""  # the host process is one rank of a RankGroup, as local ranks are
 
     def check(self, options: LaunchOptions) -> None:
         pass  # config.py checked the ordinals (tpu.check_launch), postmortem.py debug=

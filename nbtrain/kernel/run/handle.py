@@ -18,12 +18,13 @@ never a background run: ``run.stop()`` or the view's summary says how), no comm 
 kernel delivers the "where?" click itself).
 
 The lifecycle object of each launch (lifecycle.Run) finds the handle it belongs to through
-``current()`` and reports to it (``attach``, ``record``, ``turn``).
+``current()`` and reports to it (``attach``, ``record``, ``turn``). registry.py makes, registers
+and starts the handles (``nbtrain.runs()``) and keeps two runs off the same devices; frames.py
+keeps a failed run's error without the frames of the failed call.
 """
 
 from __future__ import annotations
 
-import atexit
 import threading
 import time
 from collections.abc import Callable
@@ -32,28 +33,22 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from nbtrain.display.background import SHOWN, Pane, static_lines
 from nbtrain.display.runstate import OutputLine, RunState, Verdict
-from nbtrain.kernel.host import environment
-from nbtrain.kernel.run import where
+from nbtrain.kernel.run import frames, where
+from nbtrain.kernel.run.desk import Desk
 from nbtrain.kernel.run.metrics import KEPT_METRICS, Metric, Metrics
 from nbtrain.shared import stacks
 from nbtrain.shared.events import Event, Log
 
 if TYPE_CHECKING:
     from nbtrain.kernel.group import RankGroup
-    from nbtrain.kernel.options.interface import LaunchOptions, UserCall
     from nbtrain.kernel.run.cellout import CellOutput
     from nbtrain.shared.stopping import StopPolicy
 
 KEPT_LINES = 20_000  # rank lines a run keeps in memory for output(); every line is in its log
-KEPT_RUNS = 20  # finished runs nbtrain.runs() keeps (the oldest go first; running ones stay)
 STOP_WAIT = 10.0  # seconds the kernel's shutdown waits for each background run to stop
 WHERE_WAIT = 10.0  # seconds run.where() waits for the ranks' stacks
 
 _local = threading.local()
-_runs: list[Run] = []
-_runs_lock = threading.Lock()
-# The GPUs the machine has, read when a background launch checks for overlap (a test mocks it).
-gpu_count: Callable[[], int] = environment.cuda_device_count
 
 
 class Lifecycle(Protocol):
@@ -110,11 +105,15 @@ class Run:
         self._folder: Path | None = None
         self._final_view: dict[str, Any] | None = None
         self._error: BaseException | None = None
+        self._traceback = ""
         self._finished = threading.Event()
         self._thread: threading.Thread | None = None
         self._stop: str | None = None  # "now" or "checkpoint": asked by stop(), served by turn()
         self._where_asked = False
-        self._unattended: object = None  # the supervisor whose pdb prompts were let go
+        # A background run's pdb prompts wait for run.wait() (desk.py); _handed: the
+        # supervisor whose prompts were handed to it (each attempt of a restart has its own).
+        self.desk = Desk(lambda: self._stop) if background else None
+        self._handed: object = None
         self._where: dict[int, stacks.RankStack] | None = None
         self._where_ready = threading.Event()
         self.started_at = time.time()
@@ -128,7 +127,10 @@ class Run:
             try:
                 return self._body_fn()
             except BaseException as error:
-                self._error = error
+                # The cell gets the error as is (%debug needs its frames); the run keeps a copy
+                # without them (nbtrain.runs() would keep the failed call's locals alive).
+                self._error = frames.detached(error)
+                self._traceback = frames.formatted(error)
                 raise
             finally:
                 self._ended()
@@ -145,6 +147,8 @@ class Run:
             try:
                 self._value = self._body_fn()
             except BaseException as error:  # given to wait(), as the blocking launch raises it
+                self._traceback = frames.formatted(error)
+                frames.let_go(error)  # its traceback still prints; the frames' locals are gone
                 self._error = error
             finally:
                 self._ended()
@@ -157,7 +161,6 @@ class Run:
         if self.pane is not None:
             self.pane.end()
         self._finished.set()
-        _prune()
 
     # -- what the lifecycle reports ----------------------------------------------------------
 
@@ -189,9 +192,10 @@ class Run:
     def turn(self, lifecycle: Lifecycle) -> None:
         """Each turn of the watch loop (its thread): serve stop() and where()."""
         supervisor = lifecycle.group.supervisor if lifecycle.group is not None else None
-        if self.background and supervisor is not None and supervisor is not self._unattended:
-            self._unattended = supervisor  # (each attempt of a restarted run has its own)
-            supervisor.prompts.unattended(lifecycle.output.note)
+        if self.desk is not None and supervisor is not None and supervisor is not self._handed:
+            self._handed = supervisor
+            self.desk.note = lifecycle.output.note
+            supervisor.prompts.handed(self.desk.ask, self.desk.say)
         if self._where_asked and supervisor is not None:
             self._where_asked = False
             supervisor.ask_where(self._got_where)
@@ -220,6 +224,8 @@ class Run:
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             while not self._finished.wait(0.05):
+                if self.desk is not None:
+                    self.desk.serve()  # a paused rank's prompt, in this cell
                 if deadline is not None and time.monotonic() >= deadline:
                     raise TimeoutError(
                         f"run.wait(timeout={timeout:g}): {self.name} is still {self.status} "
@@ -230,8 +236,10 @@ class Run:
                 f"stopped waiting; {self.name} goes on in the background "
                 "(run.stop() stops it)"
             ) from None
+        if self.desk is not None:
+            self.desk.serve()  # the ranks' last pdb output
         if self._error is not None:
-            raise self._error
+            raise frames.again(self._error)
         if not self.background:
             raise RuntimeError(
                 f"{self.name} was a blocking launch: its value was returned in its cell and "
@@ -253,6 +261,17 @@ class Run:
             return "stopped"
         verdict = self.state.verdict if self.state is not None else None
         return "timed out" if verdict is Verdict.TIMED_OUT else "failed"
+
+    @property
+    def error(self) -> BaseException | None:
+        """The exception the run ended with (None: it succeeded or is running), without the
+        frames of the failed call (their locals could be big); ``traceback`` has its text."""
+        return self._error
+
+    @property
+    def traceback(self) -> str:
+        """The failed run's traceback as the cell showed it first, as text ('' otherwise)."""
+        return self._traceback
 
     @property
     def result(self) -> Any:
@@ -333,140 +352,17 @@ class Run:
             print(f"{self!r}")
         display(static_lines(self.output()[-SHOWN:]), raw=True)
 
-    def _stop_for_exit(self) -> None:
+    def release(self) -> None:
+        """``nbtrain.runs()`` let this finished run go: close the widgets its view kept for
+        pages reloaded mid-run (displayed again, it shows its static final view)."""
+        if self.pane is not None:
+            self.pane.release()
+
+    def stop_for_exit(self) -> None:
         """The kernel shuts down: stop the ranks now and wait (bounded) until they are gone."""
         self._stop = "now"
         if self._thread is not None:
             self._thread.join(STOP_WAIT)
-
-
-class Runs(list[Run]):
-    """This kernel's runs, oldest first; ``clear()`` forgets the finished ones."""
-
-    def clear(self) -> None:
-        with _runs_lock:
-            _runs[:] = [run for run in _runs if not run.done()]
-        super().clear()
-        self.extend(_runs)
-
-
-def runs() -> Runs:
-    """This kernel's runs, running and finished, newest last."""
-    with _runs_lock:
-        return Runs(_runs)
-
-
-def launch(options: LaunchOptions, call: UserCall, *, block: bool) -> Any:
-    """Run a launch: its value (blocking) or its handle (``block=False``, started)."""
-    __tracebackhide__ = True
-    run = Run(
-        getattr(call.function, "__name__", "run"),
-        lambda: options.launch.run(options, call),
-        background=not block,
-        stopping=options.config.stopping,
-        claims=claims(options) if not block else frozenset(),
-    )
-    return begin(run, block=block)
-
-
-def begin(run: Run, *, block: bool) -> Any:
-    """Register ``run`` and run it here (its value) or start it (the handle)."""
-    __tracebackhide__ = True
-    if not block:
-        _check_overlap(run)
-    with _runs_lock:
-        _runs.append(run)
-    _prune()
-    if block:
-        return run.run_here()
-    _stop_at_exit()
-    if run.pane is not None:
-        run.pane.show()  # the launching cell shows the view (its updates come from the thread)
-    run.start()
-    return run
-
-
-def check_background(options: LaunchOptions, block: object) -> None:
-    """``block`` is a bool, and False only where the launch's kind can run in the background."""
-    if not isinstance(block, bool):
-        raise TypeError(f"block={block!r} must be True or False.")
-    if block:
-        return
-    refused = options.launch.no_background
-    if refused:
-        raise ValueError(
-            f"block=False is not supported for a launch {refused} yet; launch it with "
-            "block=True (the default)."
-        )
-    if options.config.debug:
-        raise ValueError(
-            "block=False with debug=True: a failed rank's pdb prompt needs the cell's input "
-            "box, which a background run does not hold; launch with block=True to debug."
-        )
-
-
-# -- safety ------------------------------------------------------------------------------------
-
-
-def claims(options: LaunchOptions) -> frozenset[str]:
-    """What a run holds that another may not use at the same time: GPUs, TPU cores, a Ray
-    placement. CPU ranks hold nothing (they may run side by side)."""
-    config = options.config
-    if options.requested.cluster is not None:
-        return frozenset({"the Ray cluster's placement"})
-    if config.xla_device == "TPU":
-        return frozenset({"the TPU cores"})
-    if config.gpu_ids is not None:
-        return frozenset(f"GPU {i}" for i in config.gpu_ids)
-    count = gpu_count()
-    return frozenset(f"GPU {i}" for i in range(min(count, config.num_processes)))
-
-
-def _prune() -> None:
-    """Keep the newest KEPT_RUNS finished runs (and every running one)."""
-    with _runs_lock:
-        finished = [old for old in _runs if old.done()]
-        for old in finished[: max(0, len(finished) - KEPT_RUNS)]:
-            _runs.remove(old)  # the oldest finished runs go first
-
-
-def refuse_if_busy(ranks: object) -> None:
-    """A command for warm ``ranks`` while a background run holds them: a clear error."""
-    for other in runs():
-        if other.holds is ranks and not other.done() and other is not current():
-            raise RuntimeError(
-                f"the warm ranks are running {other!r} (nbtrain.runs()[{runs().index(other)}]) "
-                "in the background: wait for it (run.wait()) or stop it (run.stop()) first"
-            )
-
-
-def _check_overlap(new: Run) -> None:
-    for other in runs():
-        shared = sorted(new.claims & other.claims)
-        if shared and not other.done():
-            raise RuntimeError(
-                f"{other!r} (nbtrain.runs()[{runs().index(other)}]) is running on "
-                f"{', '.join(shared)}, which this launch of {new.name} would use too: wait for "
-                "it (run.wait()), stop it (run.stop()), or give this launch other devices "
-                "(gpu_ids=)"
-            )
-
-
-_registered = False
-
-
-def _stop_at_exit() -> None:
-    """The kernel's shutdown or restart stops every background run (nothing left behind)."""
-    global _registered
-    if not _registered:
-        _registered = True
-        atexit.register(_stop_all)
-
-
-def _stop_all() -> None:
-    for run in runs():
-        if run.background and not run.done():
-            run._stop_for_exit()
 
 
 class _as_current:
@@ -481,16 +377,7 @@ class _as_current:
         _local.run = self.previous
 
 
-__all__ = [
-    "KEPT_LINES",
-    "Run",
-    "begin",
-    "check_background",
-    "current",
-    "launch",
-    "refuse_if_busy",
-    "runs",
-]
+__all__ = ["KEPT_LINES", "Run", "current"]
 
 
 def _spent() -> Any:

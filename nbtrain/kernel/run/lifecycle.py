@@ -33,57 +33,30 @@ verdict)`` for paths that own their loop (the elastic agent).
 from __future__ import annotations
 
 import contextlib
-import io
 import time
 from collections.abc import Callable
 from typing import Any, NoReturn, TextIO, cast
 
-from nbtrain.display import View, make_view
-from nbtrain.display.background import Pane, PaneDisplay, PaneStream, Recorded
+from nbtrain.display import View
+from nbtrain.display.background import PaneStream
 from nbtrain.display.commpump import CommPump
 from nbtrain.display.deferred import DeferredView
 from nbtrain.display.groups import is_wide
 from nbtrain.display.runstate import RunState, Verdict
-from nbtrain.display.text import TextView
 from nbtrain.kernel.group import Interrupts, RankGroup
 from nbtrain.kernel.group.ending import Ending, How
 from nbtrain.kernel.group.outcome import Outcome
-from nbtrain.kernel.host import cellnames
-from nbtrain.kernel.options.config import LaunchConfig, ProgressMode
-from nbtrain.kernel.options.names import given, to_raise
-from nbtrain.kernel.run import handle, tracebacks, where
+from nbtrain.kernel.options.config import LaunchConfig
+from nbtrain.kernel.run import endings, handle, tracebacks, where
 from nbtrain.kernel.run.cellout import CellOutput
-from nbtrain.shared import checkpoints, stacks
+from nbtrain.kernel.run.views import open_view, pane_view
+from nbtrain.shared import stacks
 from nbtrain.shared.errors import ResultError, WorkerError
 from nbtrain.shared.events import Display, Event, Status, Stopped
 
 REFRESH = 0.1  # seconds between redraws of the view (about 10 per second)
 
 __all__ = ["REFRESH", "Run", "open_view"]
-
-
-def open_view(config: LaunchConfig) -> View:
-    """The view a launch with these options shows (widgets in a kernel, else text); the
-    launch's handle keeps its final dashboard (shown again by ``nbtrain.runs()[-1]``)."""
-    display = None
-    run = handle.current()
-    if run is not None and config.progress is not ProgressMode.OFF:
-        with contextlib.suppress(ImportError):  # (no ipywidgets: a text view, nothing kept)
-            display = Recorded(run.keep_view)
-    return make_view(config.progress, config.output, config.world_size, display)
-
-
-def pane_view(config: LaunchConfig, pane: Pane) -> View:
-    """A background run's view: the dashboard into the pane's own display (background.py);
-    outside Jupyter none (output() and the log folder have the lines)."""
-    if not pane.jupyter or config.progress is ProgressMode.OFF:
-        quiet = io.StringIO()
-        return TextView(
-            output=config.output, show_progress=False, live=False, stdout=quiet, stderr=quiet
-        )
-    from nbtrain.display.widgets import WidgetView
-
-    return WidgetView(output=config.output, world_size=config.world_size, display=PaneDisplay(pane))
 
 
 class Run:
@@ -261,7 +234,8 @@ class Run:
                 ending = group.wait(self.deadline, self.tick, self.interrupts(), redraw=self.redraw)
         except KeyboardInterrupt:
             # Where the watch loop was is no news to the user: the cell line and this.
-            raise KeyboardInterrupt(f"every rank was stopped{self._kept()}") from None
+            kept = endings.kept(self.config.stopping)
+            raise KeyboardInterrupt(f"every rank was stopped{kept}") from None
         group.close()
         return ending
 
@@ -270,16 +244,6 @@ class Run:
         policy = self.config.stopping
         graceful = policy is not None and policy.on_interrupt
         return Interrupts(graceful=graceful, keep=keep, say=self.say)
-
-    def _kept(self) -> str:
-        """After an interrupt under a stop policy: which checkpoint the next run resumes from."""
-        policy = self.config.stopping
-        if policy is None:
-            return ""
-        latest = checkpoints.latest_complete(policy.project_dir)
-        if latest is None:
-            return "; no checkpoint was saved"
-        return f"; the newest complete checkpoint is {latest} (resume=True continues from it)"
 
     def stopped(
         self,
@@ -320,7 +284,7 @@ class Run:
             # Short: why (a raw DDP loop, a Trainer, code still setting up) is in the guide.
             raise KeyboardInterrupt(
                 "stopped at once: no prepared DataLoader to stop at yet (stop-and-resume guide, "
-                f"'What it covers'){self._kept()}"
+                f"'What it covers'){endings.kept(self.config.stopping)}"
             )
         if self.outcome.has_failure():
             self.fail(self.outcome.error(node=self.config.node_rank), raised=raised)
@@ -374,32 +338,13 @@ class Run:
         raise TimeoutError(self.timeout_message(stuck)) from None
 
     def timeout_message(self, stuck: dict[int, stacks.RankStack]) -> str:
-        where = "; ".join(
-            f"rank {rank}: {view.status.value}"
-            + (f" at step {view.step}/{view.total}" if view.total is not None else "")
-            for rank, view in sorted(self.state.ranks.items())
-        )
-        what = (
-            " while the function ran in this process"
-            if self.in_process
-            else f"; every rank was stopped ({where})"
-        )
-        stacks_text = stacks.describe(stuck, cellnames.place)
-        logs = self.output.folder
-        full = f"in {logs}/rank-N.log" if logs is not None else "in each rank's log"
-        return (
-            f"{given('timeout', f'{self.config.timeout:g}')} expired{what}. "
-            f"Raise {to_raise('timeout')} if the run needs longer."
-            + (
-                f"\nWhere the ranks were (each rank's full stack is {full}):\n{stacks_text}"
-                if stacks_text
-                else ""
-            )
+        return endings.timeout_message(
+            self.config, self.state, stuck, self.output.folder, in_process=self.in_process
         )
 
     def abandon(self, exc: BaseException, verdict: Verdict | None = None) -> None:
         """Interrupted (or an error in the kernel): say so and end the view."""
-        summary = _interrupted_summary(exc, self.state, self.in_process)
+        summary = endings.interrupted_summary(exc, self.state, self.in_process)
         self.end(summary.splitlines()[0], verdict)
 
     def end(self, summary: str, verdict: Verdict | None = None) -> None:
@@ -419,11 +364,3 @@ def _nothing() -> None:
 
 def _never() -> bool:
     return False
-
-
-def _interrupted_summary(exc: BaseException, state: RunState, in_process: bool) -> str:
-    if isinstance(exc, KeyboardInterrupt) and in_process:  # nothing to stop: the call ended
-        return f"Interrupted after {state.elapsed:.1f}s"
-    if isinstance(exc, KeyboardInterrupt):
-        return f"Interrupted after {state.elapsed:.1f}s: every rank was stopped"
-    return f"Stopped after {state.elapsed:.1f}s: {type(exc).__name__}: {exc}"

@@ -28,7 +28,7 @@ from nbtrain.display.runstate import Verdict
 from nbtrain.kernel.group.ending import Ending, How
 from nbtrain.kernel.host import cellnames
 from nbtrain.kernel.options.config import LaunchConfig
-from nbtrain.kernel.run import handle
+from nbtrain.kernel.run import registry
 from nbtrain.kernel.run.lifecycle import Run
 from nbtrain.kernel.warm.world import World, Worlds
 from nbtrain.shared import sharedmem, shmclean, stacks
@@ -57,7 +57,7 @@ def execute(
     values as a launch returns them. ``quiet``: no view (pull, push); ``keep_failures``: the
     ranks that fail keep their frames for ``debug()``."""
     __tracebackhide__ = True
-    handle.refuse_if_busy(worlds)  # a background ranks.run is using them
+    registry.refuse_if_busy(worlds)  # a background ranks.run is using them
     run = Run(
         _config(worlds, return_all, timeout, quiet, stopping), ranks, title=title,
         view_after=VIEW_AFTER,

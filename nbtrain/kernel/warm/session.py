@@ -22,7 +22,7 @@ from nbtrain.kernel.options.config import LaunchConfig, StartChoice
 from nbtrain.kernel.options.function import check_function
 from nbtrain.kernel.options.requested import Requested
 from nbtrain.kernel.options.stopping import StopOptions, build_policy
-from nbtrain.kernel.run import handle, tracebacks
+from nbtrain.kernel.run import handle, registry, tracebacks
 from nbtrain.kernel.run.where import Where
 from nbtrain.kernel.specs.payload import prepare_call, share
 from nbtrain.kernel.warm import debugging
@@ -93,7 +93,7 @@ class Ranks:
                 stopping=self._worlds.call_policy(on_interrupt),
                 holds=self._worlds,
             )
-            return handle.begin(run, block=False)
+            return registry.begin(run, block=False)
         args, kwargs = check_function(function, args, kwargs)
         stopping = self._worlds.call_policy(on_interrupt)
         world = self._worlds.require()

@@ -36,7 +36,7 @@ class RayLaunch:
     """The launch kind (launch.py) of ranks placed by Ray (``cluster=``)."""
 
     no_stop_resume = ""  # (cluster/checks.py: every node must see the checkpoint folder)
-    no_background = "on a Ray cluster (cluster=)"
+    no_background = ""  # the watch loop in the run's thread, as for local ranks
 
     def check(self, options: LaunchOptions) -> None:
         resolve(options.requested.cluster, options.config, options.requested)
