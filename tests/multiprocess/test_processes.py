@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from nbtrain.kernel.options.config import StartMethod
-from nbtrain.kernel.procs import processes
+from nbtrain.kernel.procs import handles, processes, reaping
 
 
 def exit_leaving_a_worker(stdout, stderr, events):
@@ -37,19 +37,19 @@ def test_exit_is_seen_without_reaping_and_the_group_dies_before_the_pid_is_freed
     [rank] = processes.start_ranks(StartMethod(method), [0], exit_leaving_a_worker, make_args)
     try:
         deadline = time.monotonic() + 60
-        while not processes.has_exited(rank):
+        while not handles.has_exited(rank):
             assert time.monotonic() < deadline, "the rank never exited"
             time.sleep(0.01)
         assert _state(rank.pid) == "Z", "noticing the exit reaped the rank: its pid is free"
         workers = [p for p in psutil.process_iter() if _pgid(p.pid) == rank.pid]
         assert [p.pid for p in workers if p.pid != rank.pid], "the worker did not start"
-        assert processes.reap(rank) == 3
+        assert reaping.reap(rank) == 3
         assert not os.path.exists(f"/proc/{rank.pid}"), "reap() left the zombie"
         survivors = _running_after([p for p in workers if p.pid != rank.pid], timeout=10)
         assert survivors == [], "the rank's worker survived it"
     finally:
-        processes.stop([rank], grace=0.0)
-        processes.close([rank])
+        reaping.stop([rank], grace=0.0)
+        reaping.close([rank])
 
 
 def test_the_watched_fd_wakes_at_the_exit_even_while_a_worker_holds_the_sentinel():
@@ -64,11 +64,11 @@ def test_the_watched_fd_wakes_at_the_exit_even_while_a_worker_holds_the_sentinel
     pidfd = rank.pidfd
     try:
         assert wait([rank.sentinel], timeout=60), "the rank's exit did not wake the wait"
-        assert processes.has_exited(rank), "woken before the exit could be waited for"
+        assert handles.has_exited(rank), "woken before the exit could be waited for"
         assert not wait([rank.process.sentinel], timeout=0), "the worker let go of the sentinel"
     finally:
-        processes.stop([rank], grace=0.0)
-        processes.close([rank])
+        reaping.stop([rank], grace=0.0)
+        reaping.close([rank])
     with pytest.raises(OSError):
         os.fstat(pidfd)  # close() closed it
 
@@ -85,7 +85,7 @@ def test_a_rank_dropped_without_close_closes_its_pidfd():
     [rank] = processes.start_ranks(StartMethod.FORK, [0], exit_at_once, make_args)
     pidfd = rank.pidfd
     assert pidfd is not None
-    processes.stop([rank], grace=0.0)
+    reaping.stop([rank], grace=0.0)
     rank.pipes.close_readers()
     del rank
     gc.collect()
