@@ -311,7 +311,6 @@ MAX_FUNCTION_LINES = 50
 TOO_LONG_FOR_NOW = {
     "nbtrain/kernel/run/handle.py",  # h41
     "nbtrain/kernel/run/lifecycle.py",  # h41
-    "nbtrain/rank/reporting.py",  # h44
     "nbtrain/display/widgets.py",  # h44
     "nbtrain/display/runstate.py",  # h44
     "nbtrain/display/runstate.py:RunState.apply",  # h44
