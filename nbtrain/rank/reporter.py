@@ -40,7 +40,7 @@ MAX_INTERVAL = 10.0
 # record every value in the rank itself; this thinning is the live view's only.
 WIDE = 16
 WIDE_POINTS = 8
-# Logged steps held for the next update (the kernel keeps as many per metric, runstate.HISTORY_CAP):
+# Logged steps held for the next update (the kernel keeps as many per metric, rankview.HISTORY_CAP):
 # past that, older ones are thinned as the kernel's history is (every other one of the older
 # half, never the first) rather than memory grow while the kernel is behind.
 HELD_CAP = 2000

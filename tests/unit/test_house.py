@@ -312,8 +312,6 @@ TOO_LONG_FOR_NOW = {
     "nbtrain/kernel/run/handle.py",  # h41
     "nbtrain/kernel/run/lifecycle.py",  # h41
     "nbtrain/display/widgets.py",  # h44
-    "nbtrain/display/runstate.py",  # h44
-    "nbtrain/display/runstate.py:RunState.apply",  # h44
 }
 
 
