@@ -116,3 +116,47 @@ def _pgid(pid: int) -> int | None:
         return os.getpgid(pid)
     except OSError:
         return None
+
+
+class _CountedFlushes:
+    """sys.stdout / sys.stderr stand-in that counts its flushes (ipykernel's flush is a round
+    trip to its IO thread: worth one per launch, not one per rank)."""
+
+    def __init__(self) -> None:
+        self.flushes = 0
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        self.flushes += 1
+
+
+def flush_as_multiprocessing_does(stdout, stderr, events):
+    """A rank about to start a process of its own: multiprocessing's flush still flushes here."""
+    import sys
+    from multiprocessing import util
+
+    sys.stdout = counted = _CountedFlushes()
+    util._flush_std_streams()
+    os._exit(0 if counted.flushes == 1 else 5)
+
+
+def test_the_kernel_flushes_its_streams_once_per_launch_and_a_rank_as_always(monkeypatch):
+    def make_args(rank, pipes, close):
+        return (pipes.stdout_w, pipes.stderr_w, pipes.events_w)
+
+    out, err = _CountedFlushes(), _CountedFlushes()
+    monkeypatch.setattr("sys.stdout", out)
+    monkeypatch.setattr("sys.stderr", err)
+    ranks = processes.start_ranks(
+        StartMethod.FORK, [0, 1, 2, 3], flush_as_multiprocessing_does, make_args
+    )
+    try:
+        assert (out.flushes, err.flushes) == (1, 1), "one flush per launch, not per rank"
+        for rank in ranks:
+            rank.process.join(timeout=60)
+        assert [rank.process.exitcode for rank in ranks] == [0, 0, 0, 0]
+    finally:
+        reaping.stop(ranks, grace=0.0)
+        reaping.close(ranks)

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch.multiprocessing as torch_mp
 
-from nbtrain.kernel.procs import fork_gc, forkserver, signal_hold
+from nbtrain.kernel.procs import fork_gc, forkserver, signal_hold, std_flush
 from nbtrain.kernel.procs.handles import RankPipes, RankProcess, exit_fd
 from nbtrain.kernel.procs.reaping import close_pidfds, stop
 from nbtrain.shared.frontend import Frontend, frontend
@@ -89,7 +89,7 @@ def start_ranks(
     try:
         # A Ctrl-C during a fork would be raised in an at-fork callback and lost: held, then
         # raised here, after the loop (signal_hold.py), so the ranks started are stopped below.
-        with signal_hold.held(), fork_gc.kernel_objects_frozen(method):
+        with signal_hold.held(), fork_gc.kernel_objects_frozen(method), std_flush.flushed_once():
             fds = _fd_numbers(all_pipes) if method is StartMethod.FORK else None
             for rank in ranks:
                 pipes = all_pipes[rank]
