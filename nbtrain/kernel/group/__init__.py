@@ -3,10 +3,11 @@
 ``RankGroup`` (rankgroup.py) starts the ranks through a backend, opens the channel (the
 ``Supervisor`` that reads their pipes; ``CellSupervisor``, cell.py, for warm ranks), runs the one
 watch loop under the one Ctrl-C policy (interrupts.py) and returns how it ended (``Ending``,
-ending.py), answers where each rank is (stacks; whereabouts.py), stops them (terminate, grace, kill) and
-closes them. A backend (backend.py) says only where ranks are placed and how their bytes travel:
-``LocalProcesses`` (processes of this machine, pipes and /dev/shm) serves the plain local launch,
-torch_xla's host process and the warm ranks; a cluster backend implements the same two methods.
+ending.py), answers where each rank is (stacks; whereabouts.py), stops them (terminate, grace,
+kill) and closes them. A backend (backend.py) says only where ranks are placed and how their
+bytes travel: ``LocalProcesses`` (processes of this machine, pipes and /dev/shm) serves the plain
+local launch, torch_xla's host process and the warm ranks; a cluster backend implements the same
+two methods.
 
 Users: ``run.Run.supervise`` (one-shot local, XLA and Ray launches), the warm ranks (warm/:
 one command at a time on the same group) and the elastic agent (elastic/agent.py: one group per
