@@ -17,7 +17,7 @@ view is the widget dashboard, and what the frontend receives is counted by the c
    ranks (``start_ranks(N, start_method="fork")``: client round trip).
 3. **Simulated ranks** (256 and 1,024, no processes): each rank's event stream as its
    ``progress``/``log`` would send it (the rank side's own update interval for that world size,
-   ``reporting.update_interval``; Progress + Log updates, 4 output lines), pickled into frames,
+   ``reporter.update_interval``; Progress + Log updates, 4 output lines), pickled into frames,
    decoded by ``FrameDecoder`` and fed to a real ``Run`` (outcome, RunState, cell output, the
    widget view) with its ``tick`` at the watch loop's rate: everything after the rank pipes. The
    frames' encoding is the ranks' work and is subtracted from the kernel's CPU.
@@ -322,7 +322,10 @@ def simulate(n: int, seconds: float) -> dict:
     from nbtrain.kernel.group.supervisor import TICK
     from nbtrain.kernel.options.config import build_config
     from nbtrain.kernel.run.lifecycle import Run
-    from nbtrain.rank import reporting
+    try:  # (the coalescing's own module since session 7; reporting.py before)
+        from nbtrain.rank import reporter as reporting
+    except ImportError:
+        from nbtrain.rank import reporting  # type: ignore[no-redef]
     from nbtrain.shared.events import (
         Exited,
         Finished,

@@ -1,9 +1,9 @@
 """The run's state and its views: widgets in a Jupyter kernel, text everywhere else. Kernel side.
 
-``runstate`` holds the model (RunState: events folded into a per-rank picture) that the kernel's
-launch loop feeds and every view reads; ``commpump`` lets the dashboard's "where?" button work
-while its cell is busy (the launch loop pumps it). The dependency runs one way: the kernel side
-imports this package, never the reverse.
+``runstate`` holds the model (RunState: events folded into a per-rank picture, each rank's row a
+``rankview.RankView``) that the kernel's launch loop feeds and every view reads; ``commpump``
+lets the dashboard's "where?" button work while its cell is busy (the launch loop pumps it).
+The dependency runs one way: the kernel side imports this package, never the reverse.
 
 A view has ``draw(state)`` (called by the launcher about 10 times a second while ranks run),
 ``close(state)`` (once, after ``state.finish``) and ``note(text)``: a node-level message from the

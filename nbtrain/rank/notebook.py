@@ -20,6 +20,7 @@ Size limit: a display's bundle of more than MAX_BUNDLE bytes is replaced by a li
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 from types import ModuleType
@@ -68,6 +69,14 @@ def _detach_shell() -> None:
     shell = _kernel_shell()
     if shell is None:
         return
+    shell.display_pub = _publisher_class()(shell=shell)
+    shell.displayhook = _PlainDisplayHook()
+
+
+@functools.cache
+def _publisher_class() -> type:
+    """The shell's display publisher in a rank: sends to the cell (a traitlets class: setting it
+    up scans its members, so it is made once per process, see the end of this module)."""
     from IPython.core.displaypub import DisplayPublisher
 
     class RankDisplayPublisher(DisplayPublisher):
@@ -80,8 +89,7 @@ def _detach_shell() -> None:
         def clear_output(self, wait: bool = False) -> None:
             pass  # a rank cannot clear the cell's output
 
-    shell.display_pub = RankDisplayPublisher(shell=shell)
-    shell.displayhook = _PlainDisplayHook()
+    return RankDisplayPublisher
 
 
 class _PlainDisplayHook:
@@ -199,3 +207,9 @@ def _has_type(formatter: Any, kind: type) -> bool:
     except KeyError:
         return False
     return True
+
+
+if "IPython.core.displaypub" in sys.modules:
+    # A kernel imports this module before it forks ranks (shared/preload.py): the publisher's
+    # class is made there once, and every forked rank inherits it instead of making its own.
+    _publisher_class()

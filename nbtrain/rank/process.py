@@ -155,10 +155,15 @@ def _line_stream(fd: int) -> io.TextIOWrapper:
 
 def close_inherited(fds: tuple[int, ...]) -> None:
     # Under fork a rank inherits the pipe ends of every other rank; holding them would keep
-    # those pipes open after their owner died.
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            os.close(fd)
+    # those pipes open after their owner died. They were made one after another, so they come
+    # in a few runs of consecutive numbers: one closerange (close_range(2) on Linux) per run,
+    # not a close() each (64 ranks: 508 fds in every rank).
+    ordered = sorted(set(fds))
+    start = 0
+    for index in range(1, len(ordered) + 1):
+        if index == len(ordered) or ordered[index] != ordered[index - 1] + 1:
+            os.closerange(ordered[start], ordered[index - 1] + 1)  # (ignores closed fds)
+            start = index
 
 
 def set_threads(count: int | None) -> None:

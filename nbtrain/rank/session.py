@@ -33,7 +33,7 @@ from nbtrain.rank import (
     interrupts,
     notebook,
     process,
-    reporting,
+    reporter,
     runtime,
     startup,
     teardown,
@@ -112,7 +112,7 @@ def answer(rank: int, sink: EventSink, work: Callable[[], bytes | None]) -> None
             data = work()
         finally:
             _busy = False
-            reporting.flush()  # progress()/log() still held go out before the verdict
+            reporter.flush()  # progress()/log() still held go out before the verdict
             process.flush_streams()  # the cell's output is in the pipes before its verdict
     except TrainingStopped as stop:  # a graceful stop: saved; the rank stays warm
         sink.send(Stopped(rank, stop.step, stop.path))

@@ -16,7 +16,7 @@ from nbtrain.rank import (
     inherited,
     interrupts,
     process,
-    reporting,
+    reporter,
     runtime,
     startup,
     teardown,
@@ -47,7 +47,7 @@ def call_and_report(
             raised = exc
             raise
         finally:
-            reporting.flush()  # metrics progress()/log() still hold go out before the verdict
+            reporter.flush()  # metrics progress()/log() still hold go out before the verdict
             runtime.end_tracker_run(raised)
         data = pack_result(value, rank=rank) if send_result else None
     except TrainingStopped as stop:  # a graceful stop: its checkpoint is saved

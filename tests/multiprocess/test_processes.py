@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from nbtrain.kernel.options.config import StartMethod
-from nbtrain.kernel.procs import processes
+from nbtrain.kernel.procs import handles, processes, reaping
 
 
 def exit_leaving_a_worker(stdout, stderr, events):
@@ -37,19 +37,19 @@ def test_exit_is_seen_without_reaping_and_the_group_dies_before_the_pid_is_freed
     [rank] = processes.start_ranks(StartMethod(method), [0], exit_leaving_a_worker, make_args)
     try:
         deadline = time.monotonic() + 60
-        while not processes.has_exited(rank):
+        while not handles.has_exited(rank):
             assert time.monotonic() < deadline, "the rank never exited"
             time.sleep(0.01)
         assert _state(rank.pid) == "Z", "noticing the exit reaped the rank: its pid is free"
         workers = [p for p in psutil.process_iter() if _pgid(p.pid) == rank.pid]
         assert [p.pid for p in workers if p.pid != rank.pid], "the worker did not start"
-        assert processes.reap(rank) == 3
+        assert reaping.reap(rank) == 3
         assert not os.path.exists(f"/proc/{rank.pid}"), "reap() left the zombie"
         survivors = _running_after([p for p in workers if p.pid != rank.pid], timeout=10)
         assert survivors == [], "the rank's worker survived it"
     finally:
-        processes.stop([rank], grace=0.0)
-        processes.close([rank])
+        reaping.stop([rank], grace=0.0)
+        reaping.close([rank])
 
 
 def test_the_watched_fd_wakes_at_the_exit_even_while_a_worker_holds_the_sentinel():
@@ -64,11 +64,11 @@ def test_the_watched_fd_wakes_at_the_exit_even_while_a_worker_holds_the_sentinel
     pidfd = rank.pidfd
     try:
         assert wait([rank.sentinel], timeout=60), "the rank's exit did not wake the wait"
-        assert processes.has_exited(rank), "woken before the exit could be waited for"
+        assert handles.has_exited(rank), "woken before the exit could be waited for"
         assert not wait([rank.process.sentinel], timeout=0), "the worker let go of the sentinel"
     finally:
-        processes.stop([rank], grace=0.0)
-        processes.close([rank])
+        reaping.stop([rank], grace=0.0)
+        reaping.close([rank])
     with pytest.raises(OSError):
         os.fstat(pidfd)  # close() closed it
 
@@ -85,7 +85,7 @@ def test_a_rank_dropped_without_close_closes_its_pidfd():
     [rank] = processes.start_ranks(StartMethod.FORK, [0], exit_at_once, make_args)
     pidfd = rank.pidfd
     assert pidfd is not None
-    processes.stop([rank], grace=0.0)
+    reaping.stop([rank], grace=0.0)
     rank.pipes.close_readers()
     del rank
     gc.collect()
@@ -116,3 +116,47 @@ def _pgid(pid: int) -> int | None:
         return os.getpgid(pid)
     except OSError:
         return None
+
+
+class _CountedFlushes:
+    """sys.stdout / sys.stderr stand-in that counts its flushes (ipykernel's flush is a round
+    trip to its IO thread: worth one per launch, not one per rank)."""
+
+    def __init__(self) -> None:
+        self.flushes = 0
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        self.flushes += 1
+
+
+def flush_as_multiprocessing_does(stdout, stderr, events):
+    """A rank about to start a process of its own: multiprocessing's flush still flushes here."""
+    import sys
+    from multiprocessing import util
+
+    sys.stdout = counted = _CountedFlushes()
+    util._flush_std_streams()
+    os._exit(0 if counted.flushes == 1 else 5)
+
+
+def test_the_kernel_flushes_its_streams_once_per_launch_and_a_rank_as_always(monkeypatch):
+    def make_args(rank, pipes, close):
+        return (pipes.stdout_w, pipes.stderr_w, pipes.events_w)
+
+    out, err = _CountedFlushes(), _CountedFlushes()
+    monkeypatch.setattr("sys.stdout", out)
+    monkeypatch.setattr("sys.stderr", err)
+    ranks = processes.start_ranks(
+        StartMethod.FORK, [0, 1, 2, 3], flush_as_multiprocessing_does, make_args
+    )
+    try:
+        assert (out.flushes, err.flushes) == (1, 1), "one flush per launch, not per rank"
+        for rank in ranks:
+            rank.process.join(timeout=60)
+        assert [rank.process.exitcode for rank in ranks] == [0, 0, 0, 0]
+    finally:
+        reaping.stop(ranks, grace=0.0)
+        reaping.close(ranks)

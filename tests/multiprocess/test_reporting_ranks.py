@@ -12,7 +12,7 @@ import pytest
 
 from nbtrain import WorkerError, notebook_launcher
 from nbtrain.display.runstate import RunState
-from nbtrain.rank.reporting import INTERVAL
+from nbtrain.rank.reporter import INTERVAL
 from nbtrain.shared.events import Event, Failed, Finished, Log, Progress
 
 STEPS = 300

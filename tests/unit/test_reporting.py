@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from nbtrain.rank import reporting, runtime, textbar
+from nbtrain.rank import reporter, runtime, textbar
 from nbtrain.rank.reporting import log, open_bar, progress
 from nbtrain.rank.runtime import RankInfo, Runtime
 from nbtrain.shared.events import Event, Log, Progress
@@ -88,7 +88,7 @@ def test_updates_are_coalesced_to_about_ten_per_second(sink) -> None:
         time.sleep(0.002)
     elapsed = time.monotonic() - start
     steps = [e.step for e in sink.of(Progress)]
-    assert len(steps) <= elapsed / reporting.INTERVAL + 2
+    assert len(steps) <= elapsed / reporter.INTERVAL + 2
     assert len(steps) >= 3  # the first, some in between, the last
     assert steps == sorted(steps) and steps[-1] == 400
 
@@ -151,7 +151,7 @@ def test_a_break_shows_where_the_inner_loop_stopped_until_the_outer_moves_on(sin
             if batch == 4:
                 break
         time.sleep(0.12)
-        reporting.flush()
+        reporter.flush()
         assert sink.of(Progress)[-1].desc.endswith("· batch")  # not 'epoch' 0/2
     last = sink.of(Progress)[-1]
     assert (last.step, last.total, last.desc) == (2, 2, "epoch")
@@ -167,7 +167,7 @@ def test_logs_in_a_loop_are_coalesced_and_the_last_values_arrive(sink) -> None:
     for i in progress(range(2000)):
         log({"loss": float(i), "lr": 0.1})
     logs = sink.of(Log)
-    assert len(logs) <= 2000 // reporting.POINTS_PER_LOG + 50  # batched, not one per step
+    assert len(logs) <= 2000 // reporter.POINTS_PER_LOG + 50  # batched, not one per step
     last = {}
     for event in logs:
         last.update(event.values)
@@ -214,16 +214,16 @@ def test_logs_outside_a_loop_are_coalesced_and_the_final_values_arrive(pipe) -> 
             log({"grad_norm": 2.0})  # a new metric goes out at once, even mid-interval
             assert pipe.of(Log)[-1].values["grad_norm"] == 2.0
     elapsed = time.monotonic() - start
-    batches = 2000 // reporting.POINTS_PER_LOG
-    assert len(pipe.of(Log)) <= elapsed / reporting.INTERVAL + batches + 4  # not 2000
-    reporting.flush()  # what the worker does before it reports the rank's end
+    batches = 2000 // reporter.POINTS_PER_LOG
+    assert len(pipe.of(Log)) <= elapsed / reporter.INTERVAL + batches + 4  # not 2000
+    reporter.flush()  # what the worker does before it reports the rank's end
     last: dict[str, float] = {}
     for event in pipe.of(Log):
         last.update(event.values)
     assert last == {"val_acc": 0.9, "loss": 1999.0, "lr": 0.1, "grad_norm": 2.0}
     assert pipe.of(Log)[-1].step == 1999
     count = len(pipe.events)
-    reporting.flush()
+    reporter.flush()
     assert len(pipe.events) == count  # nothing held: nothing sent twice
 
 
@@ -231,7 +231,7 @@ def test_a_repeat_after_the_interval_goes_out_without_a_flush(pipe) -> None:
     log({"loss": 1.0})
     log({"loss": 0.9})  # within the interval: held
     assert [e.values for e in pipe.of(Log)] == [{"loss": 1.0}]
-    time.sleep(reporting.INTERVAL * 1.5)
+    time.sleep(reporter.INTERVAL * 1.5)
     log({"loss": 0.8})
     assert pipe.of(Log)[-1].values == {"loss": 0.8}
 
@@ -242,7 +242,7 @@ def test_logs_outside_a_loop_never_block_on_a_full_pipe() -> None:
         for step in range(200):
             log({"loss": float(step)})
         assert full.events == [] and full.refused >= 1  # only offered, never a blocking send
-        reporting.flush()
+        reporter.flush()
     assert full.of(Log)[-1].values == {"loss": 199.0}
 
 
@@ -257,7 +257,7 @@ def test_in_the_kernels_process_logs_go_out_at_once(sink) -> None:
 def test_a_forked_child_sends_its_logs_at_once(pipe, monkeypatch) -> None:
     # A DataLoader worker logging: nothing flushes the child before it exits.
     # The parent's coalescing interval outlasts any delay of a loaded machine (fork, wait).
-    monkeypatch.setattr(reporting, "INTERVAL", 600.0)
+    monkeypatch.setattr(reporter, "INTERVAL", 600.0)
     log({"loss": 1.0})
     read_end, write_end = os.pipe()
     pid = os.fork()
@@ -395,19 +395,19 @@ def test_a_loss_logged_in_step_n_is_charted_at_step_n_like_the_summary_counts(si
 
 
 def test_the_update_interval_grows_with_the_world_size_within_its_bounds() -> None:
-    assert reporting.update_interval(2) == reporting.INTERVAL
-    assert reporting.update_interval(10) == reporting.INTERVAL
-    assert reporting.update_interval(64) == pytest.approx(64 / reporting.RUN_UPDATES)
-    assert reporting.update_interval(100_000) == reporting.MAX_INTERVAL
+    assert reporter.update_interval(2) == reporter.INTERVAL
+    assert reporter.update_interval(10) == reporter.INTERVAL
+    assert reporter.update_interval(64) == pytest.approx(64 / reporter.RUN_UPDATES)
+    assert reporter.update_interval(100_000) == reporter.MAX_INTERVAL
     # the whole run's update rate stays flat past the narrow runs
-    assert 64 / reporting.update_interval(64) == pytest.approx(256 / reporting.update_interval(256))
+    assert 64 / reporter.update_interval(64) == pytest.approx(256 / reporter.update_interval(256))
 
 
 def test_thinning_keeps_every_point_of_a_narrow_run_and_the_ends_of_a_wide_one() -> None:
     points = [(step, {"loss": float(step)}) for step in range(1, 41)]
-    assert reporting.thin_points(points, 16) == points
-    kept = reporting.thin_points(points, 64)
-    assert len(kept) == reporting.WIDE_POINTS
+    assert reporter.thin_points(points, 16) == points
+    kept = reporter.thin_points(points, 64)
+    assert len(kept) == reporter.WIDE_POINTS
     assert kept[0] == (1, {"loss": 1.0}) and kept[-1] == (40, {"loss": 40.0})
     assert [step for step, _ in kept] == sorted(step for step, _ in kept)
 
@@ -415,7 +415,7 @@ def test_thinning_keeps_every_point_of_a_narrow_run_and_the_ends_of_a_wide_one()
 def test_a_metric_logged_only_at_a_thinned_step_rides_with_the_next_kept_one() -> None:
     points = [(step, {"loss": float(step)}) for step in range(1, 41)]
     points[4][1]["eval_loss"] = 0.5  # step 5: left out by the thinning
-    kept = reporting.thin_points(points, 64)
+    kept = reporter.thin_points(points, 64)
     assert 5 not in [step for step, _ in kept]
     assert [values["eval_loss"] for _, values in kept if "eval_loss" in values] == [0.5]
 
@@ -428,7 +428,7 @@ def test_a_rank_of_a_wide_run_sends_fewer_updates_but_its_first_and_last_step() 
             log({"loss": 1.0 / (step + 1)})
             time.sleep(0.002)
         elapsed = time.monotonic() - start
-    interval = reporting.update_interval(64)
+    interval = reporter.update_interval(64)
     steps = [e.step for e in recording.of(Progress)]
     assert steps[0] == 0 and steps[-1] == 300
     assert len(steps) <= elapsed / interval + 3

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nbtrain.display import runstate
+from nbtrain.display import rankview, runstate
 from nbtrain.display.formatting import format_status, format_steps
 from nbtrain.display.runstate import RankStatus, RunState, Verdict
 from nbtrain.shared.events import Exited, Failed, Finished, Log, Output, Progress, Started, Status
@@ -78,7 +78,7 @@ def test_a_log_without_step_is_placed_at_the_ranks_step_count() -> None:
 
 
 def test_history_is_thinned_but_keeps_its_newest_point(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runstate, "HISTORY_CAP", 100)
+    monkeypatch.setattr(rankview, "HISTORY_CAP", 100)
     state = RunState([0])
     for step in range(1000):
         state.apply(Log(0, {"loss": float(step)}, step=step))

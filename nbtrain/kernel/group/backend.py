@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from nbtrain.kernel.procs import processes
+from nbtrain.kernel.procs import handles, processes
 from nbtrain.shared.options import StartMethod
 from nbtrain.shared.specs import HostSpec, RankSpec
 
@@ -20,7 +20,7 @@ from nbtrain.shared.specs import HostSpec, RankSpec
 class Backend(Protocol):
     """Placement and transport of a rank group's ranks."""
 
-    def start(self) -> list[processes.RankProcess]:
+    def start(self) -> list[handles.RankProcess]:
         """Start every rank; each comes back with its pipes (the channel to read)."""
         ...
 
@@ -63,7 +63,7 @@ class LocalProcesses:
     # every rank's row; start_ranks prints it): the phases until a rank can speak for itself.
     say: Callable[[str], None] = _silent
 
-    def start(self) -> list[processes.RankProcess]:
+    def start(self) -> list[handles.RankProcess]:
         phase = processes.starting_phase(self.method, len(self.specs))
         if phase:
             self.say(phase)
@@ -73,7 +73,7 @@ class LocalProcesses:
     def close(self) -> None:
         self.release()
 
-    def _args(self, rank: int, pipes: processes.RankPipes, close: tuple[int, ...]) -> tuple:
+    def _args(self, rank: int, pipes: handles.RankPipes, close: tuple[int, ...]) -> tuple:
         spec = self.specs[rank]
         if close:  # fork: the other ranks' pipes, and what only the backend knows of
             spec = dataclasses.replace(spec, close_fds=(*close, *self.also_close(rank)))

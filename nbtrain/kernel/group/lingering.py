@@ -13,7 +13,7 @@ import os
 import time
 from collections.abc import Iterable
 
-from nbtrain.kernel.procs.processes import RankProcess
+from nbtrain.kernel.procs.handles import RankProcess
 
 # Seconds a rank that reported Finished/Failed may take to exit by itself.
 EXIT_WAIT = 10.0  # generous: a loaded machine can take seconds to finalize a spawned rank

@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from nbtrain.kernel.procs.processes import RankProcess
+from nbtrain.kernel.procs.handles import RankProcess
 from nbtrain.shared.events import Event, FrameDecoder, Output
 from nbtrain.shared.lines import LineSplitter
 

@@ -13,7 +13,7 @@ anything starts in options/debug.py.
 from __future__ import annotations
 
 from nbtrain.kernel.group.outcome import Outcome
-from nbtrain.kernel.procs.processes import RankProcess
+from nbtrain.kernel.procs.handles import RankProcess
 from nbtrain.shared.errors import SessionError
 
 

@@ -29,7 +29,7 @@ from nbtrain.kernel.group.cell import CellSupervisor
 from nbtrain.kernel.group.ending import Ending
 from nbtrain.kernel.group.interrupts import Interrupts, sigint_deferred
 from nbtrain.kernel.group.supervisor import EXIT_WAIT, Supervisor
-from nbtrain.kernel.procs import processes
+from nbtrain.kernel.procs import handles, reaping
 from nbtrain.shared.events import Event
 from nbtrain.shared.stacks import RankStack
 
@@ -50,7 +50,7 @@ class RankGroup:
         command belongs to none, so stopping them reads nothing more."""
         self.backend = backend
         self.warm = warm
-        self.processes: list[processes.RankProcess] = []
+        self.processes: list[handles.RankProcess] = []
         self.supervisor: Supervisor | None = None
         self.closed = False
 
@@ -122,9 +122,9 @@ class RankGroup:
         """Where each rank asked at a timeout (or stuck in a command) was: its user frames."""
         return self.supervisor.stuck_frames() if self.supervisor is not None else {}
 
-    def exited(self) -> list[processes.RankProcess]:
+    def exited(self) -> list[handles.RankProcess]:
         """The ranks that have ended (warm ranks: one that died between commands)."""
-        return [rp for rp in self.processes if processes.has_exited(rp)]
+        return [rp for rp in self.processes if handles.has_exited(rp)]
 
     def stop(self, *, wait: float = 0.0) -> None:
         """Give the ranks ``wait`` seconds to leave by themselves (asked by the caller), then
@@ -134,7 +134,7 @@ class RankGroup:
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline and len(self.exited()) < len(self.processes):
             time.sleep(0.01)
-        processes.stop(self.processes, GRACE)
+        reaping.stop(self.processes, GRACE)
         if self.supervisor is not None and not self.warm:
             self.supervisor.drain()
 
@@ -150,7 +150,7 @@ class RankGroup:
         if self.closed:
             return
         self.closed = True
-        processes.close(self.processes)
+        reaping.close(self.processes)
         self.backend.close()
 
     @property

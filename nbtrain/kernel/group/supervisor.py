@@ -24,14 +24,8 @@ from nbtrain.kernel.group.pdbprompt import Prompts
 from nbtrain.kernel.group.pipes import Pipes
 from nbtrain.kernel.group.postmortem import FirstFailure
 from nbtrain.kernel.group.whereabouts import Whereabouts
-from nbtrain.kernel.procs.processes import (
-    RankProcess,
-    has_exited,
-    kill_overdue,
-    reap,
-    request_stop,
-    send_signal,
-)
+from nbtrain.kernel.procs.handles import RankProcess, has_exited
+from nbtrain.kernel.procs.reaping import kill_overdue, reap, request_stop, send_signal
 from nbtrain.shared import stacks
 from nbtrain.shared.errors import signal_name
 from nbtrain.shared.events import (

@@ -12,7 +12,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from nbtrain.kernel.procs.processes import RankProcess, send_signal
+from nbtrain.kernel.procs.handles import RankProcess
+from nbtrain.kernel.procs.reaping import send_signal
 from nbtrain.shared import stacks
 
 

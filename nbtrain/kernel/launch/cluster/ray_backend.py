@@ -25,7 +25,7 @@ from nbtrain.kernel.launch.cluster.relay import Node, Relay, RemoteRank, local_p
 from nbtrain.kernel.launch.cluster.spec import PLACEMENTS, RayCluster
 from nbtrain.kernel.options.config import LaunchConfig
 from nbtrain.kernel.options.stopping import resumed
-from nbtrain.kernel.procs import processes
+from nbtrain.kernel.procs.handles import RankProcess
 from nbtrain.kernel.run.lifecycle import Run
 from nbtrain.kernel.specs.rankspec import rank_spec
 from nbtrain.shared import sharedmem
@@ -120,7 +120,7 @@ class RayRanks:
             error.args = (str(error),)
         return error
 
-    def start(self) -> list[processes.RankProcess]:
+    def start(self) -> list[RankProcess]:
         import ray
 
         count = self.config.num_processes
@@ -157,7 +157,7 @@ class RayRanks:
         started = []
         for rank, pid in enumerate(pids):
             handles[rank].pid = pid
-            started.append(processes.RankProcess(rank, handles[rank], local_pipes()))
+            started.append(RankProcess(rank, handles[rank], local_pipes()))
         self.hosts, self.handles = hosts, handles
         self.relay = Relay(started, handles)
         self.relay.start()

@@ -21,7 +21,7 @@ from importlib import metadata
 from multiprocessing.connection import Connection, wait
 from typing import cast
 
-from nbtrain.kernel.procs import processes
+from nbtrain.kernel.procs import handles, processes, reaping
 from nbtrain.rank import rank_entry, session_entry
 from nbtrain.shared.options import StartMethod
 from nbtrain.shared.specs import RankSpec
@@ -34,7 +34,7 @@ class RankHost:
     """One rank's process on this node (a Ray actor's class: ray.remote wraps it)."""
 
     def __init__(self) -> None:
-        self.child: processes.RankProcess | None = None
+        self.child: handles.RankProcess | None = None
         self.commands: Connection | None = None  # a warm rank's command pipe (its write end)
 
     def where(self) -> tuple[str, str, str, dict[str, str]]:
@@ -62,7 +62,7 @@ class RankHost:
             reader, self.commands = multiprocessing.get_context("spawn").Pipe(duplex=False)
             target, data = session_entry, reader
 
-        def args(rank: int, pipes: processes.RankPipes, close: tuple[int, ...]) -> tuple:
+        def args(rank: int, pipes: handles.RankPipes, close: tuple[int, ...]) -> tuple:
             return (spec, data, pipes.stdout_w, pipes.stderr_w, pipes.events_w)
 
         self.child = processes.start_ranks(StartMethod.SPAWN, [spec.info.rank], target, args)[0]
@@ -84,13 +84,13 @@ class RankHost:
         child = self.child
         assert child is not None, "read() before start()"
         fds = child.pipes.reader_fds()
-        ended = processes.has_exited(child)
+        ended = handles.has_exited(child)
         if not ended:
             wait([*fds, child.sentinel], timeout=wait_s)
-            ended = processes.has_exited(child)
+            ended = handles.has_exited(child)
         # Read after the exit check: what it wrote before exiting is in the pipes by now.
         taken = [_take(fd, None if ended else READ_BUDGET) for fd in fds]
-        code = processes.reap(child) if ended else None
+        code = reaping.reap(child) if ended else None
         return taken[0], taken[1], taken[2], code
 
     def signal(self, signum: int, group: bool) -> None:
@@ -99,7 +99,7 @@ class RankHost:
         if child is None or child.reaped:
             return
         if group:
-            processes.signal_rank(child, signum)
+            reaping.signal_rank(child, signum)
         else:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(child.pid, signum)

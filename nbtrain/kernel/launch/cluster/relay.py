@@ -18,7 +18,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from nbtrain.kernel.procs import processes
+from nbtrain.kernel.procs import handles
 
 READ_WAIT = 0.1  # seconds a node's read call waits for output: the kernel's latency for bytes
 JOIN_WAIT = 10.0  # seconds to wait for a stopped rank's exit before calling it killed
@@ -38,7 +38,7 @@ class Node:
 
 
 class RemoteRank:
-    """A rank's process handle (processes.RemoteProcess), answered by its actor."""
+    """A rank's process handle (handles.RemoteProcess), answered by its actor."""
 
     def __init__(self, actor: Any, node: Node) -> None:
         self.actor: Any = actor  # None once the launch is closed (RayRanks.close)
@@ -70,9 +70,9 @@ class RemoteRank:
             os.close(self.sentinel)
 
 
-def local_pipes() -> processes.RankPipes:
+def local_pipes() -> handles.RankPipes:
     """A rank's three pipes on this machine: the relay writes, the Supervisor reads."""
-    pipes = processes.RankPipes.create(multiprocessing.get_context())
+    pipes = handles.RankPipes.create(multiprocessing.get_context())
     for fd in pipes.reader_fds():
         os.set_blocking(fd, False)
     return pipes
@@ -81,7 +81,7 @@ def local_pipes() -> processes.RankPipes:
 class Relay:
     """The one thread that moves every rank's bytes from its actor to its local pipes."""
 
-    def __init__(self, ranks: list[processes.RankProcess], handles: dict[int, RemoteRank]) -> None:
+    def __init__(self, ranks: list[handles.RankProcess], handles: dict[int, RemoteRank]) -> None:
         self._ranks = {rp.rank: rp for rp in ranks}
         self._handles = handles
         self._stop = threading.Event()
