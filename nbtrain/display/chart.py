@@ -1,4 +1,4 @@
-"""A metric chart: an SVG with one polyline per rank, shown as an image, redrawn live about twice
+"""A metric chart: an SVG with one polyline per rank, shown as an image, redrawn live about once
 a second.
 
 The SVG is shown as ``<img src="data:image/svg+xml;base64,...">``, never inline: a notebook that
@@ -11,8 +11,8 @@ Pure string building (no plotting library): a few hundred points per line at mos
 is a few kilobytes of markup. Measured at the point budget (2000 points per rank thinned): 0.9 ms
 and 7 KB for 2 ranks, 1.7 ms and 15 KB for 8. The dashboard shows up to three charts and every
 redraw resends their whole markup, so redrawing at the 10 updates a second the ranks send would
-cost the kernel ~5% of a core and the browser ~450 KB/s; widgets.CHART_EVERY (0.5 s) keeps that
-to ~1% and ~90 KB/s while the curves still move visibly, and the final chart is always drawn.
+cost the kernel ~5% of a core and the browser ~450 KB/s; widgets.CHART_EVERY (1 s) keeps that
+to ~0.5% and ~45 KB/s while the curves still move visibly, and the final chart is always drawn.
 """
 
 from __future__ import annotations

@@ -67,13 +67,15 @@ _ONE_LINE = "white-space:nowrap;overflow:hidden;text-overflow:ellipsis;display:b
 
 # ipywidgets wraps an HTML widget's markup in a flex item (.widget-html-content) whose
 # min-width stays 'auto': it grows with its text, so an ellipsis never applies and a long text
-# is drawn over the next column. Scoped to the dashboard's own class.
+# is drawn over the next column. Its line height (28 px, a widget's) would also make a row's text
+# taller than the row: the live rows take the static dashboard's. Scoped to the dashboard's class.
 LIVE_CSS = (
     "<style>"
     ".nbtrain-dashboard .nbtrain-cell,"
     ".nbtrain-dashboard .nbtrain-cell .widget-html-content"
     "{min-width:0;overflow:hidden;box-sizing:border-box}"
     ".nbtrain-dashboard .nbtrain-cell .widget-html-content{display:block}"
+    ".nbtrain-dashboard .nbtrain-row{font-size:13px;line-height:1.4}"
     "</style>"
 )
 

@@ -37,14 +37,15 @@ from nbtrain.display.wide import Throttle
 from nbtrain.display.wide import text_lines as wide_text
 from nbtrain.shared.options import OutputMode
 
-# Seconds between redraws of the rows: four a second looks live, and with the title (once a
-# second) and the chart (twice) the dashboard sends at most ~7 messages a second (and a few once
-# at the end: the final rows, chart and summary).
+# Seconds between redraws of the rows: four a second looks live, and with the title and the chart
+# (once a second each) the dashboard sends at most 6 messages a second (and a few once at the
+# end: the final rows, chart and summary); the ranks' lines, written to the cell at most four
+# times a second (kernel/run/lifecycle.py), make it 10.
 ROWS_EVERY = 0.25
 # Seconds between redraws of the chart. Each redraw rebuilds and resends the whole markup: up to
-# 3 charts of ~15 KB at full history. Twice a second keeps the kernel's share and the traffic to
-# the browser small (see chart.py) while still looking live.
-CHART_EVERY = 0.5
+# 3 charts of ~15 KB at full history. Once a second (as the band charts of a wide run) keeps the
+# kernel's share and the traffic to the browser small (see chart.py) while still looking live.
+CHART_EVERY = 1.0
 VERDICT_COLORS = {
     Verdict.SUCCEEDED: STATUS_COLORS[RankStatus.DONE],
     Verdict.FAILED: STATUS_COLORS[RankStatus.FAILED],
@@ -127,7 +128,7 @@ class WidgetView:
         self._closed = False
         self.wide: Any = None  # a wide run's rows and selector (widebody.WideBody)
 
-    def draw(self, state: RunState, *, final: bool = False) -> None:
+    def draw(self, state: RunState, *, now: bool = False, final: bool = False) -> None:
         if self._closed:
             return
         if self.box is None:
@@ -138,15 +139,15 @@ class WidgetView:
             self._drawn = state.version
             self._draw_summary(state)
         if self.rows is not None:
-            self._draw_rows(state, final=final)
+            self._draw_rows(state, now=final or now)
         if self.wide is not None:
-            self.wide.draw(state, final=final)
+            self.wide.draw(state, final=final or now)
         # The ranks' output is the cell's own output (kernel/run/cellout.py), not the dashboard's.
-        now = time.monotonic()
+        clock = time.monotonic()
         if state.metrics_version != self._metrics_drawn and (
-            final or now - self._chart_at >= CHART_EVERY
+            final or clock - self._chart_at >= CHART_EVERY
         ):
-            self._metrics_drawn, self._chart_at = state.metrics_version, now
+            self._metrics_drawn, self._chart_at = state.metrics_version, clock
             self._draw_charts(state)
 
     def where_buttons(self) -> set[str]:
@@ -261,14 +262,14 @@ class WidgetView:
             return ""
         return note.text
 
-    def _draw_rows(self, state: RunState, *, final: bool) -> None:
+    def _draw_rows(self, state: RunState, *, now: bool) -> None:
         """Every rank's row, when one changed (or a phase's shown seconds moved on), at most
-        every ROWS_EVERY seconds (``final``: now); one message, and none when the markup is
+        every ROWS_EVERY seconds (unless ``now``); one message, and none when the markup is
         what the frontend has."""
         assert self.rows is not None
         views = [state.ranks[rank] for rank in sorted(state.ranks)]
         moved = state.version != self._rows_drawn or any(timed_phase(v) for v in views)
-        if not moved or not self._rows_due.due(force=final):
+        if not moved or not self._rows_due.due(force=now):
             return
         self._rows_drawn = state.version
         markup = static_rows(views)
