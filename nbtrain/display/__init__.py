@@ -24,7 +24,9 @@ from nbtrain.shared.options import OutputMode, ProgressMode
 
 
 class View(Protocol):
-    def draw(self, state: RunState) -> None: ...
+    def draw(self, state: RunState, *, now: bool = False) -> None:
+        """Show ``state``; a view may hold back part of it to send fewer messages, unless
+        ``now`` (the kernel is about to block: a rank's pdb prompt)."""
 
     def close(self, state: RunState) -> None: ...
 

@@ -1,4 +1,4 @@
-"""A metric chart: an SVG with one polyline per rank, shown as an image, redrawn live about twice
+"""A metric chart: an SVG with one polyline per rank, shown as an image, redrawn live about once
 a second.
 
 The SVG is shown as ``<img src="data:image/svg+xml;base64,...">``, never inline: a notebook that
@@ -11,8 +11,8 @@ Pure string building (no plotting library): a few hundred points per line at mos
 is a few kilobytes of markup. Measured at the point budget (2000 points per rank thinned): 0.9 ms
 and 7 KB for 2 ranks, 1.7 ms and 15 KB for 8. The dashboard shows up to three charts and every
 redraw resends their whole markup, so redrawing at the 10 updates a second the ranks send would
-cost the kernel ~5% of a core and the browser ~450 KB/s; widgets.CHART_EVERY (0.5 s) keeps that
-to ~1% and ~90 KB/s while the curves still move visibly, and the final chart is always drawn.
+cost the kernel ~5% of a core and the browser ~450 KB/s; widgets.CHART_EVERY (1 s) keeps that
+to ~0.5% and ~45 KB/s while the curves still move visibly, and the final chart is always drawn.
 """
 
 from __future__ import annotations
@@ -22,11 +22,14 @@ import math
 from collections.abc import Mapping, Sequence
 from html import escape
 
+from nbtrain.display.runstate import RunState
+
 COLORS = (
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
     "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
 )
 MAX_POINTS = 300  # per line: more would not show at this size anyway
+MAX_CHARTS = 3  # metrics charted side by side (the first ones logged)
 POINT_BUDGET = 1200  # per chart, so many ranks still make a few kilobytes of markup
 WIDTH, HEIGHT = 300, 130
 LEFT, RIGHT, TOP, BOTTOM = 48, 8, 18, 20  # margins inside the SVG for the axis labels
@@ -133,3 +136,49 @@ def _span(low: float, high: float) -> tuple[float, float]:
         return low, high
     pad = abs(low) * 0.1 or 1.0  # a flat line sits in the middle of the box
     return low - pad, high + pad
+
+
+def rank_charts_html(state: RunState) -> str:
+    """A chart of each of the first MAX_CHARTS metrics, a line per rank, under a legend of the
+    ranks' colours ('' before any metric has two points)."""
+    names = _charted_names(state)[:MAX_CHARTS]
+    if not names:
+        return ""
+    legend = " ".join(  # an entry never breaks between its square and its number
+        f'<span style="white-space:nowrap"><span style="color:{rank_color(rank)}">■</span> '
+        f"rank {rank}</span>"
+        for rank in sorted(state.ranks)
+    )
+    # Each chart keeps its size (readable text, all alike); they wrap when the width is short.
+    charts = "".join(
+        chart_image(name, {r: v.history.get(name, []) for r, v in state.ranks.items()})
+        for name in names
+    )
+    return (
+        f'<div style="font-size:11px">{legend}{_more_metrics(state, names)}</div>'
+        f'<div style="display:flex;flex-wrap:wrap;gap:8px">{charts}</div>'
+    )
+
+
+def _more_metrics(state: RunState, charted: list[str]) -> str:
+    """' · also logged, not charted: lr, grad_norm': more metrics than MAX_CHARTS exist."""
+    names = {name: None for view in state.ranks.values() for name in view.history}
+    rest = [name for name in names if name not in charted]
+    if not rest:
+        return ""
+    return f" · also logged, not charted: {escape(', '.join(rest))}"
+
+
+def _charted_names(state: RunState) -> list[str]:
+    """Metrics with a line to draw: two points on some rank. A metric logged once (or not yet
+    twice) is shown by its value in the rows, not as an empty box with made-up axes."""
+    names: dict[str, None] = {}
+    for _, view in sorted(state.ranks.items()):
+        names.update(
+            (name, None) for name, series in view.history.items() if _drawable(series)
+        )
+    return list(names)
+
+
+def _drawable(series: Sequence[tuple[int, float]]) -> bool:
+    return sum(1 for _, value in series if math.isfinite(value)) >= 2

@@ -31,14 +31,14 @@ class DeferredView:
         would land above it. A cell that ends first gets its output at the end."""
         return self._view is None
 
-    def draw(self, state: RunState) -> None:
+    def draw(self, state: RunState, *, now: bool = False) -> None:
         if self._view is None:
             if time.monotonic() < self._due:
                 return
             self._view = self._make()
             if self._note:
                 self._view.note(self._note)
-        self._view.draw(state)
+        self._view.draw(state, now=now)
 
     def close(self, state: RunState) -> None:
         if self._view is not None:

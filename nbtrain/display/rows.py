@@ -1,11 +1,11 @@
 """What a rank's row shows, and the dashboard as static HTML: one layout for both renderings.
 
-The live dashboard (widgets.py) and its static replacement (what a saved, converted or
-GitHub-rendered notebook keeps once the launch ended) take their cells from ``row_cells`` and
-their column widths from ``COLUMNS``, so both look alike and a reopened notebook shows the run
-as it ended. Column widths are fixed (pixels or a share of the row), never sized by their text:
-nothing shifts as texts change length, and a text too long for its column ends in "…" with the
-full text as its tooltip.
+The live dashboard (widgets.py: every row in one HTML widget) and its static replacement (what a
+saved, converted or GitHub-rendered notebook keeps once the launch ended) show the same markup
+(``static_rows``), so both look alike and a reopened notebook shows the run as it ended. Column
+widths are fixed (pixels or a share of the row), never sized by their text: nothing shifts as
+texts change length, and a text too long for its column ends in "…" with the full text as its
+tooltip.
 
 The status takes the columns to its left that its row leaves empty (``RowCells.span``): a
 starting rank's phase spans the steps and metrics columns it has nothing for yet, and a failed
@@ -66,28 +66,17 @@ HOLDING_UP_COLOR = "#ef6c00"
 _ONE_LINE = "white-space:nowrap;overflow:hidden;text-overflow:ellipsis;display:block;min-width:0"
 
 # ipywidgets wraps an HTML widget's markup in a flex item (.widget-html-content) whose
-# min-width stays 'auto': it grows with its text, so an ellipsis never applies and a long step
-# text is drawn over the next column. Scoped to the dashboard's own class.
-# A live row's span is a class of its box (nbtrain-span-N): one model change that the browser
-# applies at once. (Hiding cells and widening the status through the cells' own layouts takes
-# several messages, and the frames between them draw the bar over the hidden columns.)
+# min-width stays 'auto': it grows with its text, so an ellipsis never applies and a long text
+# is drawn over the next column. Its line height (28 px, a widget's) would also make a row's text
+# taller than the row: the live rows take the static dashboard's. Scoped to the dashboard's class.
 LIVE_CSS = (
     "<style>"
     ".nbtrain-dashboard .nbtrain-cell,"
     ".nbtrain-dashboard .nbtrain-cell .widget-html-content"
     "{min-width:0;overflow:hidden;box-sizing:border-box}"
     ".nbtrain-dashboard .nbtrain-cell .widget-html-content{display:block}"
-    + "".join(
-        f".nbtrain-dashboard .nbtrain-span-{span} > .nbtrain-{name}{{display:none !important}}"
-        for span, names in SPANNED.items()
-        for name in names
-    )
-    + "".join(
-        f".nbtrain-dashboard .nbtrain-span-{span} > .nbtrain-status{{flex:{flex} !important}}"
-        for span, flex in STATUS_SPANS.items()
-        if span > 1
-    )
-    + "</style>"
+    ".nbtrain-dashboard .nbtrain-row{font-size:13px;line-height:1.4}"
+    "</style>"
 )
 
 
@@ -254,10 +243,15 @@ def static_row(view: RankView) -> str:
     )
 
 
+def static_rows(ranks: Iterable[RankView]) -> str:
+    """A row per rank, as the live dashboard shows them (one HTML widget) and a saved one."""
+    return "".join(static_row(view) for view in ranks)
+
+
 def static_dashboard(title: str, ranks: Iterable[RankView], extras: Iterable[str]) -> str:
     """The whole dashboard as static HTML: title, a row per rank, then ``extras`` (markup of
     the charts, output and summary, as the live dashboard last showed them)."""
-    rows = "".join(static_row(view) for view in ranks)
+    rows = static_rows(ranks)
     tail = "".join(f"<div>{part}</div>" for part in extras if part)
     return (
         '<div class="nbtrain-static" style="width:100%;font-size:13px;line-height:1.4">'

@@ -63,8 +63,8 @@ class TextView:
     def stderr(self) -> TextIO:
         return self._stderr if self._stderr is not None else sys.stderr
 
-    def draw(self, state: RunState) -> None:
-        self._flush()
+    def draw(self, state: RunState, *, now: bool = False) -> None:
+        self._flush()  # (every draw prints what changed: nothing held back for ``now``)
         if not self.show_progress:
             return
         if is_wide(len(state.ranks)):

@@ -20,8 +20,9 @@ CHART_EVERY = 1.0  # seconds between the band charts' redraws (a message of a fe
 
 class WideBody:
     def __init__(self, state: RunState) -> None:
-        self.rows = widgets.HTML(layout=widgets.Layout(width="100%"))
-        self.rows.add_class("nbtrain-wide-rows")
+        self.rows = widgets.HTML(
+            layout=widgets.Layout(width="100%"), _dom_classes=("nbtrain-wide-rows",)
+        )
         options = [("see one rank…", NOT_SELECTED)] + [
             (f"rank {rank}", rank) for rank in sorted(state.ranks)
         ]
@@ -30,8 +31,8 @@ class WideBody:
             value=NOT_SELECTED,
             tooltip="Show one rank's own row under the groups",
             layout=widgets.Layout(width="auto", flex="0 0 auto"),
+            _dom_classes=("nbtrain-rank-selector",),
         )
-        self.selector.add_class("nbtrain-rank-selector")
         self.bands = bandchart.Bands(state)
         self._throttle = Throttle()
         self._charts = Throttle(CHART_EVERY)

@@ -1,58 +1,51 @@
 """Widget view of a RunState: one dashboard per launch, drawn by the kernel process only.
 
-A header (title, elapsed time, the launcher's node-level note), a row per rank (rank and device,
-bar, steps/rate/ETA, latest metrics, status), a live metric chart (inline SVG), the ranks' output
-(last lines, capped) and a summary line: green only when the run succeeded, red when it failed or
-timed out, orange when it was interrupted or stopped. When the launch ends, whatever its outcome,
-the dashboard is replaced in place (same display id) by a static HTML + text/plain rendering of
-its final state and its widgets are closed: a saved, reopened, converted or GitHub-rendered
-notebook shows the final rows, chart and summary, never "model not found" (no widget mimetype
-is left in the saved output), and a kernel that launches hundreds of times keeps no comms for
-finished runs. Each draw compares versions kept in the
-RunState and touches only the widgets whose content changed; ipywidgets then sends a message only
-for traits whose value actually differs. The chart and the output area are the heavy parts (each
-update resends their whole markup, up to tens of kilobytes): they redraw at most every
-CHART_EVERY seconds, and always at the end.
+A header (title, elapsed time, the launcher's node-level note, the "where?" button), a row per
+rank (rank and device, bar, steps/rate/ETA, latest metrics, status), a live metric chart (an SVG
+image) and a summary line: green only when the run succeeded, red when it failed or timed out,
+orange when it was interrupted or stopped. When the launch ends, whatever its outcome, the
+dashboard is replaced in place (same display id) by a static HTML + text/plain rendering of its
+final state and its widgets are closed: a saved, reopened, converted or GitHub-rendered notebook
+shows the final rows, chart and summary, never "model not found" (no widget mimetype is left in
+the saved output), and a kernel that launches hundreds of times keeps no comms for finished runs.
+
+Messages to the frontend stay a few a second whatever the number of ranks. Every rank's row is
+in one HTML widget (the rows' static markup, rows.static_rows: the same as the saved form), so a
+redraw of every row is one message, sent at most every ROWS_EVERY seconds and only when the
+markup changed (a row per widget sent one message per changed cell of every rank: 278 a second
+at 8 ranks). The title changes once a second (its elapsed time); the chart, the heavy part (its
+whole markup resent, up to tens of kilobytes), redraws at most every CHART_EVERY seconds; all of
+them are drawn at the end. Beyond groups.WIDE ranks the rows are groups (widebody.py).
 """
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
 from typing import Any, Protocol
 
 import ipywidgets as widgets
 
-from nbtrain.display.chart import chart_image, rank_color
+from nbtrain.display.chart import rank_charts_html
 from nbtrain.display.commpump import CommPump
 from nbtrain.display.formatting import format_duration, format_rank, timed_phase
 from nbtrain.display.groups import is_wide
-from nbtrain.display.rows import (
-    BAR_MIN,
-    CELL_PADDING,
-    COLUMNS,
-    LIVE_CSS,
-    STATUS_COLORS,
-    metrics_html,
-    one_line_html,
-    row_cells,
-    static_dashboard,
-    status_html,
-)
-from nbtrain.display.runstate import RankStatus, RankView, RunState, Verdict
+from nbtrain.display.rows import LIVE_CSS, STATUS_COLORS, static_dashboard, static_rows
+from nbtrain.display.runstate import RankStatus, RunState, Verdict
+from nbtrain.display.wide import Throttle
 from nbtrain.display.wide import text_lines as wide_text
 from nbtrain.shared.options import OutputMode
 
-MAX_LINE_CHARS = 400
-MAX_CHARTS = 3  # metrics charted side by side (the first ones logged)
-# Seconds between redraws of the chart and of the output area. Each redraw rebuilds and resends
-# the whole markup: up to 3 charts of ~15 KB at full history, 200 output lines of ~40 KB. Twice
-# a second keeps the kernel's share and the traffic to the browser small (see chart.py) while
-# still looking live; rows (a few hundred bytes) follow every draw.
-CHART_EVERY = 0.5
+# Seconds between redraws of the rows: four a second looks live, and with the title and the chart
+# (once a second each) the dashboard sends at most 6 messages a second (and a few once at the
+# end: the final rows, chart and summary); the ranks' lines, written to the cell at most four
+# times a second (kernel/run/lifecycle.py), make it 10.
+ROWS_EVERY = 0.25
+# Seconds between redraws of the chart. Each redraw rebuilds and resends the whole markup: up to
+# 3 charts of ~15 KB at full history. Once a second (as the band charts of a wide run) keeps the
+# kernel's share and the traffic to the browser small (see chart.py) while still looking live.
+CHART_EVERY = 1.0
 VERDICT_COLORS = {
     Verdict.SUCCEEDED: STATUS_COLORS[RankStatus.DONE],
     Verdict.FAILED: STATUS_COLORS[RankStatus.FAILED],
@@ -83,64 +76,6 @@ class IPythonDisplay:
             self._handle.update(bundle, raw=True)
 
 
-class RankRow:
-    """The widgets of one rank's row (columns as in rows.COLUMNS, shared with the static row;
-    the status spans the empty ones, as there)."""
-
-    def __init__(self, rank: int) -> None:
-        self.rank = rank
-        self.label = _cell("label")
-        self.bar = widgets.IntProgress(
-            value=0, min=0, max=1, layout=widgets.Layout(flex=COLUMNS["bar"], min_width=BAR_MIN)
-        )
-        self.steps = _cell("steps")
-        self.metrics = _cell("metrics")
-        self.status = _cell("status")
-        self.box = widgets.HBox(
-            [self.label, self.bar, self.steps, self.metrics, self.status],
-            layout=widgets.Layout(align_items="center", width="100%"),
-        )
-        self.box.add_class("nbtrain-span-1")
-        self.span = 1
-        self.version = -1
-
-    def widgets(self) -> list[widgets.Widget]:
-        return [self.label, self.bar, self.steps, self.metrics, self.status, self.box]
-
-    def render(self, view: RankView) -> None:
-        # (a phase's duration moves with the clock: such a row is redrawn at every draw, and
-        # ipywidgets sends only the cells whose text changed)
-        if view.version == self.version and not timed_phase(view):
-            return
-        self.version = view.version
-        cells = row_cells(view)
-        self.label.value = cells.label
-        with self.bar.hold_sync():
-            self.bar.max = cells.maximum
-            self.bar.value = cells.value
-            self.bar.bar_style = cells.bar_style
-        self.steps.value = one_line_html(cells.steps)
-        self.metrics.value = metrics_html(cells)
-        self.status.value = status_html(cells)
-        # The status spans the columns its row leaves empty: a class of the row (rows.LIVE_CSS)
-        if cells.span != self.span:
-            self.box.remove_class(f"nbtrain-span-{self.span}")
-            self.box.add_class(f"nbtrain-span-{cells.span}")
-            self.span = cells.span
-
-
-def _cell(column: str) -> widgets.HTML:
-    # Edge to edge (no margin; the space between columns is padding inside them): a spanning
-    # status is then exactly as wide as the columns it covers.
-    padding = "0" if column == "label" else f"0 0 0 {CELL_PADDING}"
-    cell = widgets.HTML(
-        layout=widgets.Layout(flex=COLUMNS[column], min_width="0", margin="0", padding=padding)
-    )
-    cell.add_class("nbtrain-cell")
-    cell.add_class(f"nbtrain-{column}")
-    return cell
-
-
 @dataclass
 class _Note:
     text: str
@@ -158,8 +93,10 @@ class WidgetView:
         self.output = output
         self.world_size = world_size
         self._display = display if display is not None else IPythonDisplay()
-        self.rows: dict[int, RankRow] = {}
-        self.title = widgets.HTML(layout=widgets.Layout(flex="1", min_width="0"))
+        self.rows: widgets.HTML | None = None  # every rank's row (None in a wide run)
+        self.title = widgets.HTML(
+            layout=widgets.Layout(flex="1", min_width="0"), _dom_classes=("nbtrain-cell",)
+        )
         # "where?": each rank's stack, in the cell (kernel/run/where.py). Its click reaches the
         # kernel while the cell is busy through the launch's loop (commpump.py).
         self.where_button = widgets.Button(
@@ -167,8 +104,8 @@ class WidgetView:
             tooltip="Where is each rank? Its stack and the collective it waits in, shown in "
             "the cell; the run goes on",
             layout=widgets.Layout(width="auto", flex="0 0 auto"),
+            _dom_classes=("nbtrain-where",),
         )
-        self.where_button.add_class("nbtrain-where")
         if CommPump.for_kernel() is None:  # its click could not arrive while the cell runs
             self.where_button.layout.display = "none"
         self.where_button.on_click(self._where_clicked)
@@ -180,7 +117,9 @@ class WidgetView:
         self.charts = widgets.HTML(layout=widgets.Layout(display="none"))
         self.summary = widgets.HTML(layout=widgets.Layout(display="none"))
         self.box: widgets.VBox | None = None
-        self._drawn = -1  # RunState.version last drawn
+        self._drawn = -1  # RunState.version last drawn (the summary)
+        self._rows_drawn = -1  # ... in the rows
+        self._rows_due = Throttle(ROWS_EVERY)
         self._metrics_drawn = -1
         self._chart_at = -CHART_EVERY  # monotonic time of the last chart redraw
         self._note: _Note | None = None
@@ -189,7 +128,7 @@ class WidgetView:
         self._closed = False
         self.wide: Any = None  # a wide run's rows and selector (widebody.WideBody)
 
-    def draw(self, state: RunState, *, final: bool = False) -> None:
+    def draw(self, state: RunState, *, now: bool = False, final: bool = False) -> None:
         if self._closed:
             return
         if self.box is None:
@@ -198,21 +137,17 @@ class WidgetView:
         self._draw_title(state)  # the elapsed time moves even when nothing else does
         if state.version != self._drawn:
             self._drawn = state.version
-            for rank, row in self.rows.items():
-                row.render(state.ranks[rank])
             self._draw_summary(state)
-        else:  # nothing new, but a phase's duration moved on
-            for rank, row in self.rows.items():
-                if timed_phase(state.ranks[rank]):
-                    row.render(state.ranks[rank])
+        if self.rows is not None:
+            self._draw_rows(state, now=final or now)
         if self.wide is not None:
-            self.wide.draw(state, final=final)
+            self.wide.draw(state, final=final or now)
         # The ranks' output is the cell's own output (kernel/run/cellout.py), not the dashboard's.
-        now = time.monotonic()
+        clock = time.monotonic()
         if state.metrics_version != self._metrics_drawn and (
-            final or now - self._chart_at >= CHART_EVERY
+            final or clock - self._chart_at >= CHART_EVERY
         ):
-            self._metrics_drawn, self._chart_at = state.metrics_version, now
+            self._metrics_drawn, self._chart_at = state.metrics_version, clock
             self._draw_charts(state)
 
     def where_buttons(self) -> set[str]:
@@ -251,16 +186,15 @@ class WidgetView:
             extras = [self.wide.html(state), self.wide.charts_html(state, final=True),
                       self.summary.value]
             self._final_text = "\n".join([*wide_text(state), state.summary])
-        ranks = [state.ranks[rank] for rank in self.rows]
+        ranks = [state.ranks[r] for r in sorted(state.ranks)] if self.rows is not None else []
         html = static_dashboard(self._title_html(state), ranks, extras)
         self._display.update({"text/html": html, "text/plain": self._final_text})
         for widget in [
             self.title, self.where_button, self.header, self.charts, self.summary, self.box
         ]:
             close_widget(widget)
-        for row in self.rows.values():
-            for widget in row.widgets():
-                close_widget(widget)
+        if self.rows is not None:
+            close_widget(self.rows)
         for widget in self.wide.widgets() if self.wide is not None else []:
             close_widget(widget)
         self.box = None
@@ -274,19 +208,21 @@ class WidgetView:
             self.wide = WideBody(state)
             self.header.children = (*self.header.children, self.wide.selector)
         else:
-            self.rows = {rank: RankRow(rank) for rank in sorted(state.ranks)}
+            # (nbtrain-cell: LIVE_CSS keeps its markup to its width)
+            self.rows = widgets.HTML(
+                layout=widgets.Layout(width="100%"), _dom_classes=("nbtrain-cell", "nbtrain-rows")
+            )
         self.box = widgets.VBox(
             [
                 self.header,
-                *(row.box for row in self.rows.values()),
+                *([self.rows] if self.rows is not None else []),
                 *([self.wide.rows] if self.wide is not None else []),
                 self.charts,
                 self.summary,
             ],
             layout=widgets.Layout(width="100%"),
+            _dom_classes=("nbtrain-dashboard",),
         )
-        self.box.add_class("nbtrain-dashboard")
-        self.title.add_class("nbtrain-cell")
         self._display.show(self._bundle(f"nbtrain: {len(state.ranks)} rank(s) running"))
 
     def _bundle(self, text: str) -> dict[str, Any]:
@@ -326,29 +262,26 @@ class WidgetView:
             return ""
         return note.text
 
+    def _draw_rows(self, state: RunState, *, now: bool) -> None:
+        """Every rank's row, when one changed (or a phase's shown seconds moved on), at most
+        every ROWS_EVERY seconds (unless ``now``); one message, and none when the markup is
+        what the frontend has."""
+        assert self.rows is not None
+        views = [state.ranks[rank] for rank in sorted(state.ranks)]
+        moved = state.version != self._rows_drawn or any(timed_phase(v) for v in views)
+        if not moved or not self._rows_due.due(force=now):
+            return
+        self._rows_drawn = state.version
+        markup = static_rows(views)
+        if markup != self.rows.value:
+            self.rows.value = markup
+
     def _draw_charts(self, state: RunState) -> None:
         if self.wide is not None:  # the mean and a min-max band across ranks
             self.charts.value = self.wide.charts_html(state)
-            self.charts.layout.display = "" if self.charts.value else "none"
-            return
-        names = _charted_names(state)[:MAX_CHARTS]
-        if not names:
-            return
-        legend = " ".join(  # an entry never breaks between its square and its number
-            f'<span style="white-space:nowrap"><span style="color:{rank_color(rank)}">■</span> '
-            f"rank {rank}</span>"
-            for rank in sorted(state.ranks)
-        )
-        # Each chart keeps its size (readable text, all alike); they wrap when the width is short.
-        charts = "".join(
-            chart_image(name, {r: v.history.get(name, []) for r, v in state.ranks.items()})
-            for name in names
-        )
-        self.charts.value = (
-            f'<div style="font-size:11px">{legend}{_more_metrics(state, names)}</div>'
-            f'<div style="display:flex;flex-wrap:wrap;gap:8px">{charts}</div>'
-        )
-        self.charts.layout.display = ""
+        else:
+            self.charts.value = rank_charts_html(state) or self.charts.value
+        self.charts.layout.display = "" if self.charts.value else "none"
 
     def _draw_summary(self, state: RunState) -> None:
         if not state.summary:
@@ -386,30 +319,6 @@ def final_text(state: RunState) -> str:
     if state.summary:
         lines.append(state.summary)
     return "\n".join(lines)
-
-
-def _more_metrics(state: RunState, charted: list[str]) -> str:
-    """' · also logged, not charted: lr, grad_norm': more metrics than MAX_CHARTS exist."""
-    names = {name: None for view in state.ranks.values() for name in view.history}
-    rest = [name for name in names if name not in charted]
-    if not rest:
-        return ""
-    return f" · also logged, not charted: {escape(', '.join(rest))}"
-
-
-def _charted_names(state: RunState) -> list[str]:
-    """Metrics with a line to draw: two points on some rank. A metric logged once (or not yet
-    twice) is shown by its value in the rows, not as an empty box with made-up axes."""
-    names: dict[str, None] = {}
-    for _, view in sorted(state.ranks.items()):
-        names.update(
-            (name, None) for name, series in view.history.items() if _drawable(series)
-        )
-    return list(names)
-
-
-def _drawable(series: Sequence[tuple[int, float]]) -> bool:
-    return sum(1 for _, value in series if math.isfinite(value)) >= 2
 
 
 def one_line_html_markup(markup: str, tooltip: str = "") -> str:

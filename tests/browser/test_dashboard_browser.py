@@ -87,14 +87,14 @@ LONG = 'notebook_launcher(train, (3, 400, 0.03), num_processes=2, start_method="
 
 
 
-# Every row of a dashboard (live: a widget HBox holding a bar; static: div.nbtrain-row) as the
+# Every row of a dashboard (live or static: div.nbtrain-row, the same markup) as the
 # rectangles of its visible columns and of the text element inside each. ``clipped``: its text
 # (or the part of it that may be cut) is wider than its box. ``keptRight``: where the part that
 # must stay readable ends: a phase's seconds (the .nbtrain-tail), or a failure's "failed: Type:"
 # followed by the "…" of a cut (its width measured in the cell's font: where the browser draws
 # cut glyphs is not observable); ``shownRight``: where the visible text box ends.
 ROWS_JS = """(selector) => Array.from(document.querySelectorAll(selector))
-    .filter(row => row.querySelector('.progress-bar, .nbtrain-bar'))
+    .filter(row => row.querySelector('.nbtrain-bar'))
     .map(row => Array.from(row.children)
         .filter(col => col.getBoundingClientRect().width > 0)
         .map(col => {
@@ -121,7 +121,7 @@ ROWS_JS = """(selector) => Array.from(document.querySelectorAll(selector))
                     status: row.dataset.status || ''};
         }))"""
 
-LIVE_ROWS = ".nbtrain-dashboard .widget-hbox"
+LIVE_ROWS = ".nbtrain-dashboard .nbtrain-row"
 STATIC_ROWS = ".nbtrain-static .nbtrain-row"
 
 

@@ -37,15 +37,14 @@ SLEEP = LATE_BARRIER.strip("\n").splitlines().index("        time.sleep(14)") + 
 # Each live row's status text, its bar's classes and the status's colour.
 STATUS_JS = """() => Array.from(
         window.jupyterapp.shell.currentWidget.node.querySelectorAll(
-            '.nbtrain-dashboard .widget-hbox'))
-    .filter(row => row.querySelector('.progress-bar'))
+            '.nbtrain-dashboard .nbtrain-row'))
     .map(row => {
         const status = row.querySelector('.nbtrain-status');
         const span = status && status.querySelector('span[title]');
         const shown = span ? span.getBoundingClientRect() : null;
         const box = status ? status.getBoundingClientRect() : null;
         return {status: status ? status.innerText : '',
-                bar: row.querySelector('.progress-bar').className,
+                bar: 'progress-bar-' + row.querySelector('.nbtrain-bar').dataset.style,
                 color: span ? getComputedStyle(span).color : '',
                 cut: span ? span.scrollWidth > span.clientWidth + 1 : false,
                 inside: shown && box ? shown.right <= box.right + 1 : false};

@@ -46,29 +46,23 @@ def train(steps):
 notebook_launcher(train, (150,), num_processes=2, start_method="spawn")
 """
 
-# The live rows while the launch runs; once it ended, the static rows that replaced them (their
-# bar's data-style is the live bar's bar_style).
-ROWS_JS = """() => Array.from(document.querySelectorAll('.nbtrain-dashboard .widget-hbox'))
-    .filter(row => row.querySelector('.progress-bar'))
-    .map(row => {
-        const bar = row.querySelector('.progress-bar');
-        return {label: row.querySelector('.widget-html').innerText,
-                width: bar.style.width, classes: bar.className};
-    }).concat(Array.from(document.querySelectorAll('.nbtrain-static .nbtrain-row')).map(row => {
+# The rows, live (the dashboard's rows widget) and, once the launch ended, the static rows that
+# replaced them: the same markup (a bar's data-style is its colour: success, danger, warning).
+ROWS_JS = """() => Array.from(document.querySelectorAll(
+        '.nbtrain-dashboard .nbtrain-row, .nbtrain-static .nbtrain-row')).map(row => {
         const bar = row.querySelector('.nbtrain-bar');
         return {label: row.querySelector('.nbtrain-label').innerText,
                 width: bar.firstElementChild.style.width,
                 classes: 'progress-bar-' + bar.dataset.style};
-    }))"""
+    })"""
 
 
 # Every text a live row shows from now on, as "label\tstatus" (a MutationObserver: no text
 # that was on screen, however briefly, is missed between two samples).
 RECORD_ROWS_JS = """() => {
     window.nbtrainRows = new Set();
-    const record = () => document.querySelectorAll('.nbtrain-dashboard .widget-hbox')
+    const record = () => document.querySelectorAll('.nbtrain-dashboard .nbtrain-row')
         .forEach(row => {
-            if (!row.querySelector('.progress-bar')) return;
             const cells = row.children;
             window.nbtrainRows.add(cells[0].innerText + '\\t' + cells[cells.length - 1].innerText);
         });
@@ -133,7 +127,7 @@ def test_ranks_say_how_they_start_then_advance_live_and_end_green(lab: Server) -
         page.evaluate(RUN_ALL_JS)
         # attached, not visible: a starting rank's bar is empty (0 wide)
         page.wait_for_selector(
-            ".nbtrain-dashboard .progress-bar", state="attached", timeout=120_000
+            ".nbtrain-dashboard .nbtrain-bar", state="attached", timeout=120_000
         )
         # 900 px (JupyterLab's side bar open): a long phase is wider than its row
         page.set_viewport_size({"width": 900, "height": 1000})
@@ -193,13 +187,13 @@ def _watch_start(page) -> tuple[set[str], list[dict]]:
 # Each live row whose status shows a phase's seconds (.nbtrain-tail): whether the status spans
 # the empty steps and metrics columns (it starts right after the bar), whether its seconds lie
 # inside the row's visible status box, and whether the phase's text was cut to fit.
-SECONDS_JS = """() => Array.from(document.querySelectorAll('.nbtrain-dashboard .widget-hbox'))
-    .filter(row => row.querySelector('.progress-bar') && row.querySelector('.nbtrain-tail'))
+SECONDS_JS = """() => Array.from(document.querySelectorAll('.nbtrain-dashboard .nbtrain-row'))
+    .filter(row => row.querySelector('.nbtrain-tail'))
     .map(row => {
         const status = row.lastElementChild, text = status.querySelector('span[title]');
         const box = text.getBoundingClientRect();
         const tail = status.querySelector('.nbtrain-tail').getBoundingClientRect();
-        const bar = row.querySelector('.widget-hprogress').getBoundingClientRect();
+        const bar = row.querySelector('.nbtrain-bar').getBoundingClientRect();
         const note = text.firstElementChild;
         return {text: status.innerText, title: text.title,
                 spans: status.getBoundingClientRect().left - bar.right < 10,
@@ -212,8 +206,8 @@ SECONDS_JS = """() => Array.from(document.querySelectorAll('.nbtrain-dashboard .
 def _statuses(page) -> list[str]:
     """The status (last) column of every live row."""
     return list(page.evaluate(
-        "() => Array.from(document.querySelectorAll('.nbtrain-dashboard .widget-hbox'))"
-        ".filter(r => r.querySelector('.progress-bar')).map(r => r.lastElementChild.innerText)"
+        "() => Array.from(document.querySelectorAll('.nbtrain-dashboard .nbtrain-row'))"
+        ".map(r => r.lastElementChild.innerText)"
     ))
 
 
@@ -307,7 +301,7 @@ def test_a_rank_is_debugged_from_the_cells_input_box(lab: Server) -> None:
         # breakpoint() in rank 1: the cell shows where it stopped and asks for a command
         stopped = _prompted(cell, "(Pdb) rank 1>", "----> 6         x = x * 2")
         _shows(cell, "paused in pdb")
-        paused = _rows(cell, ".nbtrain-dashboard .widget-hbox")  # the live rows
+        paused = _rows(cell, ".nbtrain-dashboard .nbtrain-row")  # the live rows
         _shot(cell, "debug_prompt.png")
         printed = _answer(cell, "rank 1", "p x", "tensor([2.])")
         _type(cell, "c")
@@ -352,7 +346,6 @@ def _rows(cell, selector: str) -> dict[int, str]:
     """rank -> the status its row in the cell shows."""
     rows = cell.evaluate(
         "(node, selector) => Array.from(node.querySelectorAll(selector))"
-        ".filter(r => r.querySelector('.progress-bar, .nbtrain-bar'))"
         ".map(r => [r.firstElementChild.innerText, r.lastElementChild.innerText])",
         selector,
     )

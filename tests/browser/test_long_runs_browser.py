@@ -48,7 +48,7 @@ AGAIN = "nbtrain.runs()[-1]"
 BLOCKING = 'notebook_launcher(train, (300, 0.05), num_processes=2, start_method="fork")'
 
 BARS_JS = """(root) => Array.from(document.querySelectorAll(
-    root + ' .nbtrain-dashboard .progress-bar')).map(bar => bar.style.width)"""
+    root + ' .nbtrain-dashboard .nbtrain-bar > div')).map(bar => bar.style.width)"""
 CELL_TEXT_JS = """(index) => {
     const cells = document.querySelectorAll('.jp-Notebook .jp-Cell');
     return cells[index] ? cells[index].querySelector('.jp-Cell-outputWrapper').innerText : '';
@@ -80,7 +80,7 @@ def test_a_background_run_survives_a_reload_and_ends_done(server: Server) -> Non
         # the launching cell shows the live view; the kernel is idle meanwhile
         page.wait_for_function(
             "(root) => Array.from(document.querySelectorAll(root + "
-            "' .nbtrain-dashboard .progress-bar')).some(b => parseFloat(b.style.width) > 5)",
+            "' .nbtrain-dashboard .nbtrain-bar > div')).some(b => parseFloat(b.style.width) > 5)",
             arg=_cell(1), timeout=120_000,
         )
         page.wait_for_function(READY_JS, arg="long.ipynb", timeout=10_000)
@@ -91,14 +91,14 @@ def test_a_background_run_survives_a_reload_and_ends_done(server: Server) -> Non
         time.sleep(1.0)
         page.reload()
         page.wait_for_function(READY_JS, arg="long.ipynb", timeout=120_000)
-        page.wait_for_selector(f"{_cell(1)} .nbtrain-dashboard .progress-bar",
+        page.wait_for_selector(f"{_cell(1)} .nbtrain-dashboard .nbtrain-bar > div",
                                timeout=60_000)
         saved_cell = []
         for _ in range(4):  # the launching cell's saved dashboard is live again
             saved_cell.append(tuple(page.evaluate(BARS_JS, _cell(1))))
             time.sleep(0.5)
         page.evaluate(RUN_CELL_JS, 2)
-        page.wait_for_selector(f"{_cell(2)} .nbtrain-dashboard .progress-bar",
+        page.wait_for_selector(f"{_cell(2)} .nbtrain-dashboard .nbtrain-bar > div",
                                timeout=60_000)
         widths = []
         for sample in range(8):  # the reopened dashboard moves on
@@ -149,7 +149,7 @@ def test_what_a_reload_during_a_blocking_launch_shows(server: Server) -> None:
         page.evaluate(RUN_CELL_JS, 1)
         page.wait_for_function(
             "(root) => Array.from(document.querySelectorAll(root + "
-            "' .nbtrain-dashboard .progress-bar')).some(b => parseFloat(b.style.width) > 5)",
+            "' .nbtrain-dashboard .nbtrain-bar > div')).some(b => parseFloat(b.style.width) > 5)",
             arg=_cell(1), timeout=120_000,
         )
         page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")

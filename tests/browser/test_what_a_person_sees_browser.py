@@ -90,7 +90,7 @@ notebook_launcher(train, num_processes=2, start_method="fork")
 # text is taller than one line.
 ROWS_JS = """(selector) => Array.from(
         window.jupyterapp.shell.currentWidget.node.querySelectorAll(selector))
-    .filter(row => row.querySelector('.progress-bar, .nbtrain-bar'))
+    .filter(row => row.querySelector('.nbtrain-bar'))
     .map(row => {
         const label = row.firstElementChild;
         const text = label.querySelector('span[title]') || label;
@@ -159,7 +159,7 @@ def test_labels_charts_order_and_an_untrusted_reopen(lab: Server) -> None:
         for width in (1400, 900):
             page.set_viewport_size({"width": width, "height": 1000})
             time.sleep(0.7)
-            live = page.evaluate(ROWS_JS, ".nbtrain-dashboard .widget-hbox")
+            live = page.evaluate(ROWS_JS, ".nbtrain-dashboard .nbtrain-row")
             ended = page.evaluate(ROWS_JS, ".nbtrain-static .nbtrain-row")
             assert len(live) == 12 and len(ended) == 12 + 2, (len(live), len(ended))
             problems[f"live {width}"] = _row_problems(live)

@@ -40,6 +40,12 @@ class Result:
     displays: list[dict] = field(default_factory=list)
     execution_count: int | None = None  # the cell's In[n]
     widget_states: list[dict] = field(default_factory=list)  # each comm_msg's state, in order
+    wall: float = 0.0  # seconds from collect() to the kernel's idle
+
+    def comm_rate(self, seconds: float | None = None) -> float:
+        """Widget updates (comm_msg) the frontend got per second, over ``seconds`` (default:
+        the wall time collected)."""
+        return len(self.widget_states) / (seconds or self.wall)
 
     @property
     def traceback_text(self) -> str:
@@ -71,7 +77,8 @@ class Kernel:
     def collect(self, msg_id: str, timeout: float = 120, until: str | None = None) -> Result:
         """Gather output of one execution until the kernel is idle (or ``until`` is printed)."""
         result = Result()
-        deadline = time.monotonic() + timeout
+        began = time.monotonic()
+        deadline = began + timeout
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -99,6 +106,7 @@ class Kernel:
             elif kind == "comm_msg":
                 result.widget_states.append(content["data"].get("state", {}))
             elif kind == "status" and content["execution_state"] == "idle":
+                result.wall = time.monotonic() - began
                 return result
 
     def value(self, expression: str) -> object:

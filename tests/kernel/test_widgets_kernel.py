@@ -170,14 +170,27 @@ def test_one_process_shows_the_same_dashboard(run_notebook) -> None:
     assert rows[0]["metrics"] == f"loss {1 / 30:.3g}"
 
 
+MAX_UPDATES_PER_S = 10  # widget messages to the frontend, whatever the number of ranks
+
+
 @pytest.mark.timeout(300)
 def test_text_progress_in_a_kernel_prints_lines_and_no_widget(tmp_path) -> None:
+    """(And in the same kernel, 8 ranks with the widget view: at most MAX_UPDATES_PER_S widget
+    messages a second over the run, every rank logging and moving every 10 ms.)"""
     kernel = Kernel(tmp_path)
     try:
         out = kernel.run(TRAIN + "result = notebook_launcher(train, (40,), num_processes=2, "
                                  "start_method='fork', progress='text')", timeout=240)
+        eight = kernel.run("_ = notebook_launcher(train, (250,), num_processes=8, "
+                           "start_method='fork')", timeout=240)
     finally:
         kernel.shutdown()
+    assert eight.error is None, eight.traceback_text
+    rows = _Rows()
+    rows.feed(eight.displays[-1]["data"]["text/html"])  # the dashboard as it ended
+    assert sorted(rows.rows) == list(range(8)) and rows.rows[7]["steps"].startswith("train 250")
+    assert len(eight.widget_states) > 5, "the live view sent next to nothing: not measured"
+    assert eight.comm_rate() <= MAX_UPDATES_PER_S, (eight.comm_rate(), eight.wall)
     assert out.error is None, out.traceback_text
     assert out.displays == [], "a widget or other rich output was displayed"
     lines = out.stdout.splitlines()
@@ -233,15 +246,20 @@ def test_after_an_interrupt_every_row_says_stopped_at_its_step(tmp_path) -> None
                                             f"        if i == 20: open({str(marker)!r}, 'w')")
                               + "notebook_launcher(train, (5000,), num_processes=2, "
                                 "start_method='fork')")
-        deadline = time.monotonic() + 120
+        began = time.monotonic()
+        deadline = began + 120
         while not marker.exists() and time.monotonic() < deadline:
             time.sleep(0.2)
         assert marker.exists(), "the ranks never reached step 20"
         time.sleep(0.5)
         kernel.manager.interrupt_kernel()
         out = kernel.collect(msg_id, timeout=120)
+        wall = time.monotonic() - began
     finally:
         kernel.shutdown()
+    # 2 ranks moving every 20 ms: at most MAX_UPDATES_PER_S widget messages a second
+    assert len(out.widget_states) > 5, "the live view sent next to nothing: not measured"
+    assert out.comm_rate(wall) <= MAX_UPDATES_PER_S, (out.comm_rate(wall), wall)
     assert out.error is not None and out.error["ename"] == "KeyboardInterrupt"
     final = out.displays[-1]["data"]
     assert set(final) == {"text/html", "text/plain"}, final.keys()

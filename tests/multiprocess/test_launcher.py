@@ -809,7 +809,7 @@ def test_single_process_timeout_off_the_main_thread_is_refused_before_anything_r
 class BrokenView:
     """A frontend that fails on close (a closed comm, a dead browser tab)."""
 
-    def draw(self, state):
+    def draw(self, state, *, now=False):
         pass
 
     def note(self, text):

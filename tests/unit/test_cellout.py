@@ -149,7 +149,7 @@ def test_a_warm_cells_first_lines_come_below_its_view_not_above() -> None:
     cell = io.StringIO()
 
     class Shown:
-        def draw(self, state: RunState) -> None:
+        def draw(self, state: RunState, *, now: bool = False) -> None:
             if "VIEW" not in cell.getvalue():
                 cell.write("VIEW\n")
 

@@ -12,7 +12,7 @@ class Recorder:
     def __init__(self) -> None:
         self.calls: list[str] = []
 
-    def draw(self, state: RunState) -> None:
+    def draw(self, state: RunState, *, now: bool = False) -> None:
         self.calls.append("draw")
 
     def close(self, state: RunState) -> None:

@@ -12,8 +12,8 @@ from nbtrain import Accelerator, DistributedType, FullyShardedDataParallelPlugin
 from nbtrain.accelerator.fsdp.setup import plugin_for
 from nbtrain.accelerator.fsdp.strategy import _layers_to_shard
 from nbtrain.display.formatting import format_rank
+from nbtrain.display.rows import label_html
 from nbtrain.display.runstate import RankView
-from nbtrain.display.widgets import RankRow
 
 
 @pytest.mark.parametrize(
@@ -123,11 +123,9 @@ def test_wrap_policies_choose_layers_innermost_first_never_the_root():
 
 
 def test_a_rank_row_shows_its_strategy_beside_its_device():
-    row = RankRow(0)
-    row.render(RankView(rank=0, device="cpu", strategy="fsdp2"))
-    assert "<b>rank 0</b> · cpu · fsdp2</span>" in row.label.value
-    assert 'title="rank 0 · cpu · fsdp2"' in row.label.value  # whole on hover when cut
-    row.render(RankView(rank=1, device="cuda:1", version=1))
-    assert "<b>rank 1</b> · cuda:1</span>" in row.label.value
+    label = label_html(RankView(rank=0, device="cpu", strategy="fsdp2"))
+    assert "<b>rank 0</b> · cpu · fsdp2</span>" in label
+    assert 'title="rank 0 · cpu · fsdp2"' in label  # whole on hover when cut
+    assert "<b>rank 1</b> · cuda:1</span>" in label_html(RankView(rank=1, device="cuda:1"))
     assert format_rank(RankView(rank=0, strategy="fsdp2")).startswith("[rank 0 · fsdp2] ")
     assert format_rank(RankView(rank=1)).startswith("[rank 1] ")

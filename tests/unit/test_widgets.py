@@ -18,6 +18,7 @@ from comm.base_comm import BaseComm
 
 from nbtrain.display import make_view
 from nbtrain.display import widgets as widgets_module
+from nbtrain.display.chart import MAX_CHARTS
 from nbtrain.display.runstate import RankStatus, RunState, Verdict
 from nbtrain.display.text import TextView
 from nbtrain.display.widgets import (
@@ -105,7 +106,29 @@ def frontend(monkeypatch: pytest.MonkeyPatch) -> Frontend:
         return made
 
     monkeypatch.setattr(comm, "create_comm", create_comm)
+    # Rows redraw at every draw here (the throttle has its own test).
+    monkeypatch.setattr(widgets_module, "ROWS_EVERY", 0.0)
     return recorded
+
+
+_ROW = r'(?s)data-rank="(\d+)"(.*?)(?=<div class="nbtrain-row"|$)'
+_COLUMN = r'(?s)class="nbtrain-{}"[^>]*>(.*?)</div>'
+
+
+def rows_of(frontend: Frontend, view: WidgetView) -> dict[int, dict[str, Any]]:
+    """Each rank's row as the frontend holds it (every row is in one HTML widget): its label,
+    steps, metrics and status markup, and its bar's (value, max, style)."""
+    assert view.rows is not None
+    markup = frontend.state_of(view.rows)["value"]
+    found = {}
+    for rank, row in re.findall(_ROW, markup):
+        bar = re.search(r'data-value="(\d+)" data-max="(\d+)" data-style="(\w*)"', row)
+        assert bar is not None, row
+        found[int(rank)] = {
+            name: re.search(_COLUMN.format(name), row).group(1)  # type: ignore[union-attr]
+            for name in ("label", "steps", "metrics", "status")
+        } | {"bar": (int(bar.group(1)), int(bar.group(2)), bar.group(3))}
+    return found
 
 
 def dashboard(output: OutputMode = OutputMode.ALL) -> tuple[WidgetView, RecordingDisplay]:
@@ -139,17 +162,16 @@ def test_each_rank_row_shows_device_bar_steps_rate_metrics_and_status(frontend) 
     state.apply(Progress(1, 40, 100, "train", time=1.8))
     state.apply(Log(1, {"loss": 0.123449, "acc": 0.5}, step=40))
     view.draw(state)
-    row = view.rows[1]
-    assert "rank 1" in frontend.state_of(row.label)["value"]
-    assert "cpu" in frontend.state_of(row.label)["value"]
-    bar = frontend.state_of(row.bar)
-    assert (bar["value"], bar["max"], bar["bar_style"]) == (40, 100, "")
-    assert text(frontend.state_of(row.steps)["value"]) == "train 40/100 ETA 0:05 12.5 it/s"
+    rows = rows_of(frontend, view)
+    row = rows[1]
+    assert "rank 1" in row["label"] and "cpu" in row["label"]
+    assert row["bar"] == (40, 100, "")
+    assert text(row["steps"]) == "train 40/100 ETA 0:05 12.5 it/s"
     # Compact in the row (3 significant digits, ' · ' between), whole in the tooltip
-    assert text(frontend.state_of(row.metrics)["value"]) == "loss 0.123 · acc 0.5"
-    assert 'title="loss 0.1234 acc 0.5"' in frontend.state_of(row.metrics)["value"]
-    assert text(frontend.state_of(row.status)["value"]) == "running"
-    assert frontend.state_of(view.rows[0].bar)["value"] == 0
+    assert text(row["metrics"]) == "loss 0.123 · acc 0.5"
+    assert 'title="loss 0.1234 acc 0.5"' in row["metrics"]
+    assert text(row["status"]) == "running"
+    assert rows[0]["bar"][0] == 0
 
 
 def test_done_rows_turn_green_at_their_total(frontend) -> None:
@@ -159,10 +181,9 @@ def test_done_rows_turn_green_at_their_total(frontend) -> None:
         state.apply(Progress(rank, 100, 100, "train"))
         state.apply(Finished(rank, None))
     view.draw(state)
-    for row in view.rows.values():
-        bar = frontend.state_of(row.bar)
-        assert (bar["value"], bar["max"], bar["bar_style"]) == (100, 100, "success")
-        assert text(frontend.state_of(row.status)["value"]) == "done"
+    for row in rows_of(frontend, view).values():
+        assert row["bar"] == (100, 100, "success")
+        assert text(row["status"]) == "done"
 
 
 def test_a_failed_rank_turns_red_with_its_reason_and_a_stopped_peer_orange(frontend) -> None:
@@ -173,11 +194,12 @@ def test_a_failed_rank_turns_red_with_its_reason_and_a_stopped_peer_orange(front
     state.apply(Exited(1, 1, None, stopped_by_launcher=False))
     state.apply(Exited(0, -15, "SIGTERM", stopped_by_launcher=True))
     view.draw(state)
-    failed, stopped = view.rows[1], view.rows[0]
-    assert frontend.state_of(failed.bar)["bar_style"] == "danger"
-    assert text(frontend.state_of(failed.status)["value"]) == "failed: ValueError: boom on rank 1"
-    assert frontend.state_of(stopped.bar)["bar_style"] == "warning"
-    assert text(frontend.state_of(stopped.status)["value"]) == "stopped"
+    rows = rows_of(frontend, view)
+    failed, stopped = rows[1], rows[0]
+    assert failed["bar"][2] == "danger"
+    assert text(failed["status"]) == "failed: ValueError: boom on rank 1"
+    assert stopped["bar"][2] == "warning"
+    assert text(stopped["status"]) == "stopped"
 
 
 def test_a_rank_without_a_total_fills_its_bar_when_done(frontend) -> None:
@@ -185,9 +207,9 @@ def test_a_rank_without_a_total_fills_its_bar_when_done(frontend) -> None:
     state = state_with([0])
     state.apply(Finished(0, None))
     view.draw(state)
-    bar = frontend.state_of(view.rows[0].bar)
-    assert bar["value"] == bar["max"] == 1 and bar["bar_style"] == "success"
-    assert frontend.state_of(view.rows[0].steps)["value"] == ""
+    row = rows_of(frontend, view)[0]
+    assert row["bar"] == (1, 1, "success")
+    assert row["steps"] == ""
 
 
 def test_only_what_changed_is_sent(frontend) -> None:
@@ -199,17 +221,36 @@ def test_only_what_changed_is_sent(frontend) -> None:
     sent = len(frontend.messages)
     view.draw(state)
     assert [m for m in frontend.messages[sent:] if m[1] != title] == []
-    state.apply(Progress(1, 5, 10, None))
-    view.draw(state)
-    # Its first step: the status gives the steps column back (a class of the row's box).
-    row = view.rows[1]
-    changed = {comm_id for _, comm_id, _ in frontend.messages[sent:]} - {title}
-    assert changed == {w.model_id for w in (row.bar, row.steps, row.box)}
+    for step in (5, 6):  # every row in one widget: one message, whichever rows changed
+        state.apply(Progress(1, step, 10, None))
+        state.apply(Progress(0, step, 10, None))
+        view.draw(state)
+        sent_now = [m for m in frontend.messages[sent:] if m[1] != title]
+        assert [m[1] for m in sent_now] == [view.rows.model_id]
+        sent = len(frontend.messages)
+
+
+def test_the_rows_send_one_message_a_redraw_at_most_every_rows_interval_whatever_n(
+    frontend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(widgets_module, "ROWS_EVERY", 3600.0)
+    display = RecordingDisplay()
+    view = WidgetView(output=OutputMode.ALL, world_size=16, display=display)
+    state = state_with(range(16))
+    view.draw(state)  # the first draw shows every row at once
+    assert len(rows_of(frontend, view)) == 16
     sent = len(frontend.messages)
-    state.apply(Progress(1, 6, 10, None))
+    for step in range(1, 4):
+        for rank in range(16):
+            state.apply(Progress(rank, step, 10, "train"))
+        view.draw(state)
+    # Within the interval nothing of the rows goes out (the title may tick: its elapsed time)
+    assert view.rows.model_id not in {m[1] for m in frontend.messages[sent:]}
+    assert rows_of(frontend, view)[15]["bar"] == (0, 1, "")
+    monkeypatch.setattr(view._rows_due, "every", 0.0)
     view.draw(state)
-    changed = {comm_id for _, comm_id, _ in frontend.messages[sent:]} - {title}
-    assert changed == {row.bar.model_id, row.steps.model_id}  # no other widget
+    updates = [m for m in frontend.messages[sent:] if m[1] == view.rows.model_id]
+    assert len(updates) == 1 and rows_of(frontend, view)[15]["bar"] == (3, 10, "")
 
 
 def test_the_chart_draws_a_line_per_rank_and_redraws_only_on_new_metrics(
@@ -250,7 +291,7 @@ def test_the_chart_redraws_at_most_every_chart_interval_and_at_the_end(
     view.draw(state)
     view.draw(state)
     assert ">0.5</text>" not in "".join(chart_svgs(frontend.state_of(view.charts)["value"]))
-    assert text(frontend.state_of(view.rows[0].metrics)["value"]) == "loss 0.5"  # rows are not
+    assert text(rows_of(frontend, view)[0]["metrics"]) == "loss 0.5"  # rows are not
     state.finish("Done")
     view.close(state)
     (svg,) = chart_svgs(display.final_html)
@@ -329,7 +370,7 @@ def test_metrics_beyond_the_charted_ones_are_named(frontend) -> None:
         state.apply(Log(0, {name: float(step) for name in "abcde"}, step=step))
     state.finish("Done")
     view.close(state)
-    assert len(chart_svgs(display.final_html)) == widgets_module.MAX_CHARTS
+    assert len(chart_svgs(display.final_html)) == MAX_CHARTS
     assert "also logged, not charted: d, e" in display.final_html
 
 
@@ -409,18 +450,18 @@ def test_a_ranks_note_shows_mid_run_only_until_it_moves_on(frontend) -> None:
     for rank in (0, 1):
         state.apply(Status(rank, "all 2 nodes joined; starting ranks"))
     view.draw(state)
-    status = [text(frontend.state_of(view.rows[r].status)["value"]) for r in (0, 1)]
+    status = [text(rows_of(frontend, view)[r]["status"]) for r in (0, 1)]
     assert status == ["all 2 nodes joined; starting ranks"] * 2
     for rank in (0, 1):
         state.apply(Started(rank, 100 + rank, "cpu", "host", rank))
     state.apply(Progress(0, 1, 10, "train"))
     state.apply(Status(1, "rank 1 has waited 120 s in barrier"))
     view.draw(state)
-    assert text(frontend.state_of(view.rows[0].status)["value"]) == "running"
-    assert text(frontend.state_of(view.rows[1].status)["value"]).startswith("rank 1 has waited")
+    assert text(rows_of(frontend, view)[0]["status"]) == "running"
+    assert text(rows_of(frontend, view)[1]["status"]).startswith("rank 1 has waited")
     state.apply(Progress(1, 2, 10, "train"))
     view.draw(state)
-    assert text(frontend.state_of(view.rows[1].status)["value"]) == "running"
+    assert text(rows_of(frontend, view)[1]["status"]) == "running"
 
 
 def test_a_restarted_rank_is_shown_running_again_not_failed(frontend) -> None:
@@ -430,19 +471,19 @@ def test_a_restarted_rank_is_shown_running_again_not_failed(frontend) -> None:
     state.apply(Failed(1, "ValueError", "boom", "tb", None, 1, False))
     state.apply(Exited(1, 1, None, stopped_by_launcher=False))
     view.draw(state)
-    assert frontend.state_of(view.rows[1].bar)["bar_style"] == "danger"
+    assert rows_of(frontend, view)[1]["bar"][2] == "danger"
     state.restart()
     state.apply(Status(1, "restarting every rank (restart 1 of 2): rank 1 failed"))
     view.draw(state)
-    assert text(frontend.state_of(view.rows[1].status)["value"]).startswith("restarting every")
-    assert frontend.state_of(view.rows[1].steps)["value"] == ""  # not the last attempt's 7/10
+    assert text(rows_of(frontend, view)[1]["status"]).startswith("restarting every")
+    assert rows_of(frontend, view)[1]["steps"] == ""  # not the last attempt's 7/10
     for rank in (0, 1):
         state.apply(Started(rank, 200 + rank, "cpu", "host", rank))
         state.apply(Progress(rank, 3, 10, "train"))
     view.draw(state)
     for rank in (0, 1):
-        assert text(frontend.state_of(view.rows[rank].status)["value"]) == "running"
-        assert frontend.state_of(view.rows[rank].bar)["bar_style"] == ""
+        assert text(rows_of(frontend, view)[rank]["status"]) == "running"
+        assert rows_of(frontend, view)[rank]["bar"][2] == ""
 
 
 def test_a_node_note_shows_in_the_header_until_ranks_start(frontend) -> None:
@@ -476,11 +517,10 @@ def test_a_start_up_phase_counts_its_seconds_without_new_events(frontend, monkey
     state = RunState([0, 1], title="2 ranks, spawn")
     state.apply(Status(0, "importing torch", time=999.5))
     view.draw(state)
-    status = view.rows[0].status
-    assert text(frontend.state_of(status)["value"]) == "importing torch"
+    assert text(rows_of(frontend, view)[0]["status"]) == "importing torch"
     clock[0] = 1002.0
     view.draw(state)  # no event since
-    assert text(frontend.state_of(status)["value"]) == "importing torch (2s)"
+    assert text(rows_of(frontend, view)[0]["status"]) == "importing torch (2s)"
 
 
 def test_a_row_shows_several_metrics_short_their_names_whole_on_hover() -> None:

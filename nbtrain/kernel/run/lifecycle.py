@@ -55,6 +55,10 @@ from nbtrain.shared.errors import ResultError, WorkerError
 from nbtrain.shared.events import Display, Event, Status, Stopped
 
 REFRESH = 0.1  # seconds between redraws of the view (about 10 per second)
+# Seconds between writes of the ranks' new lines to the cell (ipykernel's own stdout batches
+# every 0.2 s): each write is a message to the frontend, so with the view's own (rows four times
+# a second, title and chart once: display/widgets.py) the frontend gets at most ~10 a second.
+OUTPUT_EVERY = 0.25
 
 __all__ = ["REFRESH", "Run", "open_view"]
 
@@ -110,6 +114,7 @@ class Run:
         self.hang = where.HangWatch(config.hang_after)
         self._comms: CommPump | None = None
         self._last_draw = 0.0
+        self._last_output = 0.0
         self._note = ""
         self.view.draw(self.state)  # shown at once; the text view sees every output line
 
@@ -124,22 +129,25 @@ class Run:
         if self.handle is not None:
             self.handle.record(event)
 
-    def tick(self) -> None:
-        """Publish the ranks' new output lines and redraw, at most every REFRESH seconds;
-        ask where each rank is when the button, SIGQUIT or hang detection says so."""
+    def tick(self, *, now: bool = False) -> None:
+        """Publish the ranks' new output lines (at most every OUTPUT_EVERY seconds) and redraw
+        (every REFRESH), everything at once when ``now``; ask where each rank is when the
+        button, SIGQUIT or hang detection says so."""
         self._look()
         if self.handle is not None:
             self.handle.turn(self)  # run.stop() and run.where() from other cells
-        now = time.monotonic()
-        if now - self._last_draw >= REFRESH:
-            self._last_draw = now
-            self.output.flush()
-            self.view.draw(self.state)
+        clock = time.monotonic()
+        if clock - self._last_draw >= REFRESH:
+            self._last_draw = clock
+            if clock - self._last_output >= OUTPUT_EVERY:
+                self._last_output = clock
+                self.output.flush()
+            self.view.draw(self.state, now=now)
 
     def redraw(self) -> None:
         """Publish and draw now, unthrottled (before a rank's pdb prompt blocks the loop)."""
-        self._last_draw = -float("inf")
-        self.tick()
+        self._last_draw = self._last_output = -float("inf")
+        self.tick(now=True)
 
     def say(self, text: str) -> None:
         """A node-level status ("waiting for nodes (1 of 2 joined)"): in the widget header or
