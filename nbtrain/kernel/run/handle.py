@@ -40,7 +40,7 @@ from nbtrain.shared.events import Event, Log
 
 if TYPE_CHECKING:
     from nbtrain.kernel.group import RankGroup
-    from nbtrain.kernel.options.interface import LaunchOptions, UserCall
+    from nbtrain.kernel.options.interface import Launch, LaunchOptions, UserCall
     from nbtrain.kernel.run.cellout import CellOutput
     from nbtrain.shared.stopping import StopPolicy
 
@@ -356,15 +356,16 @@ def runs() -> Runs:
         return Runs(_runs)
 
 
-def launch(options: LaunchOptions, call: UserCall, *, block: bool) -> Any:
-    """Run a launch: its value (blocking) or its handle (``block=False``, started)."""
+def launch(kind: Launch, call: UserCall, *, block: bool) -> Any:
+    """Run a launch (its kind, built with its options): its value (blocking) or its handle
+    (``block=False``, started)."""
     __tracebackhide__ = True
     run = Run(
         getattr(call.function, "__name__", "run"),
-        lambda: options.launch.run(options, call),
+        lambda: kind.run(call),
         background=not block,
-        stopping=options.config.stopping,
-        claims=claims(options) if not block else frozenset(),
+        stopping=kind.options.config.stopping,
+        claims=claims(kind.options) if not block else frozenset(),
     )
     return begin(run, block=block)
 
@@ -386,19 +387,19 @@ def begin(run: Run, *, block: bool) -> Any:
     return run
 
 
-def check_background(options: LaunchOptions, block: object) -> None:
+def check_background(kind: Launch, block: object) -> None:
     """``block`` is a bool, and False only where the launch's kind can run in the background."""
     if not isinstance(block, bool):
         raise TypeError(f"block={block!r} must be True or False.")
     if block:
         return
-    refused = options.launch.no_background
+    refused = kind.no_background
     if refused:
         raise ValueError(
             f"block=False is not supported for a launch {refused} yet; launch it with "
             "block=True (the default)."
         )
-    if options.config.debug:
+    if kind.options.config.debug:
         raise ValueError(
             "block=False with debug=True: a failed rank's pdb prompt needs the cell's input "
             "box, which a background run does not hold; launch with block=True to debug."
