@@ -12,6 +12,7 @@ move their bytes behind the rank group's Backend seam, not a new lifecycle.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from nbtrain.kernel.launch.cluster.spec import RayCluster, as_cluster, check_room, connected_ray
@@ -52,9 +53,7 @@ class RayLaunch:
 
         # all in the pickle, no segment: this machine's /dev/shm is not the nodes'
         prepared = prepare_call(*call, StartMethod.SPAWN, local=False)
-        return released(
-            prepared, lambda payload: run_on_ray(self.options.config, self.cluster, payload.data)
-        )
+        return released(prepared, functools.partial(run_on_ray, self.options.config, self.cluster))
 
 
 def resolve(cluster: object, config: LaunchConfig, requested: Requested) -> RayCluster:

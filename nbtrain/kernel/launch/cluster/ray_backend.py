@@ -27,22 +27,23 @@ from nbtrain.kernel.options.config import LaunchConfig
 from nbtrain.kernel.options.stopping import resumed
 from nbtrain.kernel.procs import processes
 from nbtrain.kernel.run.lifecycle import Run
+from nbtrain.kernel.specs.payload import PreparedCall
 from nbtrain.kernel.specs.rankspec import rank_spec
 from nbtrain.shared.errors import WorkerError
 from nbtrain.shared.specs import RankInfo, RankSpec
 
 
-def run_on_ray(config: LaunchConfig, cluster: RayCluster, payload: bytes) -> Any:
+def run_on_ray(config: LaunchConfig, cluster: RayCluster, call: PreparedCall) -> Any:
     """A one-shot launch of ``config.num_processes`` ranks placed by Ray (checked already),
-    each running ``payload`` (payload.prepare_call's, all inline). After a failure (a rank's
-    error, a lost node), every rank is placed again and restarted, from the newest checkpoint
-    where the launch saves them, up to ``config.max_restarts`` times."""
+    each running ``call`` (prepared with ``local=False``: all in its bytes). After a failure
+    (a rank's error, a lost node), every rank is placed again and restarted, from the newest
+    checkpoint where the launch saves them, up to ``config.max_restarts`` times."""
     __tracebackhide__ = True
     max_restarts = config.max_restarts
     ranks = list(range(config.num_processes))
     run = Run(config, ranks, title=f"{len(ranks)} ranks on a Ray cluster")
     for attempt in range(max_restarts + 1):
-        backend = RayRanks(config, cluster, payload, say=run.say, started=_clock(run))
+        backend = RayRanks(config, cluster, call.data, say=run.say, started=_clock(run))
         ending = run.supervise(RankGroup(backend))
         # (restarted: a failure of the ranks' own, not a stop, an interrupt or a timeout)
         if ending.how is not How.FAILED or attempt == max_restarts:
