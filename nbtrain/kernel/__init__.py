@@ -6,7 +6,8 @@ imports included (tests/unit/test_house.py: KERNEL_LAYERS)::
 
     host/      what the kernel process is and has: os.environ, devices, cell names, stdin
     options/   what the user asked, checked once: Requested, config, Accelerate's options,
-               stop/resume, debug, option names; the launch interface (UserCall, Launch)
+               stop/resume, debug, option names; the launch interface (UserCall,
+               LaunchOptions, Launch: a kind built with its options)
     specs/     who each rank is, what it runs, where the ranks meet: rank specs, payload,
                rendezvous
     procs/     OS processes: start (fork/forkserver/spawn), signals, forkserver, warm-up,
@@ -18,7 +19,7 @@ imports included (tests/unit/test_house.py: KERNEL_LAYERS)::
     run/       one launch as the cell sees it: lifecycle (Run), its handle and runs() registry,
                cell output, tracebacks, where
     launch/    the kinds side by side, none importing another (inprocess, local, xla,
-               elastic/, cluster/), and the chooser above them (choose.py: check_options)
+               elastic/, cluster/), and the chooser above them (choose.py: build_launch)
     warm/      warm ranks across cells (start_ranks) and the %%ranks magics
     cli/       the ``nbtrain`` command (launch, env, demo)
     entry.py   the public entry points: notebook_launcher, debug_launcher

@@ -1,10 +1,11 @@
 """notebook_launcher and debug_launcher: the public entry points of the kernel side.
 
-Their parameters go into one ``options.Requested``, checked once (``check_options``: every
-option, before anything starts), which also picks the launch kind (``launch.choose``): the
-kernel's own process (inprocess.py), local ranks (local.py), torch_xla's host (xla.py), torch's
-elastic agent (elastic/) or a Ray cluster (cluster/). The kind runs it; each feeds one
-``run.Run``, which owns the lifecycle: view, interrupt, timeout, root cause, results.
+Their parameters go into one ``options.Requested``, checked once (``build_launch``: every
+option, before anything starts), which also picks the launch kind (``launch.choose``) and builds
+it with them: the kernel's own process (inprocess.py), local ranks (local.py), torch_xla's host
+(xla.py), torch's elastic agent (elastic/) or a Ray cluster (cluster/). The kind runs the call;
+each feeds one ``run.Run``, which owns the lifecycle: view, interrupt, timeout, root cause,
+results.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nbtrain.kernel.host import cuda_origin, environment
-from nbtrain.kernel.launch.choose import check_options
+from nbtrain.kernel.launch.choose import build_launch
 from nbtrain.kernel.launch.cluster.spec import RayCluster
 from nbtrain.kernel.options.config import OutputMode, ProgressMode
 from nbtrain.kernel.options.function import check_function
@@ -152,9 +153,9 @@ def notebook_launcher(
     # Every parameter but the call itself is an option, by its name (Requested.of).
     given = {name: value for name, value in locals().items() if name in _OPTION_NAMES}
     requested = Requested.of(given)
-    options = check_options(requested, getattr(function, "__name__", "run"))
-    check_background(options, block)
-    return registry.launch(options, UserCall(function, args, kwargs), block=block)
+    launch = build_launch(requested, getattr(function, "__name__", "run"))
+    check_background(launch, block)
+    return registry.launch(launch, UserCall(function, args, kwargs), block=block)
 
 
 def debug_launcher(function: Callable[..., Any], args: tuple = (), num_processes: int = 2) -> Any:
@@ -172,9 +173,9 @@ def debug_launcher(function: Callable[..., Any], args: tuple = (), num_processes
     args, kwargs = check_function(function, args, None)
     requested = Requested(num_processes=num_processes)
     # CPU only, even on a TPU host: in process, or local ranks
-    options = check_options(requested, getattr(function, "__name__", "run"), allow_xla=False)
+    launch = build_launch(requested, getattr(function, "__name__", "run"), allow_xla=False)
     with environment.gpus_hidden():  # the ranks see no GPU (they inherit the environment)
-        return options.launch.run(options, UserCall(function, args, kwargs))
+        return launch.run(UserCall(function, args, kwargs))
 
 
 # notebook_launcher's options: its parameters after the call (function, args, kwargs), but

@@ -12,13 +12,14 @@ import pytest
 
 from nbtrain import notebook_launcher
 from nbtrain.kernel.group.ending import Ending, How
-from nbtrain.kernel.launch.choose import choose
+from nbtrain.kernel.launch.choose import build_launch, choose
 from nbtrain.kernel.launch.cluster import RayLaunch
 from nbtrain.kernel.launch.elastic import ElasticAgent
 from nbtrain.kernel.launch.inprocess import InProcess
 from nbtrain.kernel.launch.local import LocalRanks
 from nbtrain.kernel.launch.xla import XlaOrdinals
 from nbtrain.kernel.options.config import LaunchConfig, build_config
+from nbtrain.kernel.options.interface import LaunchOptions
 from nbtrain.kernel.options.requested import Requested
 from nbtrain.kernel.options.stopping import StopOptions
 from nbtrain.kernel.run.lifecycle import Run
@@ -110,15 +111,43 @@ def test_one_place_picks_the_kind(monkeypatch, given, cluster, elastic, kind):
     from nbtrain.kernel.host import environment
 
     monkeypatch.setattr(environment, "cuda_device_count", lambda: 1)  # (gpu_ids=[0] exists)
-    assert type(choose(config(**given), cluster=cluster, elastic=elastic)) is kind
+    assert choose(config(**given), cluster=cluster, elastic=elastic) is kind
 
 
 def test_xla_comes_first_and_refuses_stop_and_resume():
     xla = dataclasses.replace(config(max_restarts=1), xla_device="CPU")
     kind = choose(xla, cluster=False, elastic=True)
-    assert type(kind) is XlaOrdinals and kind.no_stop_resume == "on XLA/TPU"
-    assert ElasticAgent().no_stop_resume.startswith("through torch's elastic agent")
-    assert InProcess().no_stop_resume == LocalRanks().no_stop_resume == ""
+    assert kind is XlaOrdinals and kind.no_stop_resume == "on XLA/TPU"
+    assert ElasticAgent.no_stop_resume.startswith("through torch's elastic agent")
+    assert InProcess.no_stop_resume == LocalRanks.no_stop_resume == ""
+
+
+def test_the_chooser_returns_the_kind_built_with_its_checked_options():
+    launch = build_launch(Requested(num_processes=2, timeout=30, progress="off"), "train")
+    assert type(launch) is LocalRanks
+    assert launch.options.requested.timeout == 30 and launch.options.config.timeout == 30.0
+    assert launch.options.config.stopping is None  # (no stop option asked)
+
+
+def test_a_kind_refuses_in_its_constructor_before_anything_runs():
+    """InProcess's timeout needs SIGALRM in the main thread: refused when built, not run."""
+    import threading
+
+    options = LaunchOptions(Requested(timeout=5), config(num_processes=1, timeout=5.0))
+    InProcess(options)  # the main thread: built
+    caught: list[BaseException] = []
+
+    def build() -> None:
+        try:
+            InProcess(options)
+        except ValueError as exc:
+            caught.append(exc)
+
+    thread = threading.Thread(target=build, name="cell-helper")
+    thread.start()
+    thread.join()
+    [error] = caught
+    assert "timeout=5" in str(error) and "'cell-helper', not the main thread" in str(error)
 
 
 # --- one ending ------------------------------------------------------------------------------

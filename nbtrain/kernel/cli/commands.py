@@ -38,7 +38,7 @@ def _launch(options: argparse.Namespace) -> int:
     script = Path(options.script)
     if not script.is_file():
         return _usage_error(f"script {options.script!r} not found (pass a path to a .py file)")
-    from nbtrain.kernel.launch.choose import check_options
+    from nbtrain.kernel.launch.choose import build_launch
     from nbtrain.kernel.options.function import check_function
     from nbtrain.kernel.options.interface import UserCall
     from nbtrain.kernel.options.names import command_line
@@ -55,9 +55,9 @@ def _launch(options: argparse.Namespace) -> int:
         with command_line():  # messages name --timeout, not notebook_launcher(timeout=)
             requested = Requested(**_launch_keywords(options), debug=options.debug)
             # torch's elastic agent even on one node without restarts, as torchrun
-            checked = check_options(requested, script.stem, elastic=True)
+            launch = build_launch(requested, script.stem, elastic=True)
             with SignalAsks():  # Ctrl-\ (SIGQUIT): where each rank is, the run goes on
-                checked.launch.run(checked, UserCall(run_script, args, kwargs))
+                launch.run(UserCall(run_script, args, kwargs))
     except WorkerError as err:
         _report_failure(err, str(script.resolve()))
         return err.exitcode if err.exitcode and err.exitcode > 0 else 1

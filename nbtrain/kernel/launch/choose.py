@@ -4,9 +4,10 @@ A kind implements ``options.interface.Launch``. The kinds, each next to its path
 (inprocess.py: one rank, the kernel itself), ``LocalRanks`` (local.py), ``XlaOrdinals``
 (xla.py: torch_xla's host process), ``ElasticAgent`` (elastic/: several nodes, or restarts)
 and ``RayLaunch`` (cluster/). ``choose`` picks one for ``notebook_launcher``,
-``debug_launcher`` and ``nbtrain launch`` alike, and ``check_options`` checks every option for
-it before anything starts; each kind feeds one ``run.Run`` (and, with processes, one
-``group.RankGroup``).
+``debug_launcher`` and ``nbtrain launch`` alike, and ``build_launch`` checks every option for
+it and builds it (the kind's own checks in its constructor), before anything starts: the
+caller then runs it, ``launch.run(call)``. Each kind feeds one ``run.Run`` (and, with
+processes, one ``group.RankGroup``).
 """
 
 from __future__ import annotations
@@ -20,44 +21,44 @@ from nbtrain.kernel.launch.local import LocalRanks
 from nbtrain.kernel.launch.xla import XlaOrdinals
 from nbtrain.kernel.options.config import LaunchConfig
 from nbtrain.kernel.options.debug import check_debug
-from nbtrain.kernel.options.interface import Launch, LaunchOptions
+from nbtrain.kernel.options.interface import Launch, LaunchKind, LaunchOptions
 from nbtrain.kernel.options.requested import Requested
 from nbtrain.kernel.options.stopping import build_policy
 
 
-def choose(config: LaunchConfig, *, cluster: bool, elastic: bool = False) -> Launch:
-    """The kind a checked configuration needs; ``elastic``: through torch's elastic agent even
-    on one node without restarts (``nbtrain launch`` does)."""
+def choose(config: LaunchConfig, *, cluster: bool, elastic: bool = False) -> LaunchKind:
+    """The kind a checked configuration needs (its class: what it cannot do is read before it
+    is built); ``elastic``: through torch's elastic agent even on one node without restarts
+    (``nbtrain launch`` does)."""
     if cluster:
-        return RayLaunch()
+        return RayLaunch
     if config.xla_device:  # torch_xla runs the ordinals in a host process of their own
-        return XlaOrdinals()
+        return XlaOrdinals
     if elastic or config.multi_node or config.max_restarts:
-        return ElasticAgent()
+        return ElasticAgent
     if config.num_processes == 1 and config.gpu_ids is None:
-        return InProcess()
+        return InProcess
     # gpu_ids= limits the ranks to those GPUs (CUDA_VISIBLE_DEVICES), which only a process of
     # their own can be: the kernel sees every GPU, so even one rank then runs apart from it.
-    return LocalRanks()
+    return LocalRanks
 
 
-def check_options(
+def build_launch(
     requested: Requested, function_name: str, *, allow_xla: bool = True, elastic: bool = False
-) -> LaunchOptions:
-    """Every option checked (the order: module docstring), before anything starts.
-    ``function_name`` names the default project_dir; ``allow_xla`` False: CPU ranks even on an
-    XLA host (debug_launcher); ``elastic``: through torch's agent (``nbtrain launch``)."""
+) -> Launch:
+    """The kind this launch needs, built with its options: every option checked (the kind's
+    own checks in its constructor), before anything starts. ``function_name`` names the
+    default project_dir; ``allow_xla`` False: CPU ranks even on an XLA host (debug_launcher);
+    ``elastic``: through torch's agent (``nbtrain launch``)."""
     __tracebackhide__ = True
     config = requested.config(allow_xla=allow_xla)
-    launch = choose(config, cluster=requested.cluster is not None, elastic=elastic)
+    kind = choose(config, cluster=requested.cluster is not None, elastic=elastic)
     policy = build_policy(
-        function_name, config.world_size, requested.stop, refused=launch.no_stop_resume
+        function_name, config.world_size, requested.stop, refused=kind.no_stop_resume
     )
     debug = check_debug(requested.debug, cluster=requested.cluster, xla=bool(config.xla_device))
     config = dataclasses.replace(config, stopping=policy, debug=debug)
-    options = LaunchOptions(requested, config, launch)
-    launch.check(options)
-    return options
+    return kind(LaunchOptions(requested, config))
 
 
-__all__ = ["check_options", "choose"]
+__all__ = ["build_launch", "choose"]

@@ -15,7 +15,7 @@ import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from nbtrain.kernel.group.ending import Ending, How
 from nbtrain.kernel.host import environment
@@ -36,18 +36,23 @@ class _Expired(BaseException):
 
 
 class InProcess:
-    """The launch kind (launch.py) of one rank without gpu_ids=: the kernel is rank 0."""
+    """The launch kind (options/interface.py) of one rank without gpu_ids=: the kernel is
+    rank 0."""
 
-    no_stop_resume = ""  # the kernel's own Ctrl-C asks for the stop (rank/interrupts.py)
+    # the kernel's own Ctrl-C asks for the stop (rank/interrupts.py)
+    no_stop_resume: ClassVar[str] = ""
     # The function would run in a thread of the kernel itself: no process to stop.
-    no_background = "in the kernel's own process (num_processes=1; gpu_ids=[0] runs one rank apart)"
+    no_background: ClassVar[str] = (
+        "in the kernel's own process (num_processes=1; gpu_ids=[0] runs one rank apart)"
+    )
 
-    def check(self, options: LaunchOptions) -> None:
+    def __init__(self, options: LaunchOptions) -> None:
         _check_alarm(options.config.timeout)  # before anything starts, not as "rank 0 failed"
+        self.options = options
 
-    def run(self, options: LaunchOptions, call: UserCall) -> Any:
+    def run(self, call: UserCall) -> Any:
         __tracebackhide__ = True
-        return run_in_process(options.config, *call)
+        return run_in_process(self.options.config, *call)
 
 
 def run_in_process(

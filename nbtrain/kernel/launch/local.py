@@ -1,15 +1,15 @@
 """Ranks on this machine: the plain launch kind (``num_processes >= 2``, or ``gpu_ids=``; one
 node, no restarts).
 
-``LocalRanks`` (the ``Launch`` of launch.py) opens the local rendezvous, describes each rank
-(``rank_specs``, also used by the elastic agent and the warm ranks) and gives a ``run.Run`` a
-``RankGroup`` of local processes to start and watch.
+``LocalRanks`` (a ``Launch``, options/interface.py) opens the local rendezvous, describes each
+rank (``rank_specs``, also used by the elastic agent and the warm ranks) and gives a ``run.Run``
+a ``RankGroup`` of local processes to start and watch.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from nbtrain.kernel.group import LocalProcesses, RankGroup
 from nbtrain.kernel.options.config import LaunchConfig
@@ -24,23 +24,19 @@ if TYPE_CHECKING:
 
 
 class LocalRanks:
-    """The launch kind (launch.py) of ranks in processes of this machine."""
+    """The launch kind of ranks in processes of this machine."""
 
-    no_stop_resume = ""
-    no_background = ""
+    no_stop_resume: ClassVar[str] = ""
+    no_background: ClassVar[str] = ""
 
-    def check(self, options: LaunchOptions) -> None:
-        pass  # config.py checked all it needs
+    def __init__(self, options: LaunchOptions) -> None:
+        self.options = options  # (config.py checked all it needs)
 
-    def run(self, options: LaunchOptions, call: UserCall) -> Any:
-        __tracebackhide__ = True
-        method = options.config.start.method
-        return run_ranks(options.config, prepare_call(*call, method))
-
-
-def run_ranks(config: LaunchConfig, payload: bytes | PreparedCall) -> Any:
-    __tracebackhide__ = True  # IPython shows the cell and the rank's traceback, not ours
-    return released(payload, functools.partial(_run_ranks, config))
+    def run(self, call: UserCall) -> Any:
+        __tracebackhide__ = True  # IPython shows the cell and the rank's traceback, not ours
+        config = self.options.config
+        prepared = prepare_call(*call, config.start.method)
+        return released(prepared, functools.partial(_run_ranks, config))
 
 
 def _run_ranks(config: LaunchConfig, call: PreparedCall) -> Any:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from nbtrain.kernel.group import LocalProcesses, RankGroup
 from nbtrain.kernel.group.outcome import Outcome
@@ -37,18 +37,19 @@ HOST = 0  # the host process's key for processes/Supervisor; its raw output coun
 
 
 class XlaOrdinals:
-    """The launch kind (launch.py) of XLA ordinals, in torch_xla's host process."""
+    """The launch kind (options/interface.py) of XLA ordinals, in torch_xla's host process."""
 
-    no_stop_resume = "on XLA/TPU"
-    no_background = ""  # the host process is one rank of a RankGroup, as local ranks are
+    no_stop_resume: ClassVar[str] = "on XLA/TPU"
+    no_background: ClassVar[str] = ""  # the host process is one rank of a RankGroup, as local ranks
 
-    def check(self, options: LaunchOptions) -> None:
-        pass  # config.py checked the ordinals (tpu.check_launch), postmortem.py debug=
+    def __init__(self, options: LaunchOptions) -> None:
+        # (config.py checked the ordinals, tpu.check_launch; options/debug.py debug=)
+        self.options = options
 
-    def run(self, options: LaunchOptions, call: UserCall) -> Any:
+    def run(self, call: UserCall) -> Any:
         __tracebackhide__ = True
         # (segments, not fork references: torch_xla may start the ordinals' processes itself)
-        return run_xla(options.config, prepare_call(*call, StartMethod.SPAWN))
+        return run_xla(self.options.config, prepare_call(*call, StartMethod.SPAWN))
 
 
 def host_env(config: LaunchConfig) -> dict[str, str]:
@@ -102,9 +103,9 @@ def fan_out(
     return emit
 
 
-def run_xla(config: LaunchConfig, payload: bytes | PreparedCall) -> Any:
+def run_xla(config: LaunchConfig, call: PreparedCall) -> Any:
     __tracebackhide__ = True  # IPython shows the cell and the ordinal's traceback, not ours
-    return released(payload, functools.partial(_run_xla, config))
+    return released(call, functools.partial(_run_xla, config))
 
 
 def _run_xla(config: LaunchConfig, call: PreparedCall) -> Any:

@@ -1,14 +1,17 @@
-"""The launch interface types: what a launch runs (``UserCall``) and what each kind of launch
-implements (``Launch``). The kinds live in launch/; they import these types from here, below
-them, so no kind needs the chooser that sits above them.
+"""The launch interface types: what a launch runs (``UserCall``), a launch's checked options
+(``LaunchOptions``), and what each kind of launch implements (``LaunchKind``, ``Launch``). The
+kinds live in launch/; they import these types from here, below them, so no kind needs the
+chooser that sits above them.
 
-A kind (``Launch``) runs a launch whose options were checked (``LaunchOptions``):
+A kind is built with the options it runs (as Lightning's launchers are), and checks them then,
+before anything starts; its class says what it cannot do, read before it is built:
 
-    no_stop_resume                  where on_interrupt= / checkpoint_every= / resume= do not
+    Kind.no_stop_resume             where on_interrupt= / checkpoint_every= / resume= do not
                                     run yet, in the refusal's words ("" where they do)
-    no_background                   where block=False does not run yet, likewise
-    check(options)                  what this kind refuses, before anything starts
-    run(options, call)              start the ranks, watch them, end: the cell's value
+    Kind.no_background              where block=False does not run yet, likewise
+    Kind(options)                   the kind with these options: what it refuses is raised here
+    kind.options                    those options (what the cell's run reads: stop policy, claims)
+    kind.run(call)                  start the ranks, watch them, end: the cell's value
                                     (``call``: the user's function and arguments, checked)
 """
 
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 from nbtrain.kernel.options.config import LaunchConfig
 from nbtrain.kernel.options.requested import Requested
@@ -31,35 +34,35 @@ class UserCall(NamedTuple):
     kwargs: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class LaunchOptions:
+    """A launch's options, checked: what its kind is built with."""
+
+    requested: Requested  # as passed (the values errors quote)
+    config: LaunchConfig  # checked, with the stop policy and debug
+
+
 class Launch(Protocol):
-    """One kind of launch (see the module docstring)."""
+    """One kind of launch, built with its options (see the module docstring)."""
 
-    @property
-    def no_stop_resume(self) -> str:
-        """Where stop and resume do not run yet (an error's words), "" where they do."""
-        ...
+    no_stop_resume: ClassVar[str]
+    no_background: ClassVar[str]
+    options: LaunchOptions
 
-    @property
-    def no_background(self) -> str:
-        """Where ``block=False`` does not run yet (an error's words), "" where it does."""
-        ...
-
-    def check(self, options: LaunchOptions) -> None:
-        """Refuse what this kind cannot do with these options, before anything starts."""
-        ...
-
-    def run(self, options: LaunchOptions, call: UserCall) -> Any:
+    def run(self, call: UserCall) -> Any:
         """Run ``call`` on the ranks: the value the launch returns."""
         ...
 
 
-@dataclass(frozen=True)
-class LaunchOptions:
-    """A launch's options, checked: what its kind runs with."""
+class LaunchKind(Protocol):
+    """A kind's class: what it cannot do, and how it is built (see the module docstring)."""
 
-    requested: Requested  # as passed (the values errors quote)
-    config: LaunchConfig  # checked, with the stop policy and debug
-    launch: Launch  # the kind that runs it (launch/choose.py)
+    @property  # (read-only: a kind's ClassVar matches it)
+    def no_stop_resume(self) -> str: ...
+
+    def __call__(self, options: LaunchOptions) -> Launch:
+        """The kind with ``options``; raises what it refuses, before anything starts."""
+        ...
 
 
-__all__ = ["Launch", "LaunchOptions", "UserCall"]
+__all__ = ["Launch", "LaunchKind", "LaunchOptions", "UserCall"]

@@ -1,14 +1,14 @@
 """A launch's options as passed (``Requested``); checked once before anything starts, they become
-a ``LaunchOptions`` (interface.py).
+a ``LaunchOptions`` (interface.py), with which their kind of launch is built.
 
 ``notebook_launcher``'s parameters go into a ``Requested`` once (its defaults are the
-launcher's; test_launch_options pins that); ``launch/choose.py``'s ``check_options``
+launcher's; test_launch_options pins that); ``launch/choose.py``'s ``build_launch``
 validates them in a fixed order, each error naming the argument, its value and the fix:
 
 1. Accelerate's launcher parameters (accelerate.py) and the launch's own (config.py);
 2. the launch kind they need (launch/choose.py), then the stop and resume options
    (stopping.py), refused where that kind cannot stop and resume yet;
-3. ``debug=`` (debug.py), then what the chosen kind itself refuses (``Launch.check``).
+3. ``debug=`` (debug.py), then what the chosen kind itself refuses (its constructor).
 
 ``debug_launcher``, ``nbtrain launch`` and ``start_ranks`` make a ``Requested`` too; warm ranks
 use its configuration, stop options and ``cluster=`` (warm/), not a launch kind.

@@ -19,7 +19,7 @@ from nbtrain.kernel.host import environment
 from nbtrain.kernel.run.handle import Run, current
 
 if TYPE_CHECKING:
-    from nbtrain.kernel.options.interface import LaunchOptions, UserCall
+    from nbtrain.kernel.options.interface import Launch, LaunchOptions, UserCall
 
 KEPT_RUNS = 20  # finished runs nbtrain.runs() keeps (the oldest go first; running ones stay)
 
@@ -60,15 +60,16 @@ def runs() -> Runs:
         return Runs(_runs)
 
 
-def launch(options: LaunchOptions, call: UserCall, *, block: bool) -> Any:
-    """Run a launch: its value (blocking) or its handle (``block=False``, started)."""
+def launch(kind: Launch, call: UserCall, *, block: bool) -> Any:
+    """Run a launch (its kind, built with its options): its value (blocking) or its handle
+    (``block=False``, started)."""
     __tracebackhide__ = True
     run = Run(
         getattr(call.function, "__name__", "run"),
-        lambda: options.launch.run(options, call),
+        lambda: kind.run(call),
         background=not block,
-        stopping=options.config.stopping,
-        claims=claims(options) if not block else frozenset(),
+        stopping=kind.options.config.stopping,
+        claims=claims(kind.options) if not block else frozenset(),
     )
     return begin(run, block=block)
 
@@ -90,13 +91,13 @@ def begin(run: Run, *, block: bool) -> Any:
     return run
 
 
-def check_background(options: LaunchOptions, block: object) -> None:
+def check_background(kind: Launch, block: object) -> None:
     """``block`` is a bool, and False only where the launch's kind can run in the background."""
     if not isinstance(block, bool):
         raise TypeError(f"block={block!r} must be True or False.")
     if block:
         return
-    refused = options.launch.no_background
+    refused = kind.no_background
     if refused:
         raise ValueError(
             f"block=False is not supported for a launch {refused} yet; launch it with "

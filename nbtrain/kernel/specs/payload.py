@@ -64,15 +64,10 @@ class PreparedCall:
             shmclean.remove_names(self.prefix + "*")
 
 
-def as_prepared(payload: bytes | PreparedCall) -> PreparedCall:
-    return payload if isinstance(payload, PreparedCall) else PreparedCall(payload)
-
-
-def released(payload: bytes | PreparedCall, launch: Callable[[PreparedCall], T]) -> T:
-    """``launch(call)``; the big data it shares is released on every outcome (every launch
-    path: local ranks, the XLA host, the elastic agent)."""
+def released(call: PreparedCall, launch: Callable[[PreparedCall], T]) -> T:
+    """``launch(call)``; the big data it shares is released on every outcome (every kind of
+    launch with processes: local ranks, the XLA host, the elastic agent, Ray)."""
     __tracebackhide__ = True  # IPython shows the cell and the rank's traceback, not ours
-    call = as_prepared(payload)
     try:
         return launch(call)
     finally:

@@ -1,7 +1,7 @@
 """Ranks on a cluster (``notebook_launcher(..., cluster=...)``): a new way to place ranks and
 move their bytes behind the rank group's Backend seam, not a new lifecycle.
 
-- here: ``RayLaunch``, the launch kind (launch.py), and ``resolve``: ``cluster=`` checked
+- here: ``RayLaunch``, the launch kind (options/interface.py), and ``resolve``: ``cluster=`` checked
   against the other options and the connected Ray cluster (also for warm ranks);
 - ``spec``: ``RayCluster`` (what ``cluster=`` says) and the checks made before anything starts;
 - ``ray_backend``: the Backend (placement group, one actor per rank, env as torchrun sets it)
@@ -12,10 +12,13 @@ move their bytes behind the rank group's Backend seam, not a new lifecycle.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import functools
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from nbtrain.kernel.launch.cluster.spec import RayCluster, as_cluster, check_room, connected_ray
 from nbtrain.kernel.options.config import LaunchConfig
+from nbtrain.kernel.specs.payload import prepare_call, released
+from nbtrain.shared.options import StartMethod
 
 if TYPE_CHECKING:
     from nbtrain.kernel.options.interface import LaunchOptions, UserCall
@@ -33,23 +36,24 @@ _DEFAULTS: dict[str, Any] = {
 
 
 class RayLaunch:
-    """The launch kind (launch.py) of ranks placed by Ray (``cluster=``)."""
+    """The launch kind (options/interface.py) of ranks placed by Ray (``cluster=``)."""
 
-    no_stop_resume = ""  # (cluster/checks.py: every node must see the checkpoint folder)
-    no_background = ""  # the watch loop in the run's thread, as for local ranks
+    no_stop_resume: ClassVar[str] = ""  # (cluster/checks.py: every node must see the folder)
+    no_background: ClassVar[str] = ""  # the watch loop in the run's thread, as for local ranks
 
-    def check(self, options: LaunchOptions) -> None:
-        resolve(options.requested.cluster, options.config, options.requested)
+    def __init__(self, options: LaunchOptions) -> None:
+        requested = options.requested
+        self.cluster = resolve(requested.cluster, options.config, requested)
+        self.options = options
 
-    def run(self, options: LaunchOptions, call: UserCall) -> Any:
+    def run(self, call: UserCall) -> Any:
         """Run the ranks there: after a failure, placed again up to ``max_restarts`` times."""
         __tracebackhide__ = True
         from nbtrain.kernel.launch.cluster.ray_backend import run_on_ray
 
-        config, chosen = options.config, as_cluster(options.requested.cluster)
-        return run_on_ray(
-            config, chosen, *call, max_restarts=config.max_restarts
-        )
+        # all in the pickle, no segment: this machine's /dev/shm is not the nodes'
+        prepared = prepare_call(*call, StartMethod.SPAWN, local=False)
+        return released(prepared, functools.partial(run_on_ray, self.options.config, self.cluster))
 
 
 def resolve(cluster: object, config: LaunchConfig, requested: Requested) -> RayCluster:

@@ -27,35 +27,23 @@ from nbtrain.kernel.options.config import LaunchConfig
 from nbtrain.kernel.options.stopping import resumed
 from nbtrain.kernel.procs.handles import RankProcess
 from nbtrain.kernel.run.lifecycle import Run
+from nbtrain.kernel.specs.payload import PreparedCall
 from nbtrain.kernel.specs.rankspec import rank_spec
-from nbtrain.shared import sharedmem
 from nbtrain.shared.errors import WorkerError
-from nbtrain.shared.serialization import describe_payload_error
 from nbtrain.shared.specs import RankInfo, RankSpec
 
 
-def run_on_ray(
-    config: LaunchConfig,
-    cluster: RayCluster,
-    function: Callable[..., Any],
-    args: tuple,
-    kwargs: dict[str, Any],
-    *,
-    max_restarts: int = 0,
-) -> Any:
-    """A one-shot launch of ``config.num_processes`` ranks placed by Ray (checked already).
-    ``max_restarts``: after a failure (a rank's error, a lost node), place every rank again and
-    restart it, from the newest checkpoint where the launch saves them, up to that many times."""
+def run_on_ray(config: LaunchConfig, cluster: RayCluster, call: PreparedCall) -> Any:
+    """A one-shot launch of ``config.num_processes`` ranks placed by Ray (checked already),
+    each running ``call`` (prepared with ``local=False``: all in its bytes). After a failure
+    (a rank's error, a lost node), every rank is placed again and restarted, from the newest
+    checkpoint where the launch saves them, up to ``config.max_restarts`` times."""
     __tracebackhide__ = True
-    call = (function, args, kwargs)
-    try:  # no segment: /dev/shm of this machine is not the nodes'
-        payload = sharedmem.dumps(sharedmem.Envelope(call, None))
-    except Exception as exc:
-        raise describe_payload_error(function, args, kwargs, exc) from None
+    max_restarts = config.max_restarts
     ranks = list(range(config.num_processes))
     run = Run(config, ranks, title=f"{len(ranks)} ranks on a Ray cluster")
     for attempt in range(max_restarts + 1):
-        backend = RayRanks(config, cluster, payload, say=run.say, started=_clock(run))
+        backend = RayRanks(config, cluster, call.data, say=run.say, started=_clock(run))
         ending = run.supervise(RankGroup(backend))
         # (restarted: a failure of the ranks' own, not a stop, an interrupt or a timeout)
         if ending.how is not How.FAILED or attempt == max_restarts:

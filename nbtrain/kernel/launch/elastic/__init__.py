@@ -29,13 +29,13 @@ of its own):
 One node with ``max_restarts > 0`` uses the same agent with a ``LocalCoordinator``: an
 in-process rendezvous handler and store, and a fresh loopback worker store per attempt.
 
-``ElasticAgent`` is the launch kind (launch.py); it imports the agent (agent.py, and with it
-torch's elastic package) only when a launch runs through it.
+``ElasticAgent`` is the launch kind (options/interface.py); it imports the agent (agent.py, and
+with it torch's elastic package) only when a launch runs through it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from nbtrain.kernel.specs.payload import prepare_call
 
@@ -46,17 +46,21 @@ if TYPE_CHECKING:
 class ElasticAgent:
     """The launch kind of several nodes, restarts, or ``nbtrain launch``: torch's agent."""
 
-    no_stop_resume = "through torch's elastic agent (num_nodes > 1 or max_restarts > 0)"
-    no_background = ""
+    no_stop_resume: ClassVar[str] = (
+        "through torch's elastic agent (num_nodes > 1 or max_restarts > 0)"
+    )
+    no_background: ClassVar[str] = ""
 
-    def check(self, options: LaunchOptions) -> None:
-        pass  # config.py checked the nodes; elastic/news.py checks them across nodes
+    def __init__(self, options: LaunchOptions) -> None:
+        # (config.py checked the nodes; elastic/news.py checks them across nodes)
+        self.options = options
 
-    def run(self, options: LaunchOptions, call: UserCall) -> Any:
+    def run(self, call: UserCall) -> Any:
         __tracebackhide__ = True
         from nbtrain.kernel.launch.elastic.agent import run_elastic  # torch's agent and rendezvous
 
-        return run_elastic(options.config, prepare_call(*call, options.config.start.method))
+        config = self.options.config
+        return run_elastic(config, prepare_call(*call, config.start.method))
 
 
 __all__ = ["ElasticAgent"]

@@ -73,16 +73,16 @@ from nbtrain.shared.specs import RankSpec
 MONITOR_INTERVAL = 0.01  # torch's loop sleeps this between monitor calls; the slice does the wait
 
 
-def run_elastic(config: LaunchConfig, payload: bytes | PreparedCall) -> Any:
-    """Entry point from ``notebook_launcher`` for ``num_nodes > 1`` or ``max_restarts > 0``."""
-    __tracebackhide__ = True  # see launcher.notebook_launcher
+def run_elastic(config: LaunchConfig, prepared: PreparedCall) -> Any:
+    """``ElasticAgent.run``'s path (``num_nodes > 1``, ``max_restarts > 0``, ``nbtrain launch``)."""
+    __tracebackhide__ = True  # IPython shows the cell and the rank's traceback, not ours
 
     def launch(call: PreparedCall) -> Any:
         __tracebackhide__ = True
         call.commit(lambda text: None, config.num_processes)  # once: restarts reuse it
         return _run_elastic(config, call.data)
 
-    return released(payload, launch)
+    return released(prepared, launch)
 
 
 def _run_elastic(config: LaunchConfig, payload: bytes) -> Any:
