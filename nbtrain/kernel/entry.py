@@ -153,7 +153,8 @@ def notebook_launcher(
     # Every parameter but the call itself is an option, by its name (Requested.of).
     given = {name: value for name, value in locals().items() if name in _OPTION_NAMES}
     requested = Requested.of(given)
-    launch = build_launch(requested, getattr(function, "__name__", "run"))
+    name = getattr(function, "__name__", "run")
+    launch = build_launch(requested, name, background=block is False)
     check_background(launch, block)
     return registry.launch(launch, UserCall(function, args, kwargs), block=block)
 

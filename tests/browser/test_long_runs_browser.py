@@ -158,7 +158,7 @@ def test_what_a_reload_during_a_blocking_launch_shows(server: Server) -> None:
         page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
         # the busy kernel's launch loop answers the page's widget-state request: the
         # saved dashboard is drawn live again (not "Loading widget...") and moves on
-        page.wait_for_selector(f"{_cell(1)} .nbtrain-dashboard .progress-bar",
+        page.wait_for_selector(f"{_cell(1)} .nbtrain-dashboard .nbtrain-bar > div",
                                timeout=30_000)
         during = page.evaluate(CELL_TEXT_JS, 1)
         bars_during = []

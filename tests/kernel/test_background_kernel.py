@@ -298,10 +298,21 @@ run = notebook_launcher(flaky, num_processes=2, max_restarts=1, block=False)""")
     assert kernel.value("run.output(1)") == ["[rank 1] attempt ok"]
 
 
-def test_what_cannot_run_in_the_background_says_so(kernel):
-    out = kernel.run("notebook_launcher(chatty, args=(1,), num_processes=1, block=False)")
-    assert out.error is not None and "num_processes=1" in out.error["evalue"]
-    assert "block=True" in out.error["evalue"]
+def test_one_rank_in_the_background_runs_in_a_process_of_its_own(kernel):
+    """Blocking, num_processes=1 runs in the kernel's own process; in the background its one
+    rank has a process of its own (its lines in run.output(), none in the cells meanwhile)."""
+    ok(kernel, "one = notebook_launcher(chatty, args=(30,), num_processes=1, block=False)")
+    meanwhile = ok(kernel, "print('kernel', os.getpid())")
+    assert "[rank" not in meanwhile.stdout + meanwhile.stderr
+    out = ok(kernel, "print(one.wait(timeout=60), one.status, len(one.output(0)))\n"
+                     "pid = lambda: os.getpid()\n"
+                     "apart = notebook_launcher(pid, num_processes=1, block=False).wait(60)\n"
+                     "here = notebook_launcher(pid, num_processes=1)\n"
+                     "print(apart != os.getpid(), here == os.getpid())")
+    assert "0 done 35" in out.stdout and "True True" in out.stdout, out.stdout
+
+
+def test_block_must_be_true_or_false(kernel):
     out = kernel.run("notebook_launcher(chatty, args=(1,), num_processes=2, block='no')")
     assert out.error is not None and out.error["ename"] == "TypeError"
 

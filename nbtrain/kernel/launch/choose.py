@@ -26,17 +26,22 @@ from nbtrain.kernel.options.requested import Requested
 from nbtrain.kernel.options.stopping import build_policy
 
 
-def choose(config: LaunchConfig, *, cluster: bool, elastic: bool = False) -> LaunchKind:
+def choose(
+    config: LaunchConfig, *, cluster: bool, elastic: bool = False, background: bool = False
+) -> LaunchKind:
     """The kind a checked configuration needs (its class: what it cannot do is read before it
     is built); ``elastic``: through torch's elastic agent even on one node without restarts
-    (``nbtrain launch`` does)."""
+    (``nbtrain launch`` does); ``background``: a launch with ``block=False``."""
     if cluster:
         return RayLaunch
     if config.xla_device:  # torch_xla runs the ordinals in a host process of their own
         return XlaOrdinals
     if elastic or config.multi_node or config.max_restarts:
         return ElasticAgent
-    if config.num_processes == 1 and config.gpu_ids is None:
+    # One rank in the background gets a process of its own: in a thread of the kernel it would
+    # share os.environ (RANK, ...), sys.stdout and the kernel's signals with the cells that run
+    # meanwhile, and nothing could stop it short of its own stop points.
+    if config.num_processes == 1 and config.gpu_ids is None and not background:
         return InProcess
     # gpu_ids= limits the ranks to those GPUs (CUDA_VISIBLE_DEVICES), which only a process of
     # their own can be: the kernel sees every GPU, so even one rank then runs apart from it.
@@ -44,15 +49,22 @@ def choose(config: LaunchConfig, *, cluster: bool, elastic: bool = False) -> Lau
 
 
 def build_launch(
-    requested: Requested, function_name: str, *, allow_xla: bool = True, elastic: bool = False
+    requested: Requested,
+    function_name: str,
+    *,
+    allow_xla: bool = True,
+    elastic: bool = False,
+    background: bool = False,
 ) -> Launch:
     """The kind this launch needs, built with its options: every option checked (the kind's
     own checks in its constructor), before anything starts. ``function_name`` names the
     default project_dir; ``allow_xla`` False: CPU ranks even on an XLA host (debug_launcher);
-    ``elastic``: through torch's agent (``nbtrain launch``)."""
+    ``elastic``: through torch's agent (``nbtrain launch``); ``background``: ``block=False``."""
     __tracebackhide__ = True
     config = requested.config(allow_xla=allow_xla)
-    kind = choose(config, cluster=requested.cluster is not None, elastic=elastic)
+    kind = choose(
+        config, cluster=requested.cluster is not None, elastic=elastic, background=background
+    )
     policy = build_policy(
         function_name, config.world_size, requested.stop, refused=kind.no_stop_resume
     )

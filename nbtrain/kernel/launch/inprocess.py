@@ -41,10 +41,8 @@ class InProcess:
 
     # the kernel's own Ctrl-C asks for the stop (rank/interrupts.py)
     no_stop_resume: ClassVar[str] = ""
-    # The function would run in a thread of the kernel itself: no process to stop.
-    no_background: ClassVar[str] = (
-        "in the kernel's own process (num_processes=1; gpu_ids=[0] runs one rank apart)"
-    )
+    # (never chosen for block=False: choose.py gives one background rank a process of its own)
+    no_background: ClassVar[str] = "in the kernel's own process"
 
     def __init__(self, options: LaunchOptions) -> None:
         _check_alarm(options.config.timeout)  # before anything starts, not as "rank 0 failed"
