@@ -46,7 +46,7 @@ class Group:
     median: float
     high: float
     steps: str  # the median rank's loop and step: 'train 40/100'
-    rate: float | None  # median it/s of the running ranks
+    rate: str  # the running ranks' median rate: '5.0 opt steps/s' (or it/s, see _median_rate)
     slowest: int | None  # the running rank least advanced, when it is behind the others
     statuses: dict[RankStatus, int]
     metrics: dict[str, float]  # the median of each latest metric across the group
@@ -95,10 +95,18 @@ def _partition(views: list[RankView]) -> list[tuple[str, list[RankView]]]:
     return [(ranks_label(v.rank for v in chunk), chunk) for chunk in chunks]
 
 
+def _median_rate(running: list[RankView]) -> str:
+    """In optimizer steps where every running rank with a rate takes them (as each rank's row
+    says: rates.format_rate), else in loop iterations; '' while no rank has a rate."""
+    paced = [view for view in running if view.rate]
+    if paced and all(view.opt_rate is not None for view in paced):
+        return f"{statistics.median(v.opt_rate or 0.0 for v in paced):.1f} opt steps/s"
+    return f"{statistics.median(v.rate or 0.0 for v in paced):.1f} it/s" if paced else ""
+
+
 def _group(name: str, members: list[RankView]) -> Group:
     shares = sorted(progress_of(view) for view in members)
     running = [view for view in members if view.status is RankStatus.RUNNING]
-    rates = [view.rate for view in running if view.rate]
     median_view = sorted(members, key=lambda v: (v.iterations, v.rank))[len(members) // 2]
     statuses: dict[RankStatus, int] = {}
     for view in members:
@@ -110,7 +118,7 @@ def _group(name: str, members: list[RankView]) -> Group:
         median=shares[len(shares) // 2],
         high=shares[-1],
         steps=_steps(median_view),
-        rate=statistics.median(rates) if rates else None,
+        rate=_median_rate(running),
         slowest=_slowest(running),
         statuses=statuses,
         metrics=_median_metrics(members),

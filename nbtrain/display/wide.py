@@ -72,7 +72,7 @@ def wide_html(state: RunState, selected: int | None = None, now: float | None = 
 def group_row(group: Group) -> str:
     failed = group.statuses.get(RankStatus.FAILED, 0)
     label = one_line_html(f"{group.name} ", title=f"{group.name} ({len(group.ranks)} ranks)")
-    steps = " · ".join(part for part in (group.steps, _rate(group.rate)) if part)
+    steps = " · ".join(part for part in (group.steps, group.rate) if part)
     # The slowest rank leads the metrics column: the status column is too narrow for it.
     slowest = f"slowest: rank {group.slowest}" if group.slowest is not None else ""
     metrics = " · ".join(part for part in (slowest, format_metrics(group.metrics)) if part)
@@ -151,10 +151,6 @@ def _band_bar(group: Group) -> str:
     )
 
 
-def _rate(rate: float | None) -> str:
-    return f"{rate:.1f} it/s" if rate else ""
-
-
 def _counts(group: Group) -> str:
     """'1 failed, 7 stopped': how many ranks of the group are in which state."""
     return ", ".join(
@@ -179,7 +175,7 @@ def text_lines(state: RunState, now: float | None = None) -> list[str]:
         if group.steps:
             parts.append(group.steps)
         if group.rate:
-            parts.append(_rate(group.rate))
+            parts.append(group.rate)
         parts.append(f"(least {group.low:.0%}, median {group.median:.0%}, most {group.high:.0%})")
         if group.metrics:
             parts.append(format_metrics(group.metrics))

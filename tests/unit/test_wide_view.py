@@ -136,3 +136,22 @@ def test_bands_hold_the_mean_least_and_most_in_a_bounded_number_of_bins() -> Non
     assert svg.count("<polyline") == 1 and 'class="nbtrain-band"' in svg
     assert bandchart.band_alt("loss", series, 64) == (
         "loss across 64 ranks: at step 1000 mean 31.5, least 0, most 63")
+
+
+def test_a_group_reads_its_rate_in_optimizer_steps_where_its_ranks_take_them() -> None:
+    """As each rank's row (rates.format_rate): the median of the running ranks' optimizer steps
+    a second where they all take them (accumulation over 4: a quarter of the loop's it/s)."""
+    def wide_with(accumulating: bool) -> groups.Group:
+        state = RunState(list(range(32)), title="32 ranks")
+        for rank in range(32):
+            state.apply(Started(rank, 100 + rank, "cpu", "host", time=0.0))
+            for step in (0, 20, 40):
+                steps = step // 4 if accumulating else 0
+                state.apply(Progress(rank, step, 100, "train", time=step / 20, loop="train",
+                                     optimizer_steps=steps))
+        return groups.summarize(state).groups[0]
+
+    assert wide_with(accumulating=True).rate == "5.0 opt steps/s"
+    assert wide_with(accumulating=False).rate == "20.0 it/s"
+    state = running(32)
+    assert "it/s" in wide_html(state) and "opt steps/s" not in wide_html(state)
