@@ -33,9 +33,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from nbtrain.display.lines import SHOWN, static_lines
 from nbtrain.shared.frontend import Frontend, frontend
 
-SHOWN = 200  # rank lines the pane shows (the newest); run.output() and the log folder keep more
 WAITING = "nbtrain: starting the ranks in the background…"
 CAPTION = (
     "running in the background: the kernel's stop button does not stop it; these buttons "
@@ -85,18 +85,6 @@ class Recorded:
     def update(self, bundle: dict[str, Any]) -> None:
         self._keep(bundle)
         self._inner.update(bundle)
-
-
-def static_lines(lines: list[str]) -> dict[str, Any]:
-    """Rank lines as static output (text and a scrolling block)."""
-    text = "\n".join(lines)
-    return {
-        "text/plain": text,
-        "text/html": (
-            '<pre class="nbtrain-run-output" style="max-height:20em;overflow:auto">'
-            f"{html.escape(text)}</pre>"
-        ),
-    }
 
 
 class Pane:
@@ -192,7 +180,7 @@ class Pane:
             return
         import ipywidgets as widgets
 
-        from nbtrain.display.widgets import close_widget
+        from nbtrain.display.closing import close_widget
 
         final = widgets.HTML(lines["text/html"], layout=widgets.Layout(width="100%"))
         self._box.children = (final,)
@@ -205,7 +193,7 @@ class Pane:
         """Close the widgets kept for reloaded pages (the run is let go); idempotent."""
         if not self._kept:
             return
-        from nbtrain.display.widgets import close_widget
+        from nbtrain.display.closing import close_widget
 
         for widget in self._kept:
             close_widget(widget)

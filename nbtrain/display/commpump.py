@@ -12,7 +12,8 @@ A page opened or reloaded while the cell runs asks for the widgets' state before
 (ipywidgets 8's manager: a comm_open of target CONTROL, a ``request_states`` message on it, an
 answer awaited for 4 s, then the comm closed); unanswered, it shows "Loading widget..." until
 the cell ends. The pump answers those too, through ipywidgets' own handler: the reloaded page
-draws the live dashboard and follows it.
+draws the live dashboard and follows it; ``page_opened`` says one did (the dashboard then copies
+the cell's lines for it: reloaded.py).
 
 ipykernel 7 queues the main thread's messages on an inproc socket (SubshellManager's
 ``_shell_channel_to_main``): private, so ``for_kernel`` returns None wherever it is not there
@@ -42,6 +43,7 @@ class CommPump:
         self.kept: list[Any] = []  # other messages, in order, for ipykernel after the cell
         self.closed = False
         self._control: set[str] = set()  # the CONTROL comms pages opened meanwhile
+        self.page_opened = False  # a page (a reload) asked for the widgets' state meanwhile
 
     @staticmethod
     def for_kernel() -> CommPump | None:
@@ -99,6 +101,7 @@ class CommPump:
         comm_id = str(content.get("comm_id", ""))
         if kind == "comm_open" and content.get("target_name") == CONTROL:
             self._control.add(comm_id)
+            self.page_opened = True
             return manager.comm_open
         if kind == "comm_msg" and (ours(comm_id) or comm_id in self._control):
             return manager.comm_msg

@@ -21,6 +21,7 @@ them are drawn at the end. Beyond groups.WIDE ranks the rows are groups (widebod
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from html import escape
 from typing import Any, Protocol
@@ -28,9 +29,11 @@ from typing import Any, Protocol
 import ipywidgets as widgets
 
 from nbtrain.display.chart import rank_charts_html
+from nbtrain.display.closing import close_widget
 from nbtrain.display.commpump import CommPump
 from nbtrain.display.formatting import format_duration, format_rank, timed_phase
 from nbtrain.display.groups import is_wide
+from nbtrain.display.reloaded import ReloadedPages
 from nbtrain.display.rows import LIVE_CSS, STATUS_COLORS, static_dashboard, static_rows
 from nbtrain.display.runstate import RankStatus, RunState, Verdict
 from nbtrain.display.wide import Throttle
@@ -127,6 +130,7 @@ class WidgetView:
         self._final_text = ""
         self._closed = False
         self.wide: Any = None  # a wide run's rows and selector (widebody.WideBody)
+        self.reloaded: ReloadedPages | None = None  # a page opened mid-launch (reloaded.py)
 
     def draw(self, state: RunState, *, now: bool = False, final: bool = False) -> None:
         if self._closed:
@@ -149,6 +153,19 @@ class WidgetView:
         ):
             self._metrics_drawn, self._chart_at = state.metrics_version, clock
             self._draw_charts(state)
+        if self.reloaded is not None:
+            self.reloaded.draw(now=final or now)
+
+    def follow_reloaded(self) -> Callable[[str], None] | None:
+        """A page was opened while the cell runs: from now on the dashboard also shows the
+        cell's newest lines, and keeps its final view for that page (reloaded.py). Returns
+        where the cell's text is copied to; None once the dashboard is closed."""
+        if self._closed or self.box is None:
+            return None
+        if self.reloaded is None:
+            self.reloaded = ReloadedPages()
+            self.box.children = (*self.box.children, self.reloaded.lines)
+        return self.reloaded.write
 
     def where_buttons(self) -> set[str]:
         """The comm ids whose clicks the launch's loop handles while the cell is busy."""
@@ -189,10 +206,12 @@ class WidgetView:
         ranks = [state.ranks[r] for r in sorted(state.ranks)] if self.rows is not None else []
         html = static_dashboard(self._title_html(state), ranks, extras)
         self._display.update({"text/html": html, "text/plain": self._final_text})
-        for widget in [
-            self.title, self.where_button, self.header, self.charts, self.summary, self.box
-        ]:
+        if self.reloaded is not None:  # the box stays, for the page opened meanwhile
+            self.reloaded.keep(self.box, html)
+        for widget in [self.title, self.where_button, self.header, self.charts, self.summary]:
             close_widget(widget)
+        if self.reloaded is None:
+            close_widget(self.box)
         if self.rows is not None:
             close_widget(self.rows)
         for widget in self.wide.widgets() if self.wide is not None else []:
@@ -293,14 +312,6 @@ class WidgetView:
             f"{escape(state.summary)}</b></div>"
         )
         self.summary.layout.display = ""
-
-
-def close_widget(widget: widgets.Widget) -> None:
-    # A widget's layout and style are models (comms) of their own; close() leaves them open.
-    for part in (getattr(widget, "layout", None), getattr(widget, "style", None)):
-        if isinstance(part, widgets.Widget):
-            part.close()
-    widget.close()
 
 
 def summary_color(state: RunState) -> str:

@@ -45,7 +45,10 @@ class WorkerError(RuntimeError, ChildFailedError):
     :param node: the node (machine) number of the root cause in a multi-node launch.
     :param other_failures: other ranks that failed on their own account: rank -> summary.
     :param host: the root cause's machine name, where a cluster placed it.
-    :param stopped: how many other ranks were still running and were stopped because of it.
+    :param stopped: how many other ranks ended because of it: stopped by the launcher while
+        still running, or stopped by losing their connection to it (a collective's
+        "Connection closed by peer"), whichever came first.
+    :param lost_peer: those of them that raised such an error: rank -> its one-line summary.
     """
 
     name = "notebook_launcher"  # ChildFailedError's entrypoint name
@@ -64,6 +67,7 @@ class WorkerError(RuntimeError, ChildFailedError):
         other_failures: dict[int, str] | None = None,
         host: str = "",
         stopped: int = 0,
+        lost_peer: dict[int, str] | None = None,
     ) -> None:
         self.rank = rank
         self.type_name = type_name
@@ -76,6 +80,7 @@ class WorkerError(RuntimeError, ChildFailedError):
         self.host = host  # the root cause's machine, where a cluster placed it
         self.other_failures = dict(other_failures or {})
         self.stopped = stopped
+        self.lost_peer = dict(lost_peer or {})
         # (not ChildFailedError.__init__: ``name`` and ``failures`` are derived, not stored)
         RuntimeError.__init__(self, self._summary())
 

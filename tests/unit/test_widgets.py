@@ -315,6 +315,50 @@ def test_close_shows_the_summary_and_leaves_a_text_version(frontend) -> None:
     )
 
 
+def test_a_page_opened_mid_launch_gets_the_lines_and_keeps_the_final_view(frontend) -> None:
+    """A reloaded page gets none of the cell's later stream output: the dashboard copies the
+    lines into a widget of its own and, at the end, keeps its box open with the final view."""
+    view, display = dashboard()
+    state = state_with()
+    view.draw(state)
+    assert view.box is not None
+    copy = view.follow_reloaded()
+    assert copy is not None and view.reloaded is not None
+    assert view.box.children[-1] is view.reloaded.lines  # in the box the reloaded page draws
+    copy("[rank 0] step 1\n[rank 1] step 1\n")
+    view.draw(state, now=True)
+    shown = text(frontend.state_of(view.reloaded.lines)["value"])
+    assert shown == "[rank 0] step 1\n[rank 1] step 1"
+    box, lines = view.box.model_id, view.reloaded.lines.model_id
+    for rank in (0, 1):
+        state.apply(Finished(rank, None))
+    state.finish("Done in 1.0s")
+    copy("[rank 1] last line\n")
+    view.close(state)
+    closed = {comm_id for kind, comm_id, _ in frontend.messages if kind == "comm_close"}
+    assert box not in closed and lines in closed
+    (final,) = view.reloaded.kept[0].children  # the final dashboard and the lines
+    shown = text(frontend.state_of(final)["value"])
+    assert "Done in 1.0s" in shown and shown.endswith("[rank 1] last line"), shown
+    assert "Done in 1.0s" in text(display.final_html)  # the page that ran the cell, as before
+    final_id = final.model_id
+    view.reloaded.release()
+    closed = {comm_id for kind, comm_id, _ in frontend.messages if kind == "comm_close"}
+    assert {box, final_id} <= closed
+
+
+def test_without_a_page_opened_mid_launch_every_widget_is_closed(frontend) -> None:
+    view, _ = dashboard()
+    state = state_with([0])
+    view.draw(state)
+    state.apply(Finished(0, None))
+    state.finish("Done in 0.1s")
+    view.close(state)
+    opened = {comm_id for kind, comm_id, _ in frontend.messages if kind == "comm_open"}
+    closed = {comm_id for kind, comm_id, _ in frontend.messages if kind == "comm_close"}
+    assert opened == closed and view.follow_reloaded() is None
+
+
 def test_a_run_too_short_to_draw_still_gets_its_dashboard(frontend) -> None:
     view, display = dashboard()
     state = state_with([0])

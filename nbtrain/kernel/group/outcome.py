@@ -86,15 +86,7 @@ class Outcome:
         rank = self.root_cause()
         assert rank is not None, "error() called without a failure"
         record = self.records[rank]
-        others = {
-            other: _one_line(rec)
-            for other, rec in self.records.items()
-            if other != rank and _failed(rec)
-        }
-        stopped = sum(  # still running when it failed: the launcher stopped them
-            1 for other, rec in self.records.items()
-            if other != rank and other not in others and not rec.finished and rec.stopped is None
-        )
+        others, lost_peer, stopped = self._the_others(rank)
         exit_event = record.exit
         signal_name = exit_event.signal if exit_event else None
         exitcode = exit_event.exitcode if exit_event else None
@@ -114,6 +106,7 @@ class Outcome:
                 node=node,
                 other_failures=others,
                 stopped=stopped,
+                lost_peer=lost_peer,
             )
         message = "" if signal_name else _exit_hint(exitcode)
         return WorkerError(
@@ -125,7 +118,22 @@ class Outcome:
             node=node,
             other_failures=others,
             stopped=stopped,
+            lost_peer=lost_peer,
         )
+
+    def _the_others(self, rank: int) -> tuple[dict[int, str], dict[int, str], int]:
+        """Besides root cause ``rank``: the others' own failures, those that only lost their
+        connection to it, and how many ended because of it (those, and the ones stopped)."""
+        failed = {o: rec for o, rec in self.records.items() if o != rank and _failed(rec)}
+        others = {o: _one_line(rec) for o, rec in failed.items() if not _is_collateral(rec)}
+        # A rank that only lost its connection to the root cause ended because of it, as one the
+        # launcher stopped did: which of the two came first is a race, not news (counted alike).
+        lost_peer = {o: _one_line(rec) for o, rec in failed.items() if _is_collateral(rec)}
+        stopped = sum(  # still running when it failed: the launcher stopped them
+            1 for o, rec in self.records.items()
+            if o != rank and o not in failed and not rec.finished and rec.stopped is None
+        )
+        return others, lost_peer, stopped + len(lost_peer)
 
     def results(self) -> dict[int, object]:
         """Every returned value; ResultError names the rank whose value the kernel cannot load."""

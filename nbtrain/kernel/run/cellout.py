@@ -90,6 +90,9 @@ class CellOutput:
         self._files: dict[int, IO[str]] = {}
         self.folder: Path | None = None  # created with the first line
         self._handles: dict[tuple[int, str | None], Any] = {}  # a rank's display ids
+        # Where the cell's text is copied to as well: a page reloaded mid-launch gets no stream
+        # output of this cell (display/reloaded.py).
+        self.copy_to: Callable[[str], None] | None = None
 
     # -- lines in --------------------------------------------------------------------------
 
@@ -146,20 +149,23 @@ class CellOutput:
                 runs.append((stream, [text]))
         self._pending = []
         for stream, texts in runs:
-            self._stream(stream).write("".join(texts))
-            self._stream(stream).flush()  # keeps stdout and stderr in their order
+            self._write(stream, "".join(texts))
         if notice is not None:
-            self._stream("stderr").write(notice)
-            self._stream("stderr").flush()
+            self._write("stderr", notice)
 
     def note(self, text: str) -> None:
         """A block of nbtrain's own (where each rank is) in the cell, after the lines so far;
         shown whatever ``output=`` says, since it was asked for."""
         self.flush(now=True)
         self._before_write()
-        stream = self._stream("stderr")
-        stream.write(text.rstrip("\n") + "\n")
-        stream.flush()
+        self._write("stderr", text.rstrip("\n") + "\n")
+
+    def _write(self, name: str, text: str) -> None:
+        stream = self._stream(name)
+        stream.write(text)
+        stream.flush()  # keeps stdout and stderr in their order
+        if self.copy_to is not None:
+            self.copy_to(text)
 
     def _notice(self, final: bool) -> str | None:
         held = self._held
@@ -207,6 +213,8 @@ class CellOutput:
             return
         from IPython.display import display
 
+        if self.copy_to is not None:  # (its text form: a reloaded page gets no display)
+            self.copy_to(f"[rank {event.rank}] {text}\n")
         bundle = labelled(event.rank, event.data)
         key = (event.rank, event.display_id)
         handle = self._handles.get(key) if event.display_id else None

@@ -31,7 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from nbtrain.display.background import SHOWN, Pane, static_lines
+from nbtrain.display.background import Pane
+from nbtrain.display.lines import SHOWN, static_lines
 from nbtrain.display.runstate import OutputLine, RunState, Verdict
 from nbtrain.kernel.run import frames, where
 from nbtrain.kernel.run.desk import Desk
@@ -59,6 +60,12 @@ class Lifecycle(Protocol):
     group: RankGroup | None
 
     def say(self, text: str) -> None: ...
+
+
+class Releasable(Protocol):
+    """Widgets a finished run keeps open for reloaded pages (display/reloaded.py)."""
+
+    def release(self) -> None: ...
 
 
 def current() -> Run | None:
@@ -104,6 +111,7 @@ class Run:
         self._value: Any = None
         self._folder: Path | None = None
         self._final_view: dict[str, Any] | None = None
+        self._kept: Releasable | None = None  # widgets kept for a reloaded page
         self._error: BaseException | None = None
         self._traceback = ""
         self._finished = threading.Event()
@@ -337,6 +345,11 @@ class Run:
         """A blocking launch's final dashboard (display/background.py: Recorded)."""
         self._final_view = bundle
 
+    def keep_widgets(self, kept: Releasable) -> None:
+        """A blocking launch's dashboard kept open for a page reloaded mid-launch
+        (display/reloaded.py); closed by ``release``."""
+        self._kept = kept
+
     def _ipython_display_(self) -> None:
         """Displayed in a cell: the run's view (live while it runs, with everything so far);
         a blocking launch's final dashboard and its newest lines (after a browser reload, its
@@ -357,6 +370,9 @@ class Run:
         pages reloaded mid-run (displayed again, it shows its static final view)."""
         if self.pane is not None:
             self.pane.release()
+        if self._kept is not None:
+            self._kept.release()
+            self._kept = None
 
     def stop_for_exit(self) -> None:
         """The kernel shuts down: stop the ranks now and wait (bounded) until they are gone."""

@@ -42,6 +42,7 @@ from nbtrain.display.background import PaneStream
 from nbtrain.display.commpump import CommPump
 from nbtrain.display.deferred import DeferredView
 from nbtrain.display.groups import is_wide
+from nbtrain.display.lines import SHOWN
 from nbtrain.display.runstate import RunState, Verdict
 from nbtrain.kernel.group import Interrupts, RankGroup
 from nbtrain.kernel.group.ending import Ending, How
@@ -186,7 +187,22 @@ class Run:
             self._comms = CommPump.for_kernel()
         if self._comms is not None:
             self._comms.pump(lambda comm_id: comm_id in ids)
+            if self._comms.page_opened and self.output.copy_to is None:
+                self._follow_reloaded()
         return bool(self.view.take_where())  # type: ignore[attr-defined]
+
+    def _follow_reloaded(self) -> None:
+        """A page was opened while the cell runs (a reload): the dashboard shows it the cell's
+        newest lines and keeps its final view for it (display/reloaded.py)."""
+        follow = getattr(self.view, "follow_reloaded", None)
+        copy_to = follow() if follow is not None else None
+        if copy_to is None:
+            return
+        self.output.flush(now=True)
+        self.output.copy_to = copy_to
+        if self.handle is not None:  # the newest lines so far; closed when runs() lets it go
+            copy_to("".join(f"{line}\n" for line in self.handle.output()[-SHOWN:]))
+            self.handle.keep_widgets(self.view.reloaded)  # type: ignore[attr-defined]
 
     def _show_where(self, picture: dict[int, stacks.RankStack]) -> None:
         self.output.note(where.report(picture, "where each rank is:"))
