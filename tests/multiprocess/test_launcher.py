@@ -177,6 +177,12 @@ def test_exception_that_cannot_be_unpickled_still_reports_text(method):
     assert "raise Unreachable" in err.remote_traceback
 
 
+# A launch that should take a second, given a timeout well inside the test's: should it hang
+# (a fork child deadlocked, seen once in CI's whole-suite run and once locally, never alone), it
+# fails with where every rank was instead of pytest-timeout's stack of the launcher's own loop.
+HANG_DIAGNOSIS = 100
+
+
 def exit_on_last_rank(how):
     dist.init_process_group("gloo")
     if dist.get_rank() == dist.get_world_size() - 1:
@@ -213,8 +219,9 @@ def test_hard_exits_and_signals_name_the_right_rank(
 ):
     monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)  # spawned ranks: C stdout buffered
     with pytest.raises(WorkerError) as info:
-        notebook_launcher(
-            exit_on_last_rank, (how,), num_processes=3, start_method=method, progress="off"
+        notebook_launcher(  # (timeout: a hang says where each rank was; CI hung here once)
+            exit_on_last_rank, (how,), num_processes=3, start_method=method, progress="off",
+            timeout=HANG_DIAGNOSIS,
         )
     err = info.value
     assert err.rank == 2, str(err)
@@ -609,8 +616,8 @@ def test_fork_from_a_busy_threaded_parent():
         return sum(batch[0].shape[0] for batch in inner)
 
     try:
-        results = [notebook_launcher(train, num_processes=2, start_method="fork", **QUIET)
-                   for _ in range(3)]
+        results = [notebook_launcher(train, num_processes=2, start_method="fork",
+                                     timeout=HANG_DIAGNOSIS, **QUIET) for _ in range(3)]
     finally:
         stop.set()
         spinner.join()
