@@ -433,7 +433,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", default="2,8,32,64")
     parser.add_argument("--simulated", default="256,1024")
-    parser.add_argument("--rounds", type=int, default=3, help="launch rounds per N")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="launch rounds (and failures) per N"
+    )
     parser.add_argument("--ray", action="store_true", help="also 16 ranks on a 2-node Ray cluster")
     parser.add_argument(
         "--skip", default="", help="comma list of: view,launch,failure,interrupt,warm"
@@ -471,7 +473,10 @@ def main() -> None:
                               f"(min {min(values):.3f}, {len(values)} rounds) = "
                               f"{median / base:.2f}x")
                 if "failure" not in skip:
-                    print(f"- failure -> WorkerError: {failure_delay(kernel, n):.2f} s", flush=True)
+                    delays = [failure_delay(kernel, n) for _ in range(options.rounds)]
+                    print(f"- failure -> WorkerError: median {statistics.median(delays):.2f} s "
+                          f"(min {min(delays):.2f}, max {max(delays):.2f}, "
+                          f"{len(delays)} launches)", flush=True)
                 if "interrupt" not in skip:
                     delay = interrupt_delay(kernel, n)
                     print(f"- Ctrl-C -> control back: {delay:.2f} s", flush=True)

@@ -8,6 +8,8 @@ dashboard is replaced in place (same display id) by a static HTML + text/plain r
 final state and its widgets are closed: a saved, reopened, converted or GitHub-rendered notebook
 shows the final rows, chart and summary, never "model not found" (no widget mimetype is left in
 the saved output), and a kernel that launches hundreds of times keeps no comms for finished runs.
+(One exception: a page opened while the launch ran, a browser reload, gets none of the cell's later
+output, so the dashboard keeps its box open with the final view for it: reloaded.py.)
 
 Messages to the frontend stay a few a second whatever the number of ranks. Every rank's row is
 in one HTML widget (the rows' static markup, rows.static_rows: the same as the saved form), so a

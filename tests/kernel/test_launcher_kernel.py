@@ -301,7 +301,9 @@ def test_the_where_button_works_while_the_cell_is_busy(kernel):
     # dashboard's "where?" button, sent as a frontend sends it while the cell is busy, shows
     # where each rank is in that cell before the launch ends; a cell queued meanwhile runs
     # after it, as without the button. A page reloaded meanwhile asks for the widgets' state
-    # (ipywidgets' control comm): answered while the cell is busy too, with the dashboard's.
+    # (ipywidgets' control comm): answered while the cell is busy too, with the dashboard's;
+    # from then on the dashboard copies the cell's lines (the where? picture too) into a widget
+    # that page draws, and at the end keeps its final view there (display/reloaded.py).
     client = kernel.client
     cell = client.execute("""
 def late_peer():
@@ -317,6 +319,7 @@ print(notebook_launcher(late_peer, num_processes=2, progress="widgets", hang_aft
 """)
     button, stdout, stderr, clicked_at = None, "", "", None
     queued, shown_early, states, control = None, None, None, "reloaded-page-control"
+    html_values, closed = [], set()
     deadline = time.monotonic() + 120
     while True:
         assert time.monotonic() < deadline, stdout + stderr
@@ -331,6 +334,10 @@ print(notebook_launcher(late_peer, num_processes=2, progress="widgets", hang_aft
         elif kind == "comm_msg" and content["comm_id"] == control:
             assert content["data"]["method"] == "update_states", content
             states = (content["data"]["states"], "joined" not in stdout)
+        if kind in ("comm_open", "comm_msg") and "value" in content["data"].get("state", {}):
+            html_values.append(str(content["data"]["state"]["value"]))
+        if kind == "comm_close":
+            closed.add(content["comm_id"])
         elif kind == "stream":
             if content["name"] == "stdout":
                 stdout += content["text"]
@@ -364,6 +371,13 @@ print(notebook_launcher(late_peer, num_processes=2, progress="widgets", hang_aft
     assert "joined" in stdout
     assert states is not None, "the widgets' state request was not answered"
     assert button in states[0] and states[1], "not answered while the launch ran"
+    copies = [v for v in html_values if "nbtrain-run-output" in v]
+    assert any("where each rank is:" in v and "[rank 0] ready" in v for v in copies), copies
+    assert "Done in" in copies[-1], copies[-1]  # the final view, kept for that page
+    boxes = [i for i, s in states[0].items() if s["state"].get("_model_name") == "VBoxModel"]
+    assert len(boxes) == 1, states[0]
+    (box,) = boxes
+    assert box not in closed, "the dashboard's box was closed: the reloaded page loses it"
     assert queued is not None
     after = kernel.collect(queued)
     assert after.stdout.strip() == "queued cell ran", after

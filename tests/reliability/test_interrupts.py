@@ -14,6 +14,7 @@ created (ranks, their DataLoader workers) must be gone, and the next launch must
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 
@@ -81,6 +82,7 @@ def big_result(marks):
     note(marks, "rank")
     value = torch.ones(96 << 20)  # 384 MB
     print("returning", flush=True)
+    time.sleep(1.0)  # the test watches this rank's writes from before they start
     return value
 
 result = notebook_launcher(big_result, ({marks!r},), num_processes=2, progress="off")
@@ -121,15 +123,19 @@ def wait_for(condition, what: str, timeout: float = 60.0) -> None:
         time.sleep(0.01)
 
 
-def ready_for_interrupt(phase: str, marks: Path) -> object:
-    """Wait until the phase is surely under way; returns what to check afterwards."""
+def ready_for_interrupt(phase: str, marks: Path) -> psutil.Process | None:
+    """Wait until the phase is surely under way; returns a rank held there (SIGSTOP) until the
+    interrupt has reached it."""
     if phase == "result transfer":
-        # Rank 0 is writing its result into the pipe: watch its write counter move.
-        rank0 = psutil.Process(rank_pid(marks, 0))
+        # Rank 0 is writing its result: watch its write counter move, then hold it mid-way.
+        # On an idle machine its 384 MB take a tenth of a second: left running, it had finished
+        # (and exited) before the interrupt arrived.
+        rank0 = psutil.Process(rank_pid(marks, 0))  # (known since the cell's first line)
         start = rank0.io_counters().write_chars
         wait_for(lambda: rank0.io_counters().write_chars - start > TRANSFER_SEEN,
-                 "rank 0 to start sending its result")
-        return rank0.io_counters().write_chars - start
+                 "rank 0 to start sending its result", timeout=120)
+        rank0.suspend()
+        return rank0
     if phase == "checkpoint save":
         partial = marks / ".checkpoint.partial"
         wait_for(lambda: partial.is_dir() and any(partial.iterdir()), "the save to begin writing")
@@ -158,10 +164,13 @@ def interrupt_during(kernel: Kernel, phase: str, marks: Path) -> tuple[dict, lis
     marks.mkdir(parents=True, exist_ok=True)
     msg_id = kernel.start(CELLS[phase].format(marks=str(marks)))
     kernel.collect(msg_id, timeout=180, until=SIGNAL_LINE[phase])
-    ready_for_interrupt(phase, marks)
+    held = ready_for_interrupt(phase, marks)
     descendants = [p.pid for p in psutil.Process(kernel.pid).children(recursive=True)]
     sent = time.monotonic()
     kernel.manager.interrupt_kernel()
+    if held is not None:  # let it go once the launcher's stop signal waits for it
+        wait_for(lambda: _stop_pending(held), "the launcher to signal the held rank")
+        held.resume()
     out = kernel.collect(msg_id, timeout=120)
     back = time.monotonic() - sent
     assert out.error is not None, f"the cell finished before the interrupt: {out.stdout[-500:]}"
@@ -180,6 +189,17 @@ def assert_all_gone(kernel: Kernel, pids: list[int], marks: Path) -> None:
             return
         time.sleep(0.1)
     raise AssertionError(f"still running: {alive}, kernel children {kernel.live_children()}")
+
+
+def _stop_pending(process: psutil.Process) -> bool:
+    """A SIGTERM or SIGKILL waits for the (stopped) process, or it is gone already."""
+    try:
+        with open(f"/proc/{process.pid}/status", encoding="ascii") as status:
+            fields = dict(line.split(":", 1) for line in status if ":" in line)
+    except FileNotFoundError:
+        return True
+    pending = int(fields["ShdPnd"], 16) | int(fields["SigPnd"], 16)
+    return bool(pending & ((1 << (signal.SIGTERM - 1)) | (1 << (signal.SIGKILL - 1))))
 
 
 def _is_helper(process: psutil.Process) -> bool:

@@ -54,10 +54,12 @@ class Pipes:
     def open_fds(self) -> list[int]:
         return [s.fd for s in self._streams.values() if s.open]
 
-    def read(self, fd: int) -> None:
-        """A pipe the poller found ready (not one of ours: nothing)."""
+    def read(self, fd: int) -> bool:
+        """A pipe the poller found ready (not one of ours: nothing). True if it held more than
+        a pass's budget: a backlog (a big result, a flood of lines) still waits in it."""
         if fd in self._streams:
-            self._pump(self._streams[fd], budget=READ_BUDGET)
+            return self._pump(self._streams[fd], budget=READ_BUDGET)
+        return False
 
     def read_rank(self, rank: int, *, outputs_only: bool = False) -> None:
         """What ``rank``'s pipes hold: all of it (it exited: everything it wrote is there), or
@@ -81,20 +83,21 @@ class Pipes:
             for line in stream.splitter.flush():
                 self._flushed(Output(stream.rank, stream.kind, line))
 
-    def _pump(self, stream: Stream, budget: int | None = None) -> None:
-        """Read what the pipe holds (at most ``budget`` bytes; all of it when None)."""
+    def _pump(self, stream: Stream, budget: int | None = None) -> bool:
+        """Read what the pipe holds (at most ``budget`` bytes; all of it when None). True if
+        the budget ran out before the pipe did."""
         taken = 0
         while stream.open and (budget is None or taken < budget):
             try:
                 chunk = os.read(stream.fd, READ_SIZE)
             except BlockingIOError:
-                return
+                return False
             except OSError:
                 chunk = b""
             if not chunk:
                 stream.open = False
                 self._flush(stream)
-                return
+                return False
             taken += len(chunk)
             if stream.kind != "events":
                 self._lines(stream.rank, stream.kind, stream.splitter.feed(chunk))
@@ -103,3 +106,4 @@ class Pipes:
                 self._event(stream.rank, event)
             for problem in stream.decoder.take_problems():  # the frames after it still count
                 self._flushed(Output(stream.rank, "stderr", f"[nbtrain] protocol error: {problem}"))
+        return stream.open  # (the budget ran out with the pipe still open)

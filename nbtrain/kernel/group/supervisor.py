@@ -163,14 +163,17 @@ class Supervisor(Whereabouts):
         if self._stop_asked:
             self._ask_pending()
         # Many ranks keep a pipe ready nearly all the time: a busy loop waits out MIN_PASS
-        # between passes, so each pass reads what several ranks sent (issue 44).
+        # between passes, so each pass reads what several ranks sent (issue 44). Not while a
+        # pipe holds more than a pass reads (a big result through the pipe, no /dev/shm): its
+        # budget a pass, MIN_PASS apart, would be 13 MB a second.
         if (rest := self._busy_until - time.monotonic()) > 0:
             time.sleep(rest)
         ready = self._poller.wait(watched, self._wait_time(deadline))
-        if ready:
-            self._busy_until = time.monotonic() + MIN_PASS
+        backlog = False
         for fd in ready:
-            self._pipes.read(fd)
+            backlog = self._pipes.read(fd) or backlog
+        if ready and not backlog:
+            self._busy_until = time.monotonic() + MIN_PASS
         self._order.expire()
         # A failure that arrived as an event stops the others before exits are collected, so a
         # rank that reported it and already exited still counts as asked to stop (the view shows
