@@ -26,7 +26,8 @@ view is the widget dashboard, and what the frontend receives is counted by the c
 
 The machine is shared; the load (``uptime``) is printed beside every table.
 
-    python benchmarks/scale.py [--ranks 2,8,32,64] [--simulated 256,1024] [--rounds 3] [--ray]
+    python benchmarks/scale.py [--ranks 2,8,32,64] [--simulated 256,1024] [--rounds 3] [--steps 200]
+        [--ray] [--skip view,launch,failure,interrupt,warm]
 """
 
 from __future__ import annotations
@@ -436,6 +437,10 @@ def main() -> None:
     parser.add_argument(
         "--rounds", type=int, default=3, help="launch rounds (and failures) per N"
     )
+    parser.add_argument(
+        "--steps", type=int, default=STEPS,
+        help="steps per rank of the real ranks' run (at 50 a second: 200 is 4 s)",
+    )
     parser.add_argument("--ray", action="store_true", help="also 16 ranks on a 2-node Ray cluster")
     parser.add_argument(
         "--skip", default="", help="comma list of: view,launch,failure,interrupt,warm"
@@ -446,14 +451,14 @@ def main() -> None:
     skip = set(options.skip.split(","))
     from kernelutil import Kernel
 
-    setup = SETUP.replace("BENCH_DIR", repr(str(HERE))).replace("STEPS", str(STEPS))
+    setup = SETUP.replace("BENCH_DIR", repr(str(HERE))).replace("STEPS", str(options.steps))
     setup = setup.replace("STEP_TIME", str(STEP_TIME))
     with tempfile.TemporaryDirectory() as spec_dir:
         kernel = Kernel(Path(spec_dir))
         try:
             checked(execute(kernel.client, setup), "setup")
             if "view" not in skip:
-                print(f"\n## The kernel under a run ({STEPS} steps of progress + log at "
+                print(f"\n## The kernel under a run ({options.steps} steps of progress + log at "
                       f"{1 / STEP_TIME:.0f}/s per rank, 4 lines printed; {load()})\n")
                 print(VIEW_HEADER, flush=True)
                 for n in ranks:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 
 from nbtrain.kernel.group.ending import Ending
-from nbtrain.kernel.group.supervisor import TICK, Supervisor
+from nbtrain.kernel.group.supervisor import BUSY, TICK, Supervisor
 from nbtrain.shared.events import Event
 
 # Seconds the other ranks of a command get to finish (or fail) after one failed, and to return
@@ -42,6 +42,7 @@ class CellSupervisor(Supervisor):
         self._timed_out = self._interrupted = self._stuck = self._stop_asked = False
         self._asked.clear()
         self.prompts.paused_for = 0.0
+        self._read_at = -BUSY  # a command's replies are a burst of their own (Supervisor._pace)
         self._active()
 
     @property

@@ -44,9 +44,10 @@ from nbtrain.shared.events import (
 from nbtrain.shared.stopping import STOP_SIGNAL
 
 TICK = 0.05  # seconds: the loop wakes at least this often to refresh the view and check limits
-MIN_PASS = 0.02  # seconds: a pass that read something is followed by the next no sooner
+MIN_PASS = 0.02  # seconds: in a busy loop, a pass that read something is followed no sooner
+BUSY = 0.05  # seconds of passes that each read something: then the loop is busy (see _pace)
 
-__all__ = ["EXIT_WAIT", "TICK", "Supervisor"]
+__all__ = ["BUSY", "EXIT_WAIT", "TICK", "Supervisor"]
 
 
 class Supervisor(Whereabouts):
@@ -73,7 +74,9 @@ class Supervisor(Whereabouts):
         self._timed_out = self._stopping = self._interrupted = self._stop_asked = False
         self._started: set[int] = set()
         self._swept = 0.0  # when step() last looked at every rank
-        self._busy_until = 0.0  # the next pass after one that read something: not before then
+        self._busy_until = 0.0  # a busy loop's next pass: not before then (see step)
+        self._busy_since = 0.0  # passes have read something since then, none BUSY apart
+        self._read_at = -BUSY  # when a pass last read something
         self._dumps, self._dump_until, self._final, self._answers = None, 0.0, False, []  # where
         # Progress: when a rank last said anything (an event or a line of output; not the
         # stacks it was asked for), and the pdb prompt's time then (not the run's time).
@@ -162,18 +165,13 @@ class Supervisor(Whereabouts):
         watched = self._pipes.open_fds() + list(by_sentinel)
         if self._stop_asked:
             self._ask_pending()
-        # Many ranks keep a pipe ready nearly all the time: a busy loop waits out MIN_PASS
-        # between passes, so each pass reads what several ranks sent (issue 44). Not while a
-        # pipe holds more than a pass reads (a big result through the pipe, no /dev/shm): its
-        # budget a pass, MIN_PASS apart, would be 13 MB a second.
         if (rest := self._busy_until - time.monotonic()) > 0:
             time.sleep(rest)
         ready = self._poller.wait(watched, self._wait_time(deadline))
         backlog = False
         for fd in ready:
             backlog = self._pipes.read(fd) or backlog
-        if ready and not backlog:
-            self._busy_until = time.monotonic() + MIN_PASS
+        self._pace(bool(ready), backlog)
         self._order.expire()
         # A failure that arrived as an event stops the others before exits are collected, so a
         # rank that reported it and already exited still counts as asked to stop (the view shows
@@ -194,6 +192,22 @@ class Supervisor(Whereabouts):
         self._watch(deadline, sweep=sweep)
         if sweep:
             kill_overdue(self._killable(), self._grace)
+
+    def _pace(self, read: bool, backlog: bool) -> None:
+        """Many ranks keep a pipe ready nearly all the time: once passes have read something
+        for BUSY seconds (never BUSY apart), each waits out MIN_PASS before the next, so it
+        reads what several ranks sent (issue 44). A burst shorter than that (a warm cell's
+        replies, a failure and its peers' exits) is read as it comes; so is a pipe holding more
+        than a pass reads (a big result through the pipe: its budget a pass, MIN_PASS apart,
+        would be 13 MB a second)."""
+        now = time.monotonic()
+        if not read:
+            return
+        if now - self._read_at > BUSY:  # the loop was idle, or not turning (between cells)
+            self._busy_since = now
+        self._read_at = now
+        if now - self._busy_since >= BUSY and not backlog:
+            self._busy_until = now + MIN_PASS
 
     def _stop_on_failure(self) -> None:
         if not self._stopping and self._failed():
