@@ -154,7 +154,9 @@ def test_post_mortem_after_an_interrupted_warm_cell_opens_in_the_users_frame(ker
         kernel.manager.interrupt_kernel()
         kernel.collect(cell)
         talk = converse(kernel, "%ranks_debug", ["p step > 0", "c"])
-        assert talk.prompts[:1] == ["(Pdb) rank 0> "], talk
+        # Both ranks were interrupted by the same Ctrl-C: the prompt is the one whose
+        # KeyboardInterrupt came first (either; the load decides), in the user's frame.
+        assert talk.prompts[:1] in (["(Pdb) rank 0> "], ["(Pdb) rank 1> "]), talk
         assert "time.sleep(0.01)" in talk.seen[0], talk.seen[0]
         assert "_on_sigint" not in talk.seen[0] and "session.py" not in talk.seen[0]
         assert "True" in talk.seen[1][len(talk.seen[0]):]
